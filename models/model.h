@@ -1,0 +1,45 @@
+// The interface every model the trainer runs implements. Models know nothing of configs, files or the
+// training loop: they are built from a ModelOptions by name (models/registry.h) and trained by trainer/.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+namespace models {
+
+/// Base of every registered model.
+class ModelImpl : public torch::nn::Module {
+ public:
+  /// Images (B, C, H, W) -> logits (B, num_classes); language models: tokens (B, T) -> logits (B, T, V).
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+
+  /// Number of blocks that activation checkpointing can wrap: residual blocks for ResNets, layers for
+  /// Transformers.
+  virtual int64_t num_blocks() const = 0;
+
+  /// Forward FLOPs for one sample of shape `sample_shape` ((C, H, W) for images, (T) for tokens),
+  /// counting a multiply-add as 2 FLOPs. Convolutions and linear layers (and attention matmuls) only.
+  virtual double forward_flops(const std::vector<int64_t>& sample_shape) const = 0;
+
+  /// Marks which blocks recompute their activations in backward instead of keeping them
+  /// (size num_blocks(), or empty for none). Takes effect at the next forward; safe between steps.
+  void set_checkpointed_blocks(std::vector<bool> mask) {
+    TORCH_CHECK(mask.empty() || static_cast<int64_t>(mask.size()) == num_blocks(),
+                "set_checkpointed_blocks: mask has ", mask.size(), " entries, model has ", num_blocks(),
+                " blocks");
+    checkpointed_ = std::move(mask);
+  }
+  /// True if block `i` is checkpointed.
+  bool block_checkpointed(int64_t i) const {
+    return i < static_cast<int64_t>(checkpointed_.size()) && checkpointed_[i];
+  }
+
+ protected:
+  std::vector<bool> checkpointed_;
+};
+
+using Model = std::shared_ptr<ModelImpl>;
+
+}  // namespace models

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages the trainer builds and runs with (skips the apt call when all are
+# present). Needs root or sudo.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ libtorch-dev libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev zlib1g-dev
+      libgtest-dev libgmock-dev libcpp-httplib-dev nlohmann-json3-dev
+      python3-torch python3-torchvision dataset-fashion-mnist fortunes)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+((${#missing[@]})) || exit 0
+echo "installing: ${missing[*]}"
+sudo=""; [[ $(id -u) -eq 0 ]] || sudo=sudo
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,68 @@
+// The one place where LibTorch versions differ. Nothing else in the tree checks TORCH_VERSION_*.
+//
+//   what                       LibTorch 1.13 (Debian, CPU)              LibTorch 2.x (pip, CUDA)
+//   autocast on/off, dtype     set_enabled / set_cpu_enabled,           set_autocast_enabled(device, on),
+//                              set_autocast_{gpu,cpu}_dtype             set_autocast_dtype(device, dtype)  (2.4+)
+//   fused attention            none                                     at::scaled_dot_product_attention (2.0+)
+//   AMP fused kernels          CUDA only                                CUDA (and CPU in newer releases)
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+#define TRAINER_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace trainer::compat {
+
+/// LibTorch's version as "major.minor.patch".
+inline std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+// ---- autocast -------------------------------------------------------------------------------------
+// `device` is CPU or CUDA; other device types are rejected by the caller.
+
+inline bool autocast_enabled(c10::DeviceType device) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device, bool on) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, on);
+#else
+  if (device == c10::DeviceType::CUDA) at::autocast::set_enabled(on);
+  else at::autocast::set_cpu_enabled(on);
+#endif
+}
+
+inline at::ScalarType autocast_dtype(c10::DeviceType device) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                         : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CUDA) at::autocast::set_autocast_gpu_dtype(dtype);
+  else at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+
+/// True where LibTorch has the fused scaled_dot_product_attention (2.0+).
+constexpr bool kHasFusedAttention = TRAINER_TORCH_AT_LEAST(2, 0);
+
+}  // namespace trainer::compat
