@@ -1,0 +1,126 @@
+#include "trainer/cli.h"
+
+#include <cxxopts.hpp>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "data/convert.h"
+#include "data/image_h5.h"
+#include "models/registry.h"
+#include "models/summary.h"
+#include "trainer/compat.h"
+#include "trainer/config.h"
+#include "trainer/exit_codes.h"
+#include "trainer/state_dict.h"
+#include "trainer/train.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+int convert_idx_main(int argc, char** argv) {
+  cxxopts::Options o("trainer convert-idx", "Convert IDX files (e.g. Fashion-MNIST) to the trainer's HDF5 format");
+  o.add_options()("src", "folder with train-images-idx3-ubyte.gz etc.",
+                  cxxopts::value<std::string>()->default_value("/usr/share/datasets/fashion-mnist"))(
+      "out", "output folder (train.h5, test.h5)", cxxopts::value<std::string>()->default_value("datasets/fmnist"))(
+      "h,help", "this help");
+  auto a = o.parse(argc, argv);
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  std::cout << data::convert_idx(a["src"].as<std::string>(), a["out"].as<std::string>()) << std::endl;
+  return kExitOk;
+}
+
+int export_main(int argc, char** argv) {
+  cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a state dict "
+                                       "that Python's torch.load reads");
+  o.add_options()("run-dir", "run folder", cxxopts::value<std::string>())(
+      "checkpoint", "a checkpoint folder (default: the run's latest)", cxxopts::value<std::string>()->default_value(""))(
+      "out", "output file", cxxopts::value<std::string>())("h,help", "this help");
+  auto a = o.parse(argc, argv);
+  if (a.count("help") || !a.count("out") || (!a.count("run-dir") && a["checkpoint"].as<std::string>().empty())) {
+    std::cout << o.help() << std::endl;
+    return a.count("help") ? kExitOk : kExitBadInput;
+  }
+  std::string run_dir = a.count("run-dir") ? a["run-dir"].as<std::string>() : "";
+  std::string path = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>());
+  std::cout << "wrote " << a["out"].as<std::string>() << " from " << path << std::endl;
+  return kExitOk;
+}
+
+void dry_run(const Config& cfg) {
+  std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
+  std::vector<int64_t> shape = cfg.data.shape;
+  int64_t in_channels = shape[0];
+  if (cfg.data.kind == "hdf5") {
+    data::ImageH5Dataset ds(cfg.data.train, /*in_memory=*/false);
+    auto s = ds.sample_shape();
+    shape = {s[0], s[1], s[2]};
+    in_channels = s[0];
+  }
+  models::ModelOptions mo;
+  mo.num_classes = cfg.model.num_classes;
+  mo.in_channels = in_channels;
+  mo.zero_init_residual = cfg.model.zero_init_residual;
+  auto model = models::create_model(cfg.model.name, mo);
+  std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
+
+  cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
+                                "Subcommands: trainer convert-idx --help, trainer export --help");
+  o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
+                  cxxopts::value<std::string>()->default_value(""))(
+      "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::vector<std::string>>())(
+      "run-dir", "run folder (default: runs/<config name>)", cxxopts::value<std::string>()->default_value(""))(
+      "resume", "resume from this checkpoint folder (no fallback)", cxxopts::value<std::string>()->default_value(""))(
+      "no-resume", "start fresh; refuse a run folder that already has checkpoints")(
+      "dry-run", "print the resolved config and a model summary, then exit")(
+      "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
+  cxxopts::ParseResult a;
+  try {
+    a = o.parse(argc, argv);
+  } catch (const cxxopts::OptionException& e) {
+    throw std::runtime_error(std::string("command line: ") + e.what() + " (see trainer --help)");
+  }
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  if (a.count("version")) {
+    std::cout << "trainer " << TRAINER_VERSION << ", LibTorch " << compat::torch_version() << std::endl;
+    return kExitOk;
+  }
+  if (a.count("list-keys")) {
+    for (const auto& k : config_keys()) std::cout << k << "\n";
+    return kExitOk;
+  }
+  if (!a.unmatched().empty()) throw std::runtime_error("command line: unexpected argument '" + a.unmatched()[0] + "'");
+  std::string config_path = a["config"].as<std::string>();
+  std::vector<std::string> sets;
+  if (a.count("set")) sets = a["set"].as<std::vector<std::string>>();
+  Config cfg = load_config(config_path, sets);
+  if (a.count("dry-run")) {
+    dry_run(cfg);
+    return kExitOk;
+  }
+  RunOptions ro;
+  ro.run_dir = a["run-dir"].as<std::string>();
+  if (ro.run_dir.empty())
+    ro.run_dir = "runs/" + (config_path.empty() ? std::string("default") : fs::path(config_path).stem().string());
+  ro.resume_from = a["resume"].as<std::string>();
+  ro.no_resume = a.count("no-resume") > 0;
+  return train(cfg, ro);
+}
+
+}  // namespace trainer

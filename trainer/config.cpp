@@ -1,0 +1,377 @@
+#include "trainer/config.h"
+
+#include "trainer/default_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <variant>
+
+namespace trainer {
+namespace {
+
+// A typed pointer into a Config: the one table below drives parsing, overrides and the dump.
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
+
+struct Field {
+  std::string key;    // dotted: "train.global_batch"
+  FieldRef ref;
+  bool allow_auto;    // integer keys that also take `auto` (stored as -1)
+};
+
+std::vector<Field> fields(Config& c) {
+  return {
+      {"model.name", &c.model.name, false},
+      {"model.num_classes", &c.model.num_classes, false},
+      {"model.zero_init_residual", &c.model.zero_init_residual, false},
+      {"model.channels_last", &c.model.channels_last, false},
+      {"model.init_from", &c.model.init_from, false},
+      {"data.kind", &c.data.kind, false},
+      {"data.train", &c.data.train, false},
+      {"data.test", &c.data.test, false},
+      {"data.in_memory", &c.data.in_memory, false},
+      {"data.shape", &c.data.shape, false},
+      {"data.synthetic_size", &c.data.synthetic_size, false},
+      {"data.workers", &c.data.workers, false},
+      {"data.prefetch", &c.data.prefetch, false},
+      {"data.crop_padding", &c.data.crop_padding, false},
+      {"data.hflip", &c.data.hflip, false},
+      {"data.normalize", &c.data.normalize, false},
+      {"optim.name", &c.optim.name, false},
+      {"optim.lr", &c.optim.lr, false},
+      {"optim.momentum", &c.optim.momentum, false},
+      {"optim.nesterov", &c.optim.nesterov, false},
+      {"optim.weight_decay", &c.optim.weight_decay, false},
+      {"optim.decay_norm_and_bias", &c.optim.decay_norm_and_bias, false},
+      {"optim.beta1", &c.optim.beta1, false},
+      {"optim.beta2", &c.optim.beta2, false},
+      {"optim.eps", &c.optim.eps, false},
+      {"optim.grad_clip", &c.optim.grad_clip, false},
+      {"schedule.name", &c.schedule.name, false},
+      {"schedule.warmup_steps", &c.schedule.warmup_steps, false},
+      {"schedule.warmup_epochs", &c.schedule.warmup_epochs, false},
+      {"schedule.min_lr", &c.schedule.min_lr, false},
+      {"schedule.milestones", &c.schedule.milestones, false},
+      {"schedule.gamma", &c.schedule.gamma, false},
+      {"train.global_batch", &c.train.global_batch, false},
+      {"train.micro_batch", &c.train.micro_batch, true},
+      {"train.steps", &c.train.steps, false},
+      {"train.epochs", &c.train.epochs, false},
+      {"train.eval_every", &c.train.eval_every, false},
+      {"train.eval_batch", &c.train.eval_batch, false},
+      {"train.label_smoothing", &c.train.label_smoothing, false},
+      {"train.device", &c.train.device, false},
+      {"train.threads", &c.train.threads, false},
+      {"train.deterministic", &c.train.deterministic, false},
+      {"amp.enabled", &c.amp.enabled, false},
+      {"amp.dtype", &c.amp.dtype, false},
+      {"amp.scaler", &c.amp.scaler, false},
+      {"amp.init_scale", &c.amp.init_scale, false},
+      {"amp.growth_factor", &c.amp.growth_factor, false},
+      {"amp.backoff_factor", &c.amp.backoff_factor, false},
+      {"amp.growth_interval", &c.amp.growth_interval, false},
+      {"memory.limit", &c.memory.limit, false},
+      {"memory.auto_margin", &c.memory.auto_margin, false},
+      {"memory.min_micro_batch", &c.memory.min_micro_batch, false},
+      {"memory.activation_checkpointing", &c.memory.activation_checkpointing, false},
+      {"memory.checkpoint_every_k", &c.memory.checkpoint_every_k, false},
+      {"memory.ladder_checkpointing", &c.memory.ladder_checkpointing, false},
+      {"memory.grow_after", &c.memory.grow_after, false},
+      {"memory.headroom", &c.memory.headroom, false},
+      {"checkpoint.every_steps", &c.checkpoint.every_steps, false},
+      {"checkpoint.every_seconds", &c.checkpoint.every_seconds, false},
+      {"checkpoint.keep_last", &c.checkpoint.keep_last, false},
+      {"checkpoint.async", &c.checkpoint.async, false},
+      {"log.every", &c.log.every, false},
+      {"log.level", &c.log.level, false},
+      {"log.http_port", &c.log.http_port, false},
+      {"log.http_host", &c.log.http_host, false},
+      {"log.tensorboard", &c.log.tensorboard, false},
+      {"seed", &c.seed, false},
+  };
+}
+
+[[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& what) {
+  throw ConfigError(source + ": " + (key.empty() ? "" : "key '" + key + "': ") + what);
+}
+
+std::string describe(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// Parses one scalar as T with yaml-cpp's own conversion, which rejects "12abc" for integers.
+template <typename T>
+T scalar_as(const YAML::Node& n, const std::string& source, const std::string& key, const char* type_name) {
+  if (!n.IsScalar()) fail(source, key, std::string("expected ") + type_name + ", got " + describe(n));
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    fail(source, key, std::string("expected ") + type_name + ", got " + describe(n));
+  }
+}
+
+void assign(Field& f, const YAML::Node& n, const std::string& source) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (f.allow_auto && n.IsScalar() && n.Scalar() == "auto") *p = -1;
+          else *p = scalar_as<int64_t>(n, source, f.key, f.allow_auto ? "an integer or 'auto'" : "an integer");
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          *p = scalar_as<uint64_t>(n, source, f.key, "a non-negative integer");
+        } else if constexpr (std::is_same_v<T, double>) {
+          *p = scalar_as<double>(n, source, f.key, "a number");
+        } else if constexpr (std::is_same_v<T, bool>) {
+          *p = scalar_as<bool>(n, source, f.key, "true or false");
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (n.IsNull()) *p = "";
+          else *p = scalar_as<std::string>(n, source, f.key, "a string");
+        } else {  // std::vector<int64_t>
+          if (!n.IsSequence()) fail(source, f.key, "expected a list of integers, got " + describe(n));
+          std::vector<int64_t> v;
+          for (const auto& e : n) v.push_back(scalar_as<int64_t>(e, source, f.key, "a list of integers"));
+          *p = std::move(v);
+        }
+      },
+      f.ref);
+}
+
+Field* find_field(std::vector<Field>& fs, const std::string& key) {
+  for (auto& f : fs)
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+bool is_section(const std::vector<Field>& fs, const std::string& prefix) {
+  return std::any_of(fs.begin(), fs.end(), [&](const Field& f) { return f.key.rfind(prefix + ".", 0) == 0; });
+}
+
+// The keys of one section, for "did you mean" help in errors.
+std::string section_keys(const std::vector<Field>& fs, const std::string& key) {
+  auto dot = key.rfind('.');
+  std::string prefix = dot == std::string::npos ? "" : key.substr(0, dot + 1);
+  std::string out;
+  std::set<std::string> seen;
+  for (const auto& f : fs) {
+    if (f.key.rfind(prefix, 0) != 0) continue;
+    std::string rest = f.key.substr(prefix.size());
+    rest = rest.substr(0, rest.find('.'));
+    if (seen.insert(rest).second) out += (out.empty() ? "" : ", ") + rest;
+  }
+  return out;
+}
+
+void apply_node(std::vector<Field>& fs, const YAML::Node& node, const std::string& prefix,
+                const std::string& source) {
+  for (const auto& kv : node) {
+    std::string k = kv.first.Scalar();
+    std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (Field* f = find_field(fs, key)) {
+      assign(*f, kv.second, source);
+    } else if (is_section(fs, key)) {
+      if (!kv.second.IsMap()) fail(source, key, "expected a mapping of keys, got " + describe(kv.second));
+      apply_node(fs, kv.second, key, source);
+    } else {
+      fail(source, key, "unknown key (known here: " + section_keys(fs, key) + ")");
+    }
+  }
+}
+
+// The shortest decimal text that reads back as exactly `v` (0.1 rather than 0.10000000000000001), so a
+// resolved config both reads well and reproduces the run bit for bit.
+std::string shortest(double v) {
+  char buf[64];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stays a float when read back
+  return s;
+}
+
+}  // namespace
+
+void apply_yaml_text(Config& cfg, const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail(source, "", std::string("malformed YAML: ") + e.what());
+  }
+  if (root.IsNull()) return;  // an empty file changes nothing
+  if (!root.IsMap()) fail(source, "", "expected a mapping at the top level, got " + describe(root));
+  auto fs = fields(cfg);
+  apply_node(fs, root, "", source);
+}
+
+void apply_yaml_file(Config& cfg, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot read the config file (missing or unreadable)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  apply_yaml_text(cfg, ss.str(), path);
+}
+
+void apply_override(Config& cfg, const std::string& assignment) {
+  const std::string source = "--set " + assignment;
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) fail(source, "", "expected key=value");
+  std::string key = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  auto fs = fields(cfg);
+  Field* f = find_field(fs, key);
+  if (!f) fail(source, key, "unknown key (known here: " + section_keys(fs, key) + ")");
+  YAML::Node n;
+  try {
+    n = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    fail(source, key, std::string("malformed value: ") + e.what());
+  }
+  assign(*f, n, source);
+}
+
+void validate(const Config& c) {
+  auto bad = [](const std::string& key, const std::string& what) { fail("config", key, what); };
+  auto one_of = [&](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+    std::string list;
+    for (const char* o : ok) {
+      if (v == o) return;
+      list += (list.empty() ? "" : ", ") + std::string(o);
+    }
+    bad(key, "'" + v + "' is not one of: " + list);
+  };
+  if (c.model.num_classes < 1) bad("model.num_classes", "must be at least 1");
+  one_of("data.kind", c.data.kind, {"hdf5", "synthetic"});
+  if (c.data.kind == "hdf5" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind hdf5");
+  if (c.data.kind == "synthetic") {
+    if (c.data.shape.size() != 3 || std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1; }))
+      bad("data.shape", "must be three positive integers (C, H, W)");
+    if (c.data.synthetic_size < c.train.global_batch) bad("data.synthetic_size", "must be at least train.global_batch");
+  }
+  if (c.data.workers < 0) bad("data.workers", "must be >= 0");
+  if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
+  if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
+  one_of("optim.name", c.optim.name, {"sgd", "adamw"});
+  if (!(c.optim.lr > 0)) bad("optim.lr", "must be > 0");
+  if (c.optim.momentum < 0 || c.optim.momentum >= 1) bad("optim.momentum", "must be in [0, 1)");
+  if (c.optim.nesterov && c.optim.name == "sgd" && c.optim.momentum == 0) bad("optim.nesterov", "needs optim.momentum > 0");
+  if (c.optim.weight_decay < 0) bad("optim.weight_decay", "must be >= 0");
+  if (c.optim.beta1 < 0 || c.optim.beta1 >= 1) bad("optim.beta1", "must be in [0, 1)");
+  if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
+  if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
+  if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
+  one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
+  if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
+  if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");
+  if (c.schedule.warmup_steps > 0 && c.schedule.warmup_epochs > 0)
+    bad("schedule.warmup_epochs", "set either schedule.warmup_steps or schedule.warmup_epochs, not both");
+  if (c.schedule.min_lr < 0 || c.schedule.min_lr > c.optim.lr) bad("schedule.min_lr", "must be in [0, optim.lr]");
+  if (!std::is_sorted(c.schedule.milestones.begin(), c.schedule.milestones.end()))
+    bad("schedule.milestones", "must be increasing");
+  if (c.schedule.name == "step" && c.schedule.milestones.empty()) bad("schedule.milestones", "the step schedule needs milestones");
+  if (c.train.global_batch < 1) bad("train.global_batch", "must be at least 1");
+  if (c.train.micro_batch < -1) bad("train.micro_batch", "must be a positive integer, 0 (= global_batch) or auto");
+  if (c.train.micro_batch > c.train.global_batch) bad("train.micro_batch", "must not exceed train.global_batch");
+  if (c.train.steps < 0) bad("train.steps", "must be >= 0");
+  if (c.train.epochs < 0) bad("train.epochs", "must be >= 0");
+  if (c.train.steps == 0 && c.train.epochs == 0) bad("train.steps", "set train.steps or train.epochs");
+  if (c.train.steps > 0 && c.train.epochs > 0) bad("train.epochs", "set either train.steps or train.epochs, not both");
+  if (c.train.eval_every < 0) bad("train.eval_every", "must be >= 0");
+  if (c.train.eval_batch < 1) bad("train.eval_batch", "must be at least 1");
+  if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
+  if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
+  if (c.train.device != "auto" && c.train.device != "cpu" && c.train.device.rfind("cuda", 0) != 0)
+    bad("train.device", "'" + c.train.device + "' is not one of: auto, cpu, cuda, cuda:N");
+  one_of("amp.dtype", c.amp.dtype, {"bf16", "fp16"});
+  one_of("amp.scaler", c.amp.scaler, {"auto", "true", "false"});
+  if (c.amp.enabled && c.amp.dtype == "fp16" && c.amp.scaler == "false")
+    bad("amp.scaler", "fp16 needs the loss scaler (gradients underflow without it); set amp.scaler: auto or true");
+  if (c.amp.enabled && c.amp.dtype == "bf16" && c.amp.scaler == "true")
+    bad("amp.scaler", "bf16 has fp32's exponent range and must not use the loss scaler; set amp.scaler: auto or false");
+  if (!(c.amp.init_scale > 0)) bad("amp.init_scale", "must be > 0");
+  if (!(c.amp.growth_factor > 1)) bad("amp.growth_factor", "must be > 1");
+  if (!(c.amp.backoff_factor > 0 && c.amp.backoff_factor < 1)) bad("amp.backoff_factor", "must be in (0, 1)");
+  if (c.amp.growth_interval < 1) bad("amp.growth_interval", "must be at least 1");
+  if (c.memory.auto_margin < 0 || c.memory.auto_margin >= 1) bad("memory.auto_margin", "must be in [0, 1)");
+  if (c.memory.min_micro_batch < 1) bad("memory.min_micro_batch", "must be at least 1");
+  one_of("memory.activation_checkpointing", c.memory.activation_checkpointing, {"none", "all", "every_k", "auto"});
+  if (c.memory.checkpoint_every_k < 1) bad("memory.checkpoint_every_k", "must be at least 1");
+  if (c.memory.grow_after < 1) bad("memory.grow_after", "must be at least 1");
+  if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
+  if (c.checkpoint.every_steps < 0) bad("checkpoint.every_steps", "must be >= 0");
+  if (c.checkpoint.every_seconds < 0) bad("checkpoint.every_seconds", "must be >= 0");
+  if (c.checkpoint.keep_last < 1) bad("checkpoint.keep_last", "must be at least 1");
+  if (c.log.every < 1) bad("log.every", "must be at least 1");
+  one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
+  if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");
+}
+
+std::string to_yaml(const Config& cfg) {
+  Config copy = cfg;  // fields() takes mutable pointers; the dump only reads them
+  auto fs = fields(copy);
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::string open;  // the section whose map is open
+  for (const auto& f : fs) {
+    auto dot = f.key.find('.');
+    std::string section = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    std::string leaf = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+    if (section != open) {
+      if (!open.empty()) out << YAML::EndMap;
+      if (!section.empty()) out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+      open = section;
+    }
+    out << YAML::Key << leaf << YAML::Value;
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (auto v : *p) out << v;
+            out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            if (f.allow_auto && *p == -1) out << "auto";
+            else out << *p;
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            out << YAML::DoubleQuoted << *p;
+          } else if constexpr (std::is_same_v<T, double>) {
+            out << shortest(*p);
+          } else {
+            out << *p;
+          }
+        },
+        f.ref);
+  }
+  if (!open.empty()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::string> config_keys() {
+  Config c;
+  std::vector<std::string> keys;
+  for (const auto& f : fields(c)) keys.push_back(f.key);
+  return keys;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config cfg;
+  if (path.empty()) apply_yaml_text(cfg, kDefaultConfigYaml, std::string("built-in ") + kDefaultConfigName);
+  else apply_yaml_file(cfg, path);
+  for (const auto& o : overrides) apply_override(cfg, o);
+  validate(cfg);
+  return cfg;
+}
+
+}  // namespace trainer

@@ -1,0 +1,144 @@
+// The typed configuration tree. Precedence: defaults (below) < YAML file < --set key=value; then
+// validate(); then the resolved tree is written into the run folder as resolved_config.yaml.
+//
+// Every key is declared once, in config.cpp's field table, which drives YAML parsing, --set,
+// error messages (unknown key, wrong type: naming the key and the file) and the YAML dump.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+/// A configuration problem: the message names the key and where it came from (file or --set).
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  std::string name = "resnet20";  ///< a name from models::model_names()
+  int64_t num_classes = 10;       ///< classifier outputs
+  bool zero_init_residual = false;  ///< last BN of each residual branch starts at 0
+  bool channels_last = false;     ///< NHWC memory format for weights and inputs
+  std::string init_from;          ///< a state dict saved by Python's torch.save, matched by name
+};
+
+struct DataConfig {
+  std::string kind = "hdf5";                         ///< hdf5 | synthetic
+  std::string train = "datasets/fmnist/train.h5";    ///< HDF5 training split (docs/DATA.md)
+  std::string test = "datasets/fmnist/test.h5";      ///< HDF5 evaluation split ("" = no evaluation)
+  bool in_memory = true;                             ///< read the HDF5 file once into memory
+  std::vector<int64_t> shape = {3, 224, 224};        ///< synthetic: sample shape (C, H, W)
+  int64_t synthetic_size = 10000;                    ///< synthetic: samples in the training split
+  int64_t workers = 0;                               ///< loader threads (0 = usable CPUs)
+  int64_t prefetch = 2;                              ///< global batches prepared ahead
+  int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off)
+  bool hflip = false;                                ///< random horizontal flip
+  bool normalize = true;                             ///< subtract mean, divide by std
+};
+
+struct OptimConfig {
+  std::string name = "sgd";     ///< sgd | adamw
+  double lr = 0.1;              ///< peak learning rate (after warmup)
+  double momentum = 0.9;        ///< sgd
+  bool nesterov = true;         ///< sgd
+  double weight_decay = 5e-4;   ///< L2 (sgd) or decoupled (adamw)
+  bool decay_norm_and_bias = false;  ///< false: no weight decay on BatchNorm/LayerNorm weights and biases
+  double beta1 = 0.9;           ///< adamw
+  double beta2 = 0.999;         ///< adamw
+  double eps = 1e-8;            ///< adamw
+  double grad_clip = 0.0;       ///< max global gradient norm (0 = off)
+};
+
+struct ScheduleConfig {
+  std::string name = "cosine";        ///< constant | cosine | step
+  int64_t warmup_steps = 0;           ///< linear warmup from 0 to optim.lr
+  double warmup_epochs = 0.0;         ///< alternative to warmup_steps (converted with steps per epoch)
+  double min_lr = 0.0;                ///< cosine floor
+  std::vector<int64_t> milestones;    ///< step: optimizer steps at which lr is multiplied by gamma
+  double gamma = 0.1;                 ///< step
+};
+
+struct TrainConfig {
+  int64_t global_batch = 128;   ///< samples per optimizer step (constant whatever the micro-batch)
+  int64_t micro_batch = 0;      ///< samples per forward/backward; 0 = global_batch; -1 (`auto`) = largest that fits
+  int64_t steps = 0;            ///< optimizer steps (0: use epochs)
+  double epochs = 0.0;          ///< passes over the training split (used when steps is 0)
+  int64_t eval_every = 0;       ///< evaluate every N steps (0 = once per epoch); always at the end
+  int64_t eval_batch = 500;     ///< evaluation micro-batch
+  double label_smoothing = 0.0; ///< cross-entropy label smoothing
+  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
+  int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)
+  bool deterministic = false;   ///< deterministic algorithms (bitwise-reproducible runs)
+};
+
+struct AmpConfig {
+  bool enabled = false;           ///< autocast forward passes
+  std::string dtype = "bf16";     ///< bf16 | fp16
+  std::string scaler = "auto";    ///< auto (on for fp16, off for bf16) | true | false
+  double init_scale = 65536.0;    ///< GradScaler initial loss scale
+  double growth_factor = 2.0;     ///< scale *= this after growth_interval clean steps
+  double backoff_factor = 0.5;    ///< scale *= this after a step with inf/NaN gradients
+  int64_t growth_interval = 2000; ///< clean steps between growths
+};
+
+struct MemoryConfig {
+  std::string limit = "none";                 ///< byte size ("6GiB", "300MiB"), auto, or none
+  double auto_margin = 0.1;                   ///< auto: fraction of the limit kept free
+  int64_t min_micro_batch = 1;                ///< backoff floor before the next rung
+  std::string activation_checkpointing = "none";  ///< none | all | every_k | auto
+  int64_t checkpoint_every_k = 2;             ///< every_k: checkpoint blocks 0, k, 2k, ...
+  bool ladder_checkpointing = true;           ///< the OOM ladder may turn checkpointing on
+  int64_t grow_after = 50;                    ///< clean steps with headroom before probing a larger micro-batch
+  double headroom = 0.25;                     ///< grow only when peak < (1 - headroom) * limit
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;     ///< save every N optimizer steps (0 = off)
+  double every_seconds = 0.0;  ///< save when this much time passed since the last save (0 = off)
+  int64_t keep_last = 3;       ///< complete checkpoints kept
+  bool async = true;           ///< write files on a background thread
+};
+
+struct LogConfig {
+  int64_t every = 20;               ///< log line and host sync every N steps
+  std::string level = "info";       ///< trace | debug | info | warn | error
+  int64_t http_port = 0;            ///< metrics/probe endpoint (0 = off)
+  std::string http_host = "127.0.0.1";
+  bool tensorboard = false;
+};
+
+/// The whole configuration. Each component is built from its own sub-tree only.
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  AmpConfig amp;
+  MemoryConfig memory;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  uint64_t seed = 0;  ///< every random stream derives from it
+};
+
+/// Applies a YAML file over `cfg`. Throws ConfigError naming the file and key.
+void apply_yaml_file(Config& cfg, const std::string& path);
+/// Applies YAML text over `cfg`; `source` names it in errors.
+void apply_yaml_text(Config& cfg, const std::string& text, const std::string& source);
+/// Applies one `--set key=value` (dotted key; value parsed as YAML). Throws ConfigError.
+void apply_override(Config& cfg, const std::string& assignment);
+/// Checks ranges and combinations. Throws ConfigError naming the key.
+void validate(const Config& cfg);
+/// The whole tree as YAML (every key, in declaration order).
+std::string to_yaml(const Config& cfg);
+/// Every dotted key, in declaration order (for --help and tests).
+std::vector<std::string> config_keys();
+
+/// defaults < file < overrides, then validate. An empty path means the built-in job
+/// (configs/resnet20_fmnist.yaml, embedded at build time).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace trainer

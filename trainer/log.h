@@ -1,0 +1,35 @@
+// Logging (spdlog: console + <run-dir>/train.log) and the metrics stream (<run-dir>/metrics.jsonl: one
+// JSON object per line; optimizer steps carry "step", evaluations and events carry "event").
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <mutex>
+#include <string>
+
+namespace trainer {
+
+/// Installs the default spdlog logger: colored stderr plus `<run_dir>/train.log` (appended, so a
+/// resumed run keeps one log). `level` is trace|debug|info|warn|error. Empty run_dir: console only.
+void setup_logging(const std::string& run_dir, const std::string& level);
+
+/// Appends JSON lines to a file and flushes each one, so a killed run loses no line it wrote.
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  /// Opens `path` for appending; throws std::runtime_error naming the path if it cannot.
+  explicit MetricsLog(const std::string& path);
+  void write(const nlohmann::json& record);
+  /// Writes {"event": kind, ...fields}; also used for evaluations.
+  void event(const std::string& kind, nlohmann::json fields);
+
+ private:
+  std::ofstream out_;
+  std::mutex mu_;
+};
+
+/// "1h02m03s" / "4m05s" / "12.3s".
+std::string format_duration(double seconds);
+
+}  // namespace trainer

@@ -1,0 +1,150 @@
+#include "trainer/optim.h"
+
+#include <cmath>
+
+namespace trainer {
+
+std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_norm_and_bias) {
+  std::vector<ParamSlot> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    bool decay = decay_norm_and_bias || item.value().dim() >= 2;
+    out.push_back({item.key(), item.value(), decay});
+  }
+  return out;
+}
+
+Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg)
+    : params_(std::move(params)), cfg_(cfg) {
+  TORCH_CHECK(cfg_.name == "sgd" || cfg_.name == "adamw", "optim.name: unknown optimizer '", cfg_.name, "'");
+}
+
+void Optimizer::zero_grad() {
+  for (auto& s : params_) s.param.mutable_grad() = torch::Tensor();
+}
+
+void Optimizer::allocate_state() {
+  // State is allocated zero-filled: a zero momentum buffer gives PyTorch's first-step value
+  // (buf = grad) under buf = momentum * buf + grad, and zero Adam moments are PyTorch's initial state.
+  bool sgd = cfg_.name == "sgd";
+  bool need1 = !sgd || cfg_.momentum > 0;
+  bool need2 = !sgd;
+  if (need1 && buf1_.size() != params_.size()) {
+    std::vector<torch::Tensor> b;
+    for (auto& s : params_) b.push_back(torch::zeros_like(s.param, at::MemoryFormat::Preserve));
+    buf1_ = std::move(b);
+  }
+  if (need2 && buf2_.size() != params_.size()) {
+    std::vector<torch::Tensor> b;
+    for (auto& s : params_) b.push_back(torch::zeros_like(s.param, at::MemoryFormat::Preserve));
+    buf2_ = std::move(b);
+  }
+}
+
+void Optimizer::step(double lr) {
+  allocate_state();  // may throw OOM: nothing has changed yet
+  torch::NoGradGuard no_grad;
+  const double wd = cfg_.weight_decay;
+  if (cfg_.name == "sgd") {
+    const double m = cfg_.momentum;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i].param;
+      torch::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (wd != 0 && params_[i].decay) g.add_(p, wd);
+      if (m > 0) {
+        auto& buf = buf1_[i];
+        buf.mul_(m).add_(g);
+        if (cfg_.nesterov) g.add_(buf, m);
+        else g = buf;
+      }
+      p.add_(g, -lr);
+    }
+  } else {  // adamw
+    const double b1 = cfg_.beta1, b2 = cfg_.beta2;
+    const double t = static_cast<double>(steps_ + 1);
+    const double bc1 = 1 - std::pow(b1, t);
+    const double bc2_sqrt = std::sqrt(1 - std::pow(b2, t));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i].param;
+      torch::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (wd != 0 && params_[i].decay) p.mul_(1 - lr * wd);
+      buf1_[i].mul_(b1).add_(g, 1 - b1);
+      buf2_[i].mul_(b2).addcmul_(g, g, 1 - b2);
+      // The gradient is no longer needed: it becomes the denominator, so nothing is allocated.
+      g.copy_(buf2_[i]).sqrt_().div_(bc2_sqrt).add_(cfg_.eps);
+      p.addcdiv_(buf1_[i], g, -lr / bc1);
+    }
+  }
+  ++steps_;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const char* n1 = cfg_.name == "sgd" ? "momentum_buffer." : "exp_avg.";
+  for (size_t i = 0; i < buf1_.size(); ++i) out.emplace_back(n1 + params_[i].name, buf1_[i]);
+  for (size_t i = 0; i < buf2_.size(); ++i) out.emplace_back("exp_avg_sq." + params_[i].name, buf2_[i]);
+  out.emplace_back("step", torch::tensor(steps_, torch::kInt64));
+  return out;
+}
+
+void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
+  auto get = [&](const std::string& key) -> const torch::Tensor& {
+    auto it = state.find(key);
+    if (it == state.end()) throw std::runtime_error("optimizer state: missing entry '" + key + "'");
+    return it->second;
+  };
+  steps_ = get("step").item<int64_t>();
+  buf1_.clear();
+  buf2_.clear();
+  if (steps_ == 0) return;
+  allocate_state();
+  torch::NoGradGuard no_grad;
+  auto fill = [&](std::vector<torch::Tensor>& bufs, const std::string& prefix) {
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      const auto& src = get(prefix + params_[i].name);
+      if (src.sizes() != bufs[i].sizes())
+        throw std::runtime_error("optimizer state: '" + prefix + params_[i].name + "' has shape " +
+                                 c10::str(src.sizes()) + ", the parameter has " + c10::str(bufs[i].sizes()));
+      bufs[i].copy_(src);
+    }
+  };
+  if (!buf1_.empty()) fill(buf1_, cfg_.name == "sgd" ? "momentum_buffer." : "exp_avg.");
+  if (!buf2_.empty()) fill(buf2_, "exp_avg_sq.");
+}
+
+torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const auto& s : params)
+    if (s.param.grad().defined()) norms.push_back(s.param.grad().norm(2).to(torch::kFloat));
+  if (norms.empty()) return torch::zeros({});
+  torch::Tensor total = torch::stack(norms).norm(2);
+  if (max_norm > 0) {
+    // As PyTorch: multiply by min(1, max_norm / (norm + 1e-6)), without a host sync.
+    torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    for (const auto& s : params)
+      if (s.param.grad().defined()) s.param.grad().mul_(coef.to(s.param.grad().dtype()));
+  }
+  return total;
+}
+
+double learning_rate(const ScheduleConfig& schedule, double peak_lr, int64_t step, int64_t total_steps,
+                     int64_t warmup_steps) {
+  if (step < warmup_steps) return peak_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (schedule.name == "cosine") {
+    int64_t span = std::max<int64_t>(1, total_steps - warmup_steps);
+    double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
+    return schedule.min_lr + (peak_lr - schedule.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  }
+  if (schedule.name == "step") {
+    double lr = peak_lr;
+    for (int64_t m : schedule.milestones)
+      if (step >= m) lr *= schedule.gamma;
+    return lr;
+  }
+  return peak_lr;  // constant
+}
+
+}  // namespace trainer

@@ -1,0 +1,72 @@
+// Optimizers and the learning-rate schedule.
+//
+// SGD (momentum, Nesterov, L2 weight decay) and AdamW (decoupled weight decay) with PyTorch's update
+// rules, written so that a step is never left half-applied: step() first allocates every piece of state
+// it will need (the only part that can run out of memory), then updates in place, allocating nothing.
+// An out-of-memory error thrown from step() therefore leaves every parameter untouched, and the OOM
+// handling can redo the whole optimizer step. (LibTorch's torch::optim updates parameter by parameter,
+// allocating temporaries as it goes, so an OOM half way leaves some parameters updated and some not.)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+
+namespace trainer {
+
+/// One trainable tensor with its dotted name and whether weight decay applies to it.
+struct ParamSlot {
+  std::string name;
+  torch::Tensor param;
+  bool decay = true;
+};
+
+/// The module's trainable parameters in registration order. Unless `decay_norm_and_bias`, tensors with
+/// fewer than 2 dimensions (biases, BatchNorm/LayerNorm weights) get no weight decay.
+std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_norm_and_bias);
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg);
+
+  /// Drops every gradient (sets it to an undefined tensor, freeing its memory).
+  void zero_grad();
+  /// One update with learning rate `lr`. Gradients are consumed (overwritten in place).
+  /// Throws c10::OutOfMemoryError only before any parameter changed.
+  void step(double lr);
+  /// Allocates the state step() needs (zero-filled) if not yet there. step() calls it; the trainer calls it
+  /// early so that memory measurements include the optimizer state.
+  void allocate_state();
+  /// Completed steps (AdamW's bias correction counts these).
+  int64_t steps() const { return steps_; }
+
+  const std::vector<ParamSlot>& params() const { return params_; }
+  /// Every state tensor by name ("momentum_buffer.<param>", "exp_avg.<param>", "exp_avg_sq.<param>",
+  /// plus "step"), for checkpoints.
+  std::vector<std::pair<std::string, torch::Tensor>> state() const;
+  /// Restores what state() returned. Throws std::runtime_error naming a missing or mis-shaped entry.
+  void load_state(const std::map<std::string, torch::Tensor>& state);
+
+ private:
+  std::vector<ParamSlot> params_;
+  OptimConfig cfg_;
+  int64_t steps_ = 0;
+  std::vector<torch::Tensor> buf1_;  // sgd: momentum buffer; adamw: exp_avg
+  std::vector<torch::Tensor> buf2_;  // adamw: exp_avg_sq
+};
+
+/// Global L2 norm of the gradients (as PyTorch's clip_grad_norm_ computes it); if `max_norm` > 0 and the
+/// norm exceeds it, scales the gradients in place to `max_norm`. Returns the norm before clipping as a
+/// 0-dim tensor on the gradients' device (no host sync).
+torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_norm);
+
+/// Learning rate for the optimizer step with 0-based index `step` of `total_steps`: linear warmup over
+/// `warmup_steps` from lr/warmup to lr, then constant, cosine to schedule.min_lr, or step decay.
+double learning_rate(const ScheduleConfig& schedule, double peak_lr, int64_t step, int64_t total_steps,
+                     int64_t warmup_steps);
+
+}  // namespace trainer

@@ -1,0 +1,478 @@
+#include "trainer/run.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "data/image_h5.h"
+#include "models/registry.h"
+#include "models/summary.h"
+#include "trainer/compat.h"
+#include "trainer/exit_codes.h"
+#include "trainer/signals.h"
+#include "trainer/state_dict.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+torch::Device pick_device(const std::string& spec) {
+  if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  torch::Device d(spec);
+  if (d.is_cuda() && !torch::cuda::is_available())
+    throw ConfigError("train.device: '" + spec + "' asked for, but this LibTorch build or machine has no CUDA device");
+  return d;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg), opts_(opts) {}
+
+TrainingRun::~TrainingRun() {
+  if (store_) {
+    try {
+      store_->wait();
+    } catch (const std::exception& e) {
+      spdlog::error("checkpoint: {}", e.what());
+    }
+  }
+}
+
+void TrainingRun::setup() {
+  // The run folder must be writable before anything is trained: failing after an hour is worse.
+  std::error_code ec;
+  fs::create_directories(opts_.run_dir, ec);
+  if (ec) throw std::runtime_error(opts_.run_dir + ": cannot create the run folder (" + ec.message() + ")");
+  store_ = std::make_unique<CheckpointStore>(opts_.run_dir, cfg_.checkpoint.keep_last);
+  store_->check_writable();
+  setup_logging(opts_.run_dir, cfg_.log.level);
+  metrics_ = MetricsLog((fs::path(opts_.run_dir) / "metrics.jsonl").string());
+  {
+    std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
+    out << to_yaml(cfg_);
+  }
+  spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
+
+  device_ = pick_device(cfg_.train.device);
+  amp_dtype_ = cfg_.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+  validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, cfg_.amp.enabled && cfg_.amp.scaler != "false" && cfg_.amp.dtype == "fp16",
+               device_.type());
+
+  // Host threads follow the CPUs this process may use (affinity, container quota).
+  int threads = cfg_.train.threads > 0 ? static_cast<int>(cfg_.train.threads) : usable_cpus();
+  apply_cpu_threads(threads);
+  if (cfg_.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setBenchmarkCuDNN(!cfg_.train.deterministic);
+
+  // Memory: the cap is installed before the model exists so every tensor is counted.
+  memory_ = make_memory_backend(device_);
+  limit_spec_ = cfg_.memory.limit;
+  limit_bytes_ = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+  memory_->set_limit(limit_bytes_);
+  control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
+
+  // Data.
+  if (cfg_.data.kind == "synthetic") {
+    train_set_ = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
+                                                               cfg_.data.shape[1], cfg_.data.shape[2],
+                                                               cfg_.model.num_classes, cfg_.seed);
+  } else {
+    train_set_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
+    if (!cfg_.data.test.empty()) test_set_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
+  }
+  if (train_set_->num_classes() > cfg_.model.num_classes)
+    throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.train +
+                      " has " + std::to_string(train_set_->num_classes()) + " classes");
+  if (train_set_->size() < cfg_.train.global_batch)
+    throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
+                      std::to_string(train_set_->size()) + " samples of the training split");
+
+  data::LoaderOptions lo;
+  lo.global_batch = cfg_.train.global_batch;
+  lo.seed = cfg_.seed;
+  lo.workers = cfg_.data.workers > 0 ? static_cast<int>(cfg_.data.workers) : threads;
+  lo.prefetch = static_cast<int>(cfg_.data.prefetch);
+  lo.augment.random_crop_padding = cfg_.data.crop_padding;
+  lo.augment.hflip = cfg_.data.hflip;
+  lo.augment.normalize = cfg_.data.normalize;
+  lo.pin_memory = device_.is_cuda();
+  loader_ = std::make_unique<data::Loader>(train_set_, lo);
+  steps_per_epoch_ = loader_->steps_per_epoch();
+  total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
+                                      : std::max<int64_t>(1, std::llround(cfg_.train.epochs * steps_per_epoch_));
+  warmup_steps_ = cfg_.schedule.warmup_steps > 0 ? cfg_.schedule.warmup_steps
+                                                 : std::llround(cfg_.schedule.warmup_epochs * steps_per_epoch_);
+
+  torch::manual_seed(cfg_.seed);
+  build_model();
+
+  GradScalerOptions so;
+  so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
+  so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
+      .growth_interval(cfg_.amp.growth_interval);
+  scaler_ = std::make_unique<GradScaler>(so);
+
+  MicroBatchController::Options co;
+  co.global_batch = cfg_.train.global_batch;
+  co.micro_batch = cfg_.train.micro_batch > 0 ? cfg_.train.micro_batch : cfg_.train.global_batch;
+  co.min_micro_batch = cfg_.memory.min_micro_batch;
+  co.allow_checkpointing = cfg_.memory.ladder_checkpointing && cfg_.memory.activation_checkpointing == "none";
+  co.grow_after = cfg_.memory.grow_after;
+  co.headroom = cfg_.memory.headroom;
+  controller_ = std::make_unique<MicroBatchController>(co);
+  eval_micro_batch_ = cfg_.train.eval_batch;
+}
+
+void TrainingRun::build_model() {
+  models::ModelOptions mo;
+  mo.num_classes = cfg_.model.num_classes;
+  mo.in_channels = train_set_->sample_shape()[0];
+  mo.zero_init_residual = cfg_.model.zero_init_residual;
+  model_ = models::create_model(cfg_.model.name, mo);
+  if (!cfg_.model.init_from.empty()) {
+    load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
+    spdlog::info("model: weights from {}", cfg_.model.init_from);
+  }
+  model_->to(device_);
+  if (cfg_.model.channels_last) models::to_channels_last(*model_);
+  optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
+  auto s = train_set_->sample_shape();
+  spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
+               models::count_parameters(*model_), model_->forward_flops({s[0], s[1], s[2]}) / 1e9);
+}
+
+void TrainingRun::apply_activation_checkpointing() {
+  const int64_t n = model_->num_blocks();
+  std::vector<bool> mask(n, false);
+  const std::string& policy = cfg_.memory.activation_checkpointing;
+  bool ladder_on = controller_->activation_checkpointing();
+  for (int64_t i = 0; i < n; ++i) {
+    if (policy == "all" || ladder_on) mask[i] = true;
+    else if (policy == "every_k") mask[i] = i % cfg_.memory.checkpoint_every_k == 0;
+  }
+  // `auto` starts without checkpointing and lets the OOM ladder turn it on.
+  model_->set_checkpointed_blocks(mask);
+}
+
+// ---- resume -------------------------------------------------------------------------------------------
+
+nlohmann::json TrainingRun::state_json() const {
+  nlohmann::json j;
+  j["step"] = step_;
+  j["epoch"] = epoch_;
+  j["position"] = position_;
+  j["samples_seen"] = samples_seen_;
+  j["seed"] = cfg_.seed;
+  j["global_batch"] = cfg_.train.global_batch;
+  j["micro_batch_config"] = cfg_.train.micro_batch;
+  j["controller"] = controller_->to_json();
+  j["scaler"] = scaler_->state().to_json();
+  j["nonfinite_in_a_row"] = nonfinite_in_a_row_;
+  j["eval_micro_batch"] = eval_micro_batch_;
+  j["limit_spec"] = limit_spec_;
+  return j;
+}
+
+void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
+  auto t0 = std::chrono::steady_clock::now();
+  CheckpointFiles files;
+  files["model.pt"] = state_dict_bytes(*model_);
+  files["optimizer.pt"] = tensors_to_bytes(optimizer_->state());
+  NamedTensors rng;
+  rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  if (device_.is_cuda()) rng.emplace_back("cuda", at::globalContext().defaultGenerator(device_).get_state());
+  files["rng.pt"] = tensors_to_bytes(rng);
+  files["state.json"] = state_json().dump(2);
+  files["config.yaml"] = to_yaml(cfg_);
+  nlohmann::json extra = {{"reason", reason}, {"device", device_.str()}};
+  if (cfg_.checkpoint.async && !wait) store_->save_async(step_, std::move(files), extra);
+  else store_->save(step_, std::move(files), extra);
+  last_ckpt_time_ = std::chrono::steady_clock::now();
+  double secs = seconds_since(t0);
+  spdlog::info("checkpoint: step {} ({}), {} in {:.2f}s{}", step_, reason, wait || !cfg_.checkpoint.async ? "written" : "serialized",
+               secs, wait || !cfg_.checkpoint.async ? "" : ", writing in the background");
+  metrics_.event("checkpoint", {{"step", step_}, {"reason", reason}, {"seconds", secs}});
+}
+
+bool TrainingRun::resume() {
+  std::optional<LoadedCheckpoint> ck;
+  if (!opts_.resume_from.empty()) {
+    ck = store_->load(opts_.resume_from);
+  } else if (opts_.no_resume) {
+    if (!store_->list().empty())
+      throw std::runtime_error(opts_.run_dir + ": --no-resume, but the run folder already has checkpoints; "
+                               "use another --run-dir or remove them");
+    return false;
+  } else {
+    ck = store_->load_latest();
+    for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
+  }
+  if (!ck) return false;
+
+  // A resize may change memory settings, micro-batch or step count; a different model or data would
+  // make a different experiment.
+  Config saved;
+  apply_yaml_text(saved, ck->files.at("config.yaml"), ck->path + "/config.yaml");
+  auto same = [&](const std::string& key, const auto& a, const auto& b) {
+    if (!(a == b))
+      throw std::runtime_error("resume from " + ck->path + " refused: " + key +
+                               " differs from the checkpoint's; start a new run folder for a different experiment");
+  };
+  same("model.name", cfg_.model.name, saved.model.name);
+  same("model.num_classes", cfg_.model.num_classes, saved.model.num_classes);
+  same("data.kind", cfg_.data.kind, saved.data.kind);
+  same("data.train", cfg_.data.train, saved.data.train);
+  same("data.shape", cfg_.data.shape, saved.data.shape);
+  same("data.crop_padding", cfg_.data.crop_padding, saved.data.crop_padding);
+  same("data.hflip", cfg_.data.hflip, saved.data.hflip);
+  same("data.normalize", cfg_.data.normalize, saved.data.normalize);
+  same("train.global_batch", cfg_.train.global_batch, saved.train.global_batch);
+  same("seed", cfg_.seed, saved.seed);
+
+  load_state_dict_bytes(*model_, ck->files.at("model.pt"), /*strict=*/true);
+  std::map<std::string, torch::Tensor> opt_state;
+  for (auto& [k, v] : tensors_from_bytes(ck->files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
+  optimizer_->load_state(opt_state);
+  for (auto& [k, v] : tensors_from_bytes(ck->files.at("rng.pt"))) {
+    if (k == "cpu") at::detail::getDefaultCPUGenerator().set_state(v);
+    else if (k == "cuda" && device_.is_cuda()) at::globalContext().defaultGenerator(device_).set_state(v);
+  }
+  auto st = nlohmann::json::parse(ck->files.at("state.json"));
+  step_ = st.at("step");
+  epoch_ = st.at("epoch");
+  position_ = st.at("position");
+  samples_seen_ = st.at("samples_seen");
+  nonfinite_in_a_row_ = st.value("nonfinite_in_a_row", 0);
+  scaler_->load_state(GradScalerState::from_json(st.at("scaler")));
+  // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
+  if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch) {
+    controller_->load_json(st.at("controller"));
+    eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
+  }
+  loader_->seek(epoch_, position_);
+  spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
+               position_, controller_->micro_batch(), controller_->accum_steps());
+  metrics_.event("resume", {{"step", step_}, {"path", ck->path}, {"epoch", epoch_}, {"position", position_},
+                            {"micro_batch", controller_->micro_batch()}});
+  return true;
+}
+
+// ---- limits -------------------------------------------------------------------------------------------
+
+void TrainingRun::poll_limits() {
+  // control.yaml is how an operator (or a container resize hook) changes the cap of a running job.
+  std::string msg;
+  if (auto upd = control_->poll(&msg)) {
+    if (upd->memory_limit) limit_spec_ = *upd->memory_limit;
+  }
+  if (!msg.empty()) spdlog::warn("control.yaml: {}", msg);
+  int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+  if (limit != limit_bytes_) {
+    spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
+                 limit ? format_bytes(limit) : "none", limit_spec_);
+    metrics_.event("limit", {{"step", step_}, {"old_limit", limit_bytes_}, {"new_limit", limit},
+                             {"current_bytes", memory_->current_bytes()}});
+    limit_bytes_ = limit;
+    memory_->set_limit(limit);
+    controller_->on_limit_changed(limit);
+  }
+  int threads = cfg_.train.threads > 0 ? static_cast<int>(cfg_.train.threads) : usable_cpus();
+  if (threads != at::get_num_threads()) {
+    spdlog::info("cpu: {} -> {} threads (affinity / quota changed)", at::get_num_threads(), threads);
+    apply_cpu_threads(threads);
+  }
+}
+
+// ---- evaluation ---------------------------------------------------------------------------------------
+
+EvalResult TrainingRun::evaluate() {
+  EvalResult r;
+  if (!test_set_) return r;
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  data::EvalOptions eo;
+  eo.batch = cfg_.train.eval_batch;
+  eo.workers = loader_->options().workers;
+  eo.normalize = cfg_.data.normalize;
+  eo.pin_memory = device_.is_cuda();
+  data::EvalLoader ev(test_set_, eo);
+  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kDouble).device(device_));
+  torch::Tensor correct1 = torch::zeros({}, torch::dtype(torch::kLong).device(device_));
+  torch::Tensor correct5 = torch::zeros({}, torch::dtype(torch::kLong).device(device_));
+  while (auto b = ev.next()) {
+    // Evaluation backs off on its own: an OOM halves the evaluation micro-batch and redoes that chunk,
+    // without touching the training micro-batch.
+    for (int64_t start = 0; start < b->size();) {
+      int64_t n = std::min(eval_micro_batch_, b->size() - start);
+      try {
+        auto x = b->images.narrow(0, start, n).to(device_, /*non_blocking=*/true);
+        if (cfg_.model.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+        auto y = b->labels.narrow(0, start, n).to(device_, true);
+        torch::Tensor logits;
+        {
+          AutocastGuard ag(device_.type(), amp_dtype_, cfg_.amp.enabled);
+          logits = model_->forward(x);
+        }
+        logits = logits.to(torch::kFloat);
+        loss_sum += torch::nn::functional::cross_entropy(
+                        logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                        .to(torch::kDouble);
+        auto top = logits.topk(std::min<int64_t>(5, logits.size(1)), 1).indices;  // (n, 5)
+        auto hit = top.eq(y.unsqueeze(1));
+        correct1 += hit.narrow(1, 0, 1).sum();
+        correct5 += hit.sum();
+        start += n;
+      } catch (const std::exception& e) {
+        if (!is_oom_error(e) || eval_micro_batch_ == 1) throw;
+        memory_->empty_cache();
+        int64_t old = eval_micro_batch_;
+        eval_micro_batch_ = std::max<int64_t>(1, eval_micro_batch_ / 2);
+        spdlog::warn("evaluation: out of memory at micro-batch {}, retrying at {}", old, eval_micro_batch_);
+        metrics_.event("eval_backoff", {{"step", step_}, {"old_micro_batch", old}, {"new_micro_batch", eval_micro_batch_},
+                                        {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
+      }
+    }
+  }
+  model_->train();
+  r.samples = test_set_->size();
+  r.loss = loss_sum.item<double>() / r.samples;  // a sync, once per evaluation
+  r.top1 = static_cast<double>(correct1.item<int64_t>()) / r.samples;
+  r.top5 = static_cast<double>(correct5.item<int64_t>()) / r.samples;
+  return r;
+}
+
+// ---- logging ------------------------------------------------------------------------------------------
+
+void TrainingRun::log_step(const StepResult& r, double step_time) {
+  window_time_ += step_time;
+  ++window_steps_;
+  const double sps = cfg_.train.global_batch / step_time;
+  nlohmann::json j = {{"step", step_},
+                      {"epoch", static_cast<double>(step_) / steps_per_epoch_},
+                      {"loss", r.loss},
+                      {"lr", r.lr},
+                      {"grad_norm", r.grad_norm},
+                      {"samples_seen", samples_seen_},
+                      {"micro_batch", r.micro_batch},
+                      {"accum_steps", r.accum_steps},
+                      {"samples_per_s", sps},
+                      {"step_time_s", step_time},
+                      {"mem_peak_bytes", memory_->peak_bytes()},
+                      {"mem_limit_bytes", limit_bytes_},
+                      {"oom_retries", r.oom_retries},
+                      {"updated", r.updated}};
+  if (scaler_->is_enabled()) j["loss_scale"] = scaler_->get_scale();
+  metrics_.write(j);
+  if (step_ % cfg_.log.every == 0 || step_ == total_steps_ || step_ == 1) {
+    double window_sps = cfg_.train.global_batch * window_steps_ / window_time_;
+    double eta = (total_steps_ - step_) * (window_time_ / window_steps_);
+    spdlog::info("step {}/{} (epoch {:.2f}) loss {:.4f} lr {:.4g} | {:.1f} samples/s | mb {}x{} | mem peak {} | ETA {}",
+                 step_, total_steps_, static_cast<double>(step_) / steps_per_epoch_, r.loss, r.lr, window_sps,
+                 r.micro_batch, r.accum_steps, format_bytes(memory_->peak_bytes()), format_duration(eta));
+    window_time_ = 0;
+    window_steps_ = 0;
+  }
+}
+
+// ---- the loop -----------------------------------------------------------------------------------------
+
+int TrainingRun::run() {
+  setup();
+  install_signal_handlers();
+  bool resumed = resume();
+  if (!resumed) {
+    metrics_.event("start", {{"total_steps", total_steps_}, {"steps_per_epoch", steps_per_epoch_},
+                             {"global_batch", cfg_.train.global_batch}, {"device", device_.str()},
+                             {"torch", compat::torch_version()}, {"limit", limit_bytes_}});
+  }
+  spdlog::info("training {} steps ({} per epoch) at global batch {} on {}; memory limit {}", total_steps_,
+               steps_per_epoch_, cfg_.train.global_batch, device_.str(),
+               limit_bytes_ ? format_bytes(limit_bytes_) : "none");
+  model_->train();
+  start_time_ = last_ckpt_time_ = std::chrono::steady_clock::now();
+  int exit_code = kExitOk;
+  bool need_micro_batch_search = cfg_.train.micro_batch == -1 && !resumed;
+
+  try {
+    while (step_ < total_steps_) {
+      poll_limits();
+      data::Batch batch = loader_->next();
+      if (need_micro_batch_search) {
+        find_auto_micro_batch(batch);
+        need_micro_batch_search = false;
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      StepResult r = train_step(batch);
+      double dt = seconds_since(t0);
+      ++step_;
+      samples_seen_ += cfg_.train.global_batch;
+      // Where the next step's samples start: what a checkpoint records (in samples, not batches, so a
+      // resume may use any micro-batch).
+      epoch_ = loader_->state().epoch;
+      position_ = loader_->state().position;
+      log_step(r, dt);
+
+      bool epoch_end = step_ % steps_per_epoch_ == 0;
+      bool eval_now = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;
+      if (eval_now && step_ < total_steps_ && test_set_) {
+        auto t = std::chrono::steady_clock::now();
+        auto e = evaluate();
+        spdlog::info("eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", step_, e.loss, 100 * e.top1,
+                     100 * e.top5, seconds_since(t));
+        metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
+                                {"samples", e.samples}, {"seconds", seconds_since(t)}});
+        last_eval_ = e;
+      }
+      bool ckpt_now = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
+                      (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds);
+      if (take_checkpoint_request()) {
+        save_checkpoint("SIGUSR1", false);
+        ckpt_now = false;
+      }
+      if (stop_requested()) {
+        spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", stop_signal_name(), step_);
+        save_checkpoint(stop_signal_name(), true);
+        metrics_.event("stop", {{"step", step_}, {"signal", stop_signal_name()}});
+        return stop_exit_code();
+      }
+      if (ckpt_now && step_ < total_steps_) save_checkpoint("periodic", false);
+    }
+  } catch (const OomGaveUp& e) {
+    spdlog::error("{}", e.what());
+    save_checkpoint("oom_gave_up", true);
+    metrics_.event("oom_gave_up", {{"step", step_}, {"message", e.what()}, {"mem_peak_bytes", memory_->peak_bytes()}});
+    return kExitOomGaveUp;
+  }
+
+  auto e = evaluate();
+  if (test_set_) {
+    spdlog::info("final eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}%", step_, e.loss, 100 * e.top1, 100 * e.top5);
+    metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
+                            {"samples", e.samples}, {"final", true}});
+  }
+  save_checkpoint("final", true);
+  double total = seconds_since(start_time_);
+  metrics_.event("end", {{"step", step_}, {"seconds", total}, {"samples_seen", samples_seen_}});
+  spdlog::info("done: {} steps in {}", step_, format_duration(total));
+  return exit_code;
+}
+
+int train(const Config& cfg, const RunOptions& opts) {
+  TrainingRun run(cfg, opts);
+  return run.run();
+}
+
+}  // namespace trainer

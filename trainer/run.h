@@ -1,0 +1,106 @@
+// The state of one training run and its two halves: run.cpp sequences (setup, resume, the loop,
+// evaluation, checkpoints, logging); step.cpp holds the optimizer step (micro-batches, loss
+// normalization, OOM retries, the update). Internal to trainer/: users call train() (train.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "models/model.h"
+#include "trainer/amp.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/log.h"
+#include "trainer/memory.h"
+#include "trainer/oom.h"
+#include "trainer/optim.h"
+#include "trainer/resources.h"
+#include "trainer/train.h"
+
+namespace trainer {
+
+/// Thrown when the OOM ladder has nothing left to try.
+struct OomGaveUp : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// What one optimizer step did, for the metrics line.
+struct StepResult {
+  double loss = 0;          ///< mean loss over the global batch
+  double grad_norm = 0;     ///< before clipping
+  bool updated = true;      ///< false: skipped (non-finite gradients)
+  int64_t micro_batch = 0;  ///< micro-batch the step completed with
+  int64_t accum_steps = 0;
+  int64_t oom_retries = 0;  ///< attempts that ran out of memory before it completed
+  double lr = 0;
+};
+
+struct EvalResult {
+  double loss = 0, top1 = 0, top5 = 0;
+  int64_t samples = 0;
+};
+
+class TrainingRun {
+ public:
+  TrainingRun(const Config& cfg, const RunOptions& opts);
+  ~TrainingRun();
+  int run();
+
+ private:
+  // run.cpp
+  void setup();
+  void build_model();
+  bool resume();
+  void apply_activation_checkpointing();
+  void poll_limits();
+  EvalResult evaluate();
+  void save_checkpoint(const std::string& reason, bool wait);
+  void log_step(const StepResult& r, double step_time);
+  nlohmann::json state_json() const;
+
+  // step.cpp
+  StepResult train_step(const data::Batch& batch);
+  void attempt_step(const data::Batch& batch, double lr, StepResult& r);
+  void drop_failed_attempt();
+  int64_t find_auto_micro_batch(const data::Batch& batch);
+  torch::Tensor micro_batch_loss(const torch::Tensor& images, const torch::Tensor& labels, double normalizer);
+
+  Config cfg_;
+  RunOptions opts_;
+  torch::Device device_{torch::kCPU};
+  at::ScalarType amp_dtype_ = at::kBFloat16;
+
+  std::shared_ptr<data::ImageDataset> train_set_, test_set_;
+  std::unique_ptr<data::Loader> loader_;
+  models::Model model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<MemoryBackend> memory_;
+  std::unique_ptr<MicroBatchController> controller_;
+  std::unique_ptr<ControlFile> control_;
+  std::unique_ptr<CheckpointStore> store_;
+  MetricsLog metrics_;
+
+  int64_t step_ = 0;          // optimizer steps completed
+  int64_t total_steps_ = 0;
+  int64_t steps_per_epoch_ = 0;
+  int64_t warmup_steps_ = 0;
+  int64_t samples_seen_ = 0;
+  int64_t epoch_ = 0, position_ = 0;  // where the next global batch starts
+  int64_t nonfinite_in_a_row_ = 0;
+  int64_t limit_bytes_ = 0;           // memory cap in force (0 = none)
+  std::string limit_spec_;            // as configured or set through control.yaml
+  int64_t eval_micro_batch_ = 0;
+  std::optional<EvalResult> last_eval_;
+  std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
+  double window_time_ = 0;            // seconds of the steps since the last log line
+  int64_t window_steps_ = 0;
+};
+
+}  // namespace trainer

@@ -1,0 +1,173 @@
+// The optimizer step: forward/backward over micro-batches, the update, and recovery from running out of
+// memory in any part of it.
+#include <spdlog/spdlog.h>
+
+#include "trainer/run.h"
+
+namespace trainer {
+
+namespace F = torch::nn::functional;
+
+torch::Tensor TrainingRun::micro_batch_loss(const torch::Tensor& images, const torch::Tensor& labels, double normalizer) {
+  auto x = images.to(device_, /*non_blocking=*/true);
+  if (cfg_.model.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  auto y = labels.to(device_, /*non_blocking=*/true);
+  torch::Tensor logits;
+  {
+    AutocastGuard autocast(device_.type(), amp_dtype_, cfg_.amp.enabled);
+    logits = model_->forward(x);
+  }
+  // Summed, then divided by the samples of the whole optimizer step: micro-batches of any sizes add up
+  // to the mean over the global batch (no "mean of means").
+  auto loss = F::cross_entropy(logits.to(torch::kFloat), y,
+                               F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(cfg_.train.label_smoothing));
+  return loss / normalizer;
+}
+
+void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& r) {
+  optimizer_->zero_grad();
+  const auto sizes = controller_->micro_batch_sizes();
+  const double normalizer = static_cast<double>(batch.images.size(0));
+  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device_));
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    torch::Tensor loss = micro_batch_loss(batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n), normalizer);
+    scaler_->scale(loss).backward();
+    loss_sum += loss.detach();
+    offset += n;
+  }
+  const auto& params = optimizer_->params();
+  std::vector<torch::Tensor> tensors;
+  for (const auto& p : params) tensors.push_back(p.param);
+  scaler_->unscale_(tensors);
+  torch::Tensor norm = clip_grad_norm(params, cfg_.optim.grad_clip);
+  // The one host sync per step: the step must be skipped on non-finite values, and the metrics line
+  // wants the loss. (GradScaler in PyTorch syncs here too.)
+  auto host = torch::stack({loss_sum, norm.to(loss_sum.device())}).cpu();
+  r.loss = host[0].item<double>();
+  r.grad_norm = host[1].item<double>();
+  r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !scaler_->found_inf();
+  if (r.updated) optimizer_->step(lr);
+  scaler_->update();
+  r.micro_batch = controller_->micro_batch();
+  r.accum_steps = static_cast<int64_t>(sizes.size());
+}
+
+void TrainingRun::drop_failed_attempt() {
+  // Everything the failed attempt held: its graph and activations died with attempt_step's locals;
+  // the partial gradients go now; cached autocast casts and the allocator's cached blocks after them.
+  optimizer_->zero_grad();
+  at::autocast::clear_cache();
+  memory_->empty_cache();
+}
+
+StepResult TrainingRun::train_step(const data::Batch& batch) {
+  StepResult r;
+  r.lr = learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_, warmup_steps_);
+  memory_->reset_peak();
+
+  // A retried step must start from the same state: BatchNorm running statistics (updated by the failed
+  // attempt's forwards) and the RNG (dropout) are restored; the samples are the same batch tensors.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
+  {
+    torch::NoGradGuard ng;
+    for (auto& b : model_->buffers()) buffers.emplace_back(b, b.clone());
+  }
+  auto rng = at::detail::getDefaultCPUGenerator().get_state();
+
+  while (true) {
+    try {
+      attempt_step(batch, r.lr, r);
+      break;
+    } catch (const std::exception& e) {
+      if (!is_oom_error(e)) throw;
+      drop_failed_attempt();
+      {
+        torch::NoGradGuard ng;
+        for (auto& [live, saved] : buffers) live.copy_(saved);
+      }
+      at::detail::getDefaultCPUGenerator().set_state(rng);
+      ++r.oom_retries;
+      int64_t old_mb = controller_->micro_batch(), old_accum = controller_->accum_steps();
+      bool old_ckpt = controller_->activation_checkpointing();
+      OomEvent ev = controller_->on_oom(limit_bytes_);
+      nlohmann::json j = {{"step", step_}, {"action", to_string(ev.kind)}, {"old_micro_batch", old_mb},
+                          {"new_micro_batch", controller_->micro_batch()}, {"old_accum_steps", old_accum},
+                          {"new_accum_steps", controller_->accum_steps()},
+                          {"activation_checkpointing", controller_->activation_checkpointing()},
+                          {"limit", limit_bytes_}, {"mem_peak_bytes", memory_->peak_bytes()},
+                          {"current_bytes", memory_->current_bytes()}, {"reason", ev.reason}};
+      metrics_.event("oom", j);
+      spdlog::warn("out of memory in step {} at micro-batch {}x{} (limit {}, peak {}): {}", step_ + 1, old_mb, old_accum,
+                   limit_bytes_ ? format_bytes(limit_bytes_) : "none", format_bytes(memory_->peak_bytes()), ev.reason);
+      if (ev.kind == OomEvent::Kind::kGiveUp) {
+        throw OomGaveUp("out of memory with nothing left to try: micro-batch " + std::to_string(old_mb) +
+                        " (floor " + std::to_string(cfg_.memory.min_micro_batch) + "), activation checkpointing " +
+                        (old_ckpt ? "on" : "off") + ", limit " + (limit_bytes_ ? format_bytes(limit_bytes_) : "none") +
+                        ", peak " + format_bytes(memory_->peak_bytes()) + "; raise memory.limit or lower the model size");
+      }
+      if (controller_->activation_checkpointing() != old_ckpt) apply_activation_checkpointing();
+      memory_->reset_peak();
+    }
+  }
+  // Grow back: after enough clean steps with headroom, or when the limit rose, try a larger micro-batch
+  // on the next step. A failed probe costs one retried step.
+  if (auto ev = controller_->after_step(limit_bytes_, memory_->peak_bytes())) {
+    metrics_.event(to_string(ev->kind), {{"step", step_ + 1}, {"old_micro_batch", ev->old_micro_batch},
+                                         {"new_micro_batch", ev->new_micro_batch}, {"limit", limit_bytes_},
+                                         {"mem_peak_bytes", memory_->peak_bytes()}, {"reason", ev->reason}});
+    spdlog::info("memory: {} micro-batch {} -> {} ({})", to_string(ev->kind), ev->old_micro_batch, ev->new_micro_batch,
+                 ev->reason);
+  }
+  if (!r.updated) {
+    ++nonfinite_in_a_row_;
+    metrics_.event("nonfinite", {{"step", step_ + 1}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
+                                 {"scaler", scaler_->is_enabled()}});
+    if (!scaler_->is_enabled()) spdlog::warn("step {}: non-finite loss or gradient norm, update skipped", step_ + 1);
+    if (nonfinite_in_a_row_ >= 5 && !scaler_->is_enabled())
+      throw std::runtime_error("training diverged: 5 steps in a row with a non-finite loss or gradient norm; "
+                               "lower optim.lr or set optim.grad_clip");
+  } else {
+    nonfinite_in_a_row_ = 0;
+  }
+  return r;
+}
+
+int64_t TrainingRun::find_auto_micro_batch(const data::Batch& batch) {
+  // The largest micro-batch whose forward+backward fits under the cap, measured on real samples with
+  // the optimizer state already allocated, so the job starts fast rather than OOM-ing its way down.
+  optimizer_->zero_grad();
+  auto fits = [&](int64_t mb) {
+    try {
+      auto loss = micro_batch_loss(batch.images.narrow(0, 0, mb), batch.labels.narrow(0, 0, mb), mb);
+      loss.backward();
+      optimizer_->zero_grad();
+      return true;
+    } catch (const std::exception& e) {
+      if (!is_oom_error(e)) throw;
+      drop_failed_attempt();
+      return false;
+    }
+  };
+  optimizer_->allocate_state();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
+  {
+    torch::NoGradGuard ng;
+    for (auto& b : model_->buffers()) buffers.emplace_back(b, b.clone());
+  }
+  auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  int64_t mb = find_max_micro_batch(fits, cfg_.memory.min_micro_batch, cfg_.train.global_batch);
+  {
+    torch::NoGradGuard ng;
+    for (auto& [live, saved] : buffers) live.copy_(saved);  // the probes must not count as training
+  }
+  at::detail::getDefaultCPUGenerator().set_state(rng);
+  controller_->set_micro_batch(mb);
+  spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
+               limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", controller_->accum_steps());
+  metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", controller_->accum_steps()},
+                                      {"limit", limit_bytes_}});
+  return mb;
+}
+
+}  // namespace trainer
