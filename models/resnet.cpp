@@ -32,7 +32,7 @@ nn::Sequential projection(int64_t in, int64_t out, int64_t stride) {
 // Option A shortcut (He et al. 2016, section 3.3): identity with stride-s subsampling, and the extra
 // output channels are zeros, so it adds no parameters.
 torch::Tensor zero_pad(const torch::Tensor& x, int64_t stride, int64_t out_channels) {
-  auto y = stride > 1 ? x.slice(2, 0, c10::nullopt, stride).slice(3, 0, c10::nullopt, stride) : x;
+  auto y = stride > 1 ? x.slice(2, 0, x.size(2), stride).slice(3, 0, x.size(3), stride) : x;
   // Pad spec runs from the last dim: (W left, W right, H top, H bottom, C front, C back).
   return torch::constant_pad_nd(y, {0, 0, 0, 0, 0, out_channels - x.size(1)});
 }

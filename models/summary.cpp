@@ -1,5 +1,7 @@
 #include "models/summary.h"
 
+#include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 
@@ -42,6 +44,16 @@ std::string with_commas(int64_t n) {
   return (n < 0 ? "-" : "") + out;
 }
 
+// At least 4 significant digits and at least 3 decimals, so a CIFAR ResNet's 0.06164 GFLOPs does not
+// read as 0.062: 8.178, 23.027, 0.06164.
+std::string four_digits(double v) {
+  int decimals = 3;
+  if (v > 0 && v < 1) decimals = std::min(9, 3 - static_cast<int>(std::floor(std::log10(v))));
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(decimals) << v;
+  return s.str();
+}
+
 }  // namespace
 
 int64_t count_parameters(const torch::nn::Module& module) {
@@ -73,10 +85,10 @@ std::string summarize(const ModelImpl& model, const std::vector<int64_t>& sample
     << "\n";
   s << std::left << std::setw(36) << "trainable parameters" << std::right << std::setw(14)
     << with_commas(trainable) << "\n";
-  s << std::fixed << std::setprecision(3);
-  s << std::left << std::setw(36) << "forward GFLOPs per sample" << std::right << std::setw(14) << gflops << "\n";
+  s << std::left << std::setw(36) << "forward GFLOPs per sample" << std::right << std::setw(14)
+    << four_digits(gflops) << "\n";
   s << std::left << std::setw(36) << "training GFLOPs per sample (3x)" << std::right << std::setw(14)
-    << 3.0 * gflops << "\n";
+    << four_digits(3.0 * gflops) << "\n";
   return s.str();
 }
 

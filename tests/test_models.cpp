@@ -397,6 +397,14 @@ TEST(ModelsSummary, ResNet18Table) {
       "training GFLOPs per sample (3x)             10.884\n";
   EXPECT_EQ(models::summarize(*model, {3, 224, 224}), want);
 
+  // Small models keep 4 significant digits: ResNet-20 on 1x28x28 is 2 * 30,821,248 FLOPs (the hand
+  // count in ModelsCifarResNet.FlopsByHand).
+  const auto small = models::summarize(
+      *models::create_model("resnet20", ModelOptions().num_classes(10).in_channels(1)), {1, 28, 28});
+  EXPECT_NE(small.find("forward GFLOPs per sample                  0.06164\n"), std::string::npos) << small;
+  EXPECT_NE(small.find("training GFLOPs per sample (3x)             0.1849\n"), std::string::npos) << small;
+  EXPECT_NE(small.find("  layer1    3 x BasicBlock                  14,016\n"), std::string::npos) << small;
+
   // Frozen parameters are counted in the total only.
   for (auto& p : model->named_parameters()) {
     if (p.key().rfind("fc.", 0) == 0) p.value().set_requires_grad(false);
