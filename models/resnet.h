@@ -111,7 +111,7 @@ struct ResNetOptions {
   TORCH_ARG(std::vector<int64_t>, widths) = std::vector<int64_t>{64, 128, 256, 512};
   /// The stem.
   TORCH_ARG(StemKind, stem) = StemKind::imagenet;
-  /// Shortcut of blocks that change shape (Bottleneck blocks always project).
+  /// Shortcut of the blocks that change shape (the others use the identity).
   TORCH_ARG(ShortcutKind, shortcut) = ShortcutKind::projection;
   /// Output logits.
   TORCH_ARG(int64_t, num_classes) = 1000;

@@ -3,9 +3,10 @@
 
 Two modes (run with /usr/bin/python3, which has Debian's torch and torchvision):
 
-  torchvision_models.py --json OUT.json [--models resnet18,...] [--sizes 224x224,97x81]
+  torchvision_models.py --json OUT.json [--models resnet18,...] [--sizes 45x37,resnet50:224x224]
       Writes {model: {"state": {key: shape}, "num_parameters": n,
                       "macs": {"HxW": conv+linear multiply-adds per sample}}}.
+      --sizes lists input sizes: "HxW" for every model, "MODEL:HxW" for that model only.
       MACs are counted by forward hooks on every Conv2d (output elements x in_channels/groups x kh x kw)
       and Linear (out_features x in_features per sample); biases, BatchNorm, ReLU and pooling are not
       counted, which is the convention of models::ModelImpl::forward_flops (FLOPs = 2 x MACs).
@@ -51,6 +52,16 @@ def count_macs(model, size):
     return macs[0]
 
 
+def parse_sizes(spec, name):
+    """The (H, W) sizes of `spec` that apply to model `name`: "HxW" applies to all, "MODEL:HxW" to one."""
+    sizes = []
+    for item in spec.split(","):
+        model, _, size = item.rpartition(":")
+        if model in ("", name):
+            sizes.append(tuple(int(v) for v in size.split("x")))
+    return sizes
+
+
 def describe(name, sizes):
     model = getattr(torchvision.models, name)(weights=None)
     return {
@@ -83,14 +94,14 @@ def main():
     ap.add_argument("--json", help="write names, shapes, counts and MACs here")
     ap.add_argument("--weights", help="write MODEL.pt files (weights, input, eval output) into this folder")
     ap.add_argument("--models", default="resnet18,resnet34,resnet50,resnet101,resnet152")
-    ap.add_argument("--sizes", default="224x224,97x81", help="input sizes HxW for the MAC counts")
+    ap.add_argument("--sizes", default="45x37,resnet50:224x224",
+                    help="input sizes for the MAC counts: HxW for every model, MODEL:HxW for one")
     args = ap.parse_args()
     torch.set_num_threads(2)
     names = args.models.split(",")
     if args.json:
-        sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
         with open(args.json, "w") as f:
-            json.dump({n: describe(n, sizes) for n in names}, f, indent=1)
+            json.dump({n: describe(n, parse_sizes(args.sizes, n)) for n in names}, f, indent=1)
     if args.weights:
         for n in names:
             write_weights(n, args.weights)
