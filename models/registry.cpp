@@ -1,0 +1,65 @@
+#include "models/registry.h"
+
+#include "models/resnet.h"
+
+#include <functional>
+#include <stdexcept>
+#include <utility>
+
+namespace models {
+namespace {
+
+using Factory = std::function<Model(const ModelOptions&)>;
+
+Factory resnet(ResNetOptions arch) {
+  return [arch](const ModelOptions& o) -> Model {
+    auto opts = arch;
+    opts.num_classes(o.num_classes()).in_channels(o.in_channels()).zero_init_residual(o.zero_init_residual());
+    return std::make_shared<ResNetImpl>(opts);
+  };
+}
+
+// The registry: one line per model, in the order model_names() lists them.
+const std::vector<std::pair<std::string, Factory>>& registry() {
+  static const std::vector<std::pair<std::string, Factory>> table = {
+      {"resnet18", resnet(resnet18())},
+      {"resnet34", resnet(resnet34())},
+      {"resnet50", resnet(resnet50())},
+      {"resnet101", resnet(resnet101())},
+      {"resnet152", resnet(resnet152())},
+      {"resnet20", resnet(resnet20())},
+      {"resnet32", resnet(resnet32())},
+      {"resnet56", resnet(resnet56())},
+  };
+  return table;
+}
+
+}  // namespace
+
+Model create_model(const std::string& name, const ModelOptions& options) {
+  for (const auto& [n, make] : registry()) {
+    if (n == name) return make(options);
+  }
+  std::string known;
+  for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown model '" + name + "'; known models: " + known);
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : registry()) names.push_back(entry.first);
+  return names;
+}
+
+void to_channels_last(torch::nn::Module& module) {
+  // set_data swaps the storage under the same tensor object, so the module's (and any optimizer's)
+  // references stay valid; autograd is not involved.
+  torch::NoGradGuard no_grad;
+  auto convert = [](torch::Tensor& t) {
+    if (t.defined() && t.dim() == 4) t.set_data(t.contiguous(torch::MemoryFormat::ChannelsLast));
+  };
+  for (auto& p : module.parameters(/*recurse=*/true)) convert(p);
+  for (auto& b : module.buffers(/*recurse=*/true)) convert(b);
+}
+
+}  // namespace models

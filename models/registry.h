@@ -1,0 +1,40 @@
+// Models by name: the one table of every model the trainer can build, and the model-level options a
+// config sets. Adding a model is one line in registry.cpp's table.
+#pragma once
+
+#include "models/model.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace models {
+
+/// What the task asks of a model; the architecture itself comes from its name.
+struct ModelOptions {
+  /// Output classes (logits per sample) of image classifiers.
+  TORCH_ARG(int64_t, num_classes) = 1000;
+  /// Channels of input images: 3 for RGB, 1 for Fashion-MNIST.
+  TORCH_ARG(int64_t, in_channels) = 3;
+  /// ResNets: zero the last BatchNorm weight of every residual branch, so each block starts as the
+  /// identity (torchvision's `zero_init_residual`).
+  TORCH_ARG(bool, zero_init_residual) = false;
+};
+
+/// Builds the model registered as `name` on the CPU in float32, freshly initialized (draws from torch's
+/// global generator, so seed it first for reproducible weights). Throws std::invalid_argument
+/// "unknown model 'X'; known models: a, b, ..." for an unknown name.
+Model create_model(const std::string& name, const ModelOptions& options = {});
+
+/// Every registered name, in registration order: resnet18, resnet34, resnet50, resnet101, resnet152
+/// (ImageNet, torchvision names), resnet20, resnet32, resnet56 (CIFAR, He et al. 2016 section 4.2).
+std::vector<std::string> model_names();
+
+/// Converts every 4-D parameter and buffer of `module` (recursively) to channels_last (NHWC) memory
+/// format in place, keeping values, dtype, device and the parameters' identity (optimizers created
+/// before stay valid). Module::to has no memory-format argument in LibTorch. Feed the model
+/// channels_last inputs too (x.contiguous(torch::MemoryFormat::ChannelsLast)).
+void to_channels_last(torch::nn::Module& module);
+
+}  // namespace models
