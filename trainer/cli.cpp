@@ -63,11 +63,10 @@ void dry_run(const Config& cfg) {
     shape = {s[0], s[1], s[2]};
     in_channels = s[0];
   }
-  models::ModelOptions mo;
-  mo.num_classes = cfg.model.num_classes;
-  mo.in_channels = in_channels;
-  mo.zero_init_residual = cfg.model.zero_init_residual;
-  auto model = models::create_model(cfg.model.name, mo);
+  auto model = models::create_model(cfg.model.name, models::ModelOptions()
+                                                       .num_classes(cfg.model.num_classes)
+                                                       .in_channels(in_channels)
+                                                       .zero_init_residual(cfg.model.zero_init_residual));
   std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
 }
 

@@ -137,11 +137,10 @@ void TrainingRun::setup() {
 }
 
 void TrainingRun::build_model() {
-  models::ModelOptions mo;
-  mo.num_classes = cfg_.model.num_classes;
-  mo.in_channels = train_set_->sample_shape()[0];
-  mo.zero_init_residual = cfg_.model.zero_init_residual;
-  model_ = models::create_model(cfg_.model.name, mo);
+  model_ = models::create_model(cfg_.model.name, models::ModelOptions()
+                                                     .num_classes(cfg_.model.num_classes)
+                                                     .in_channels(train_set_->sample_shape()[0])
+                                                     .zero_init_residual(cfg_.model.zero_init_residual));
   if (!cfg_.model.init_from.empty()) {
     load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
     spdlog::info("model: weights from {}", cfg_.model.init_from);
