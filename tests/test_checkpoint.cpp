@@ -122,6 +122,8 @@ std::string dtype_name(const torch::Tensor& t) {
     case torch::kFloat: return "float32";
     case torch::kDouble: return "float64";
     case torch::kLong: return "int64";
+    case torch::kHalf: return "float16";
+    case torch::kBool: return "bool";
     default: return "other";
   }
 }
@@ -315,6 +317,22 @@ TEST(StateDict, BytesRoundTripKeepsDtypesShapesAndViews) {
     EXPECT_EQ(out[i].first, in[i].first);
     EXPECT_EQ(out[i].second.scalar_type(), in[i].second.scalar_type()) << in[i].first;
     EXPECT_TRUE(torch::equal(out[i].second, in[i].second)) << in[i].first;
+  }
+  // Python reads the same names, dtypes, shapes and values.
+  TempDir tmp("sd_dtypes");
+  testutil::write_file(tmp / "t.pt", bytes);
+  const auto r = testutil::run(testutil::python() + " " + ref_script() + " dump " + (tmp / "t.pt").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const PyDump d = parse_dump(r.output);
+  ASSERT_EQ(d.tensors.size(), in.size()) << r.output;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const auto& [name, pt] = d.tensors[i];
+    EXPECT_EQ(name, in[i].first);
+    EXPECT_EQ(pt.dtype, dtype_name(in[i].second)) << name;
+    EXPECT_EQ(pt.shape, in[i].second.sizes().vec()) << name;
+    const auto flat = in[i].second.to(torch::kDouble).reshape({-1});
+    ASSERT_EQ(static_cast<int64_t>(pt.values.size()), flat.numel()) << name;
+    for (int64_t j = 0; j < flat.numel(); ++j) EXPECT_EQ(pt.values[j], flat[j].item<double>()) << name << j;
   }
 }
 

@@ -14,6 +14,8 @@
 
 namespace trainer {
 
+using namespace std::string_literals;  // "...\x00..."s keeps the NUL bytes of pickle opcodes
+
 namespace {
 
 void collect_state(const torch::nn::Module& module, const std::string& prefix, NamedTensors& out) {
@@ -399,6 +401,56 @@ void write_whole_file(const std::string& path, const std::string& bytes) {
   if (!f) throw std::runtime_error("save_state_dict: writing " + path + " failed: " + std::strerror(errno));
 }
 
+// ---- writing ---------------------------------------------------------------------------------------
+//
+// Why not torch::pickle_save of a c10::Dict: LibTorch's pickler tags the dict with
+// torch.jit._pickle.restore_type_tag, which Python's torch.load(weights_only=True) rejects, and
+// weights_only=True is the default since PyTorch 2.6. The few opcodes below are all that a state dict
+// needs, and only use globals the weights-only unpickler allows.
+
+void pickle_str(std::string& p, const std::string& s) {  // BINUNICODE
+  p += 'X';
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  for (int k = 0; k < 4; ++k) p += static_cast<char>((n >> (8 * k)) & 0xff);
+  p += s;
+}
+
+void pickle_int(std::string& p, int64_t v) {
+  if (v >= 0 && v < 256) {  // BININT1
+    p += 'K';
+    p += static_cast<char>(v);
+  } else if (v >= 0 && v < 65536) {  // BININT2
+    p += 'M';
+    p += static_cast<char>(v & 0xff);
+    p += static_cast<char>(v >> 8);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {  // BININT: signed 32-bit
+    p += 'J';
+    for (int k = 0; k < 4; ++k) p += static_cast<char>((static_cast<uint32_t>(v) >> (8 * k)) & 0xff);
+  } else {  // LONG1: 8-byte two's complement
+    p += "\x8a\x08";
+    for (int k = 0; k < 8; ++k) p += static_cast<char>((static_cast<uint64_t>(v) >> (8 * k)) & 0xff);
+  }
+}
+
+const char* storage_class(at::ScalarType t, const std::string& name) {
+  switch (t) {
+    case at::kFloat: return "FloatStorage";
+    case at::kDouble: return "DoubleStorage";
+    case at::kHalf: return "HalfStorage";
+    case at::kBFloat16: return "BFloat16Storage";
+    case at::kLong: return "LongStorage";
+    case at::kInt: return "IntStorage";
+    case at::kShort: return "ShortStorage";
+    case at::kChar: return "CharStorage";
+    case at::kByte: return "ByteStorage";
+    case at::kBool: return "BoolStorage";
+    case at::kComplexFloat: return "ComplexFloatStorage";
+    case at::kComplexDouble: return "ComplexDoubleStorage";
+    default: break;
+  }
+  TORCH_CHECK(false, "tensors_to_bytes: tensor '", name, "' has dtype ", t, ", which is not saved");
+}
+
 }  // namespace
 
 NamedTensors named_state(const torch::nn::Module& module) {
@@ -408,17 +460,57 @@ NamedTensors named_state(const torch::nn::Module& module) {
 }
 
 std::string tensors_to_bytes(const NamedTensors& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
+  // Pickle protocol 2, laid out as Python's torch.save(model.state_dict()) lays it out: an OrderedDict
+  // of _rebuild_tensor_v2 calls whose storages are the zip records data/<i>.
+  std::string pkl = "\x80\x02";
+  pkl += "ccollections\nOrderedDict\nq\x00)R"s;  // memo 0: the OrderedDict class
+  pkl += "q\x01(";
+  std::vector<at::Tensor> storages;
+  std::unordered_set<std::string> seen;
+  bool rebuild_memoized = false;
   for (const auto& [name, t] : tensors) {
     TORCH_CHECK(t.defined(), "tensors_to_bytes: tensor '", name, "' is undefined");
-    TORCH_CHECK(!dict.contains(name), "tensors_to_bytes: duplicate key '", name, "'");
+    TORCH_CHECK(seen.insert(name).second, "tensors_to_bytes: duplicate key '", name, "'");
+    // Each tensor gets its own contiguous storage, so a view never drags its whole base along.
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    // The pickler writes whole storages: a view into a larger buffer would save all of it.
     if (c.storage_offset() != 0 || c.storage().nbytes() != c.nbytes()) c = c.clone();
-    dict.insert(name, c);
+    pickle_str(pkl, name);
+    if (rebuild_memoized) {
+      pkl += "h\x02";
+    } else {
+      pkl += "ctorch._utils\n_rebuild_tensor_v2\nq\x02";  // memo 2
+      rebuild_memoized = true;
+    }
+    pkl += "((";  // args tuple, then the persistent id tuple
+    pickle_str(pkl, "storage");
+    pkl += std::string("ctorch\n") + storage_class(c.scalar_type(), name) + "\n";
+    pickle_str(pkl, std::to_string(storages.size()));
+    pickle_str(pkl, "cpu");
+    pickle_int(pkl, c.numel());
+    pkl += "tQ";     // TUPLE, BINPERSID
+    pickle_int(pkl, 0);  // storage offset
+    pkl += "(";
+    for (auto d : c.sizes()) pickle_int(pkl, d);
+    pkl += "t(";
+    for (auto d : c.strides()) pickle_int(pkl, d);
+    pkl += "t\x89";          // NEWFALSE: requires_grad
+    pkl += "h\x00)R"s;        // OrderedDict(): no backward hooks
+    pkl += "tR";
+    storages.push_back(c);
   }
-  const std::vector<char> bytes = torch::pickle_save(dict);
-  return std::string(bytes.begin(), bytes.end());
+  pkl += "u.";  // SETITEMS, STOP
+
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, size_t n) -> size_t {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pkl.data(), pkl.size());
+  writer.writeRecord("byteorder", "little", 6);  // PyTorch 2.x reads it; older versions ignore it
+  for (size_t i = 0; i < storages.size(); ++i)
+    writer.writeRecord("data/" + std::to_string(i), storages[i].data_ptr(), storages[i].nbytes());
+  writer.writeEndOfFile();
+  return out;
 }
 
 std::string state_dict_bytes(const torch::nn::Module& module) { return tensors_to_bytes(named_state(module)); }

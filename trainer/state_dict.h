@@ -24,8 +24,10 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 /// alias the module's storage (no copy).
 NamedTensors named_state(const torch::nn::Module& module);
 
-/// Serializes `tensors` as a torch.save zip archive holding a dict name -> tensor (insertion order kept).
-/// Tensors are detached and copied to the CPU; Python's `torch.load` returns a plain `dict`.
+/// Serializes `tensors` as Python's `torch.save(model.state_dict(), path)` would: a zip archive holding
+/// an OrderedDict name -> tensor in the given order. Python's `torch.load` reads it, also with
+/// `weights_only=True` (the default since PyTorch 2.6). Tensors are detached, copied to the CPU and
+/// saved contiguous, each with its own storage (a view does not drag its base along).
 std::string tensors_to_bytes(const NamedTensors& tensors);
 
 /// `tensors_to_bytes(named_state(module))`: the module's state dict as bytes (for checkpoints).

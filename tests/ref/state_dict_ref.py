@@ -1,14 +1,17 @@
 """Python side of the StateDict* tests (tests/test_checkpoint.cpp): PyTorch reads what the C++ trainer
 writes, and writes what it reads.
 
-  state_dict_ref.py check FILE   torch.load FILE (written by trainer::save_state_dict), load it strictly
-                                 into Net, print every tensor and Net's eval output on the fixed input.
-  state_dict_ref.py write DIR    torch.save several files into DIR (see write()) and print the reference
-                                 tensors and output of the state dict in DIR/net.pt.
+  state_dict_ref.py check FILE  torch.load FILE (written by trainer::save_state_dict) with weights_only=True,
+                                load it strictly into Net, print every tensor and Net's eval output on the
+                                fixed input.
+  state_dict_ref.py dump FILE   torch.load FILE with weights_only=True and print every tensor.
+  state_dict_ref.py write DIR   torch.save several files into DIR (see write()) and print the reference
+                                tensors and output of the state dict in DIR/net.pt.
 
-Printed lines: "T <name> <dtype> <shape,comma-separated or - for 0-dim> <values>" with float values as float.hex() (so
-C++ can compare bit for bit), and "OUT <values>" for the (2, 5) output.
+Printed lines: "T <name> <dtype> <shape, comma-separated, or - for 0-dim> <values>" with float values as
+float.hex() (so C++ can compare bit for bit), and "OUT <values>" for the (2, 5) output.
 """
+import collections
 import os
 import sys
 
@@ -56,12 +59,21 @@ def dump(sd, model):
 
 
 def check(path):
-    sd = torch.load(path)
-    assert isinstance(sd, dict), type(sd)
+    # weights_only=True is the default from PyTorch 2.6 on: the file must use only allowed globals.
+    sd = torch.load(path, weights_only=True)
+    assert isinstance(sd, collections.OrderedDict), type(sd)  # like model.state_dict()
     assert all(isinstance(v, torch.Tensor) and not v.requires_grad for v in sd.values())
     model = Net()
     model.load_state_dict(sd, strict=True)  # names and shapes must be PyTorch's
     dump(sd, model)
+
+
+def dump_file(path):
+    sd = torch.load(path, weights_only=True)
+    assert isinstance(sd, collections.OrderedDict), type(sd)
+    for k, v in sd.items():
+        shape = ",".join(str(s) for s in v.shape) or "-"
+        print("T", k, str(v.dtype).replace("torch.", ""), shape, values(v))
 
 
 def write(out):
@@ -84,4 +96,4 @@ def write(out):
 
 
 if __name__ == "__main__":
-    {"check": check, "write": write}[sys.argv[1]](sys.argv[2])
+    {"check": check, "dump": dump_file, "write": write}[sys.argv[1]](sys.argv[2])
