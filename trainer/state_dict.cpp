@@ -315,10 +315,10 @@ class Unpickler {
     if (!zip_.hasRecord(record)) fail("the storage record " + record + " is missing");
     auto rec = zip_.getRecord(record);
     const size_t nbytes = std::get<1>(rec);
-    const size_t want = static_cast<size_t>(numel) * c10::elementSize(dtype);
-    if (nbytes < want)
-      fail("the storage record " + record + " has " + std::to_string(nbytes) + " bytes, expected " +
-           std::to_string(want));
+    const size_t item = c10::elementSize(dtype);
+    if (numel < 0 || static_cast<uint64_t>(numel) > nbytes / item)
+      fail("the storage record " + record + " has " + std::to_string(nbytes) + " bytes, too few for " +
+           std::to_string(numel) + " elements of " + std::to_string(item) + " bytes");
     // The record's memory stays alive as long as tensors built on it; they are cloned before returning.
     auto holder = std::make_shared<at::DataPtr>(std::move(std::get<0>(rec)));
     auto o = make(PyObj::Kind::Storage);
