@@ -1,0 +1,655 @@
+#include "trainer/state_dict.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace trainer {
+
+using namespace std::string_literals;  // "...\x00..."s keeps the NUL bytes of pickle opcodes
+
+namespace {
+
+void collect_state(const torch::nn::Module& module, const std::string& prefix, NamedTensors& out) {
+  // PyTorch's Module.state_dict: own parameters, own buffers, then each child with "child." prepended.
+  for (const auto& p : module.named_parameters(/*recurse=*/false))
+    if (p.value().defined()) out.emplace_back(prefix + p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/false))
+    if (b.value().defined()) out.emplace_back(prefix + b.key(), b.value());
+  for (const auto& c : module.named_children()) collect_state(*c.value(), prefix + c.key() + ".", out);
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string r;
+  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + v[i];
+  return r;
+}
+
+// ---- reading torch.save archives ------------------------------------------------------------------
+//
+// Why not torch::pickle_load: LibTorch 1.13's unpickler turns `collections.OrderedDict()` into None (it
+// only expects OrderedDicts as a tensor's empty backward hooks), so the OrderedDict that
+// `torch.save(model.state_dict())` writes at the top level loads as None and the file is unreadable.
+// The reader below interprets the small subset of pickle protocol 2-4 that torch.save emits for
+// (ordered) dicts of tensors, and reads the storages from the zip records with LibTorch's own
+// PyTorchStreamReader.
+
+class StringReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit StringReadAdapter(const std::string& s) : s_(s) {}
+  size_t size() const override { return s_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= s_.size()) return 0;
+    n = std::min<size_t>(n, s_.size() - pos);
+    std::memcpy(buf, s_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string& s_;
+};
+
+/// A Python object from the pickle stream, as far as torch.save's state dicts need.
+struct PyObj;
+using PyPtr = std::shared_ptr<PyObj>;
+struct PyObj {
+  enum class Kind { None, Bool, Int, Float, Str, Bytes, Tuple, List, Dict, Global, Tensor, Storage };
+  Kind kind = Kind::None;
+  int64_t i = 0;   // Bool, Int
+  double f = 0;    // Float
+  std::string s;   // Str, Bytes, Global ("module.name")
+  std::vector<PyPtr> items;                       // Tuple, List
+  std::vector<std::pair<PyPtr, PyPtr>> entries;   // Dict, in insertion order
+  at::Tensor tensor;                              // Tensor; Storage: flat 1-D tensor of the storage
+};
+
+PyPtr make(PyObj::Kind k) {
+  auto o = std::make_shared<PyObj>();
+  o->kind = k;
+  return o;
+}
+
+const char* kind_name(const PyObj& o) {
+  switch (o.kind) {
+    case PyObj::Kind::None: return "None";
+    case PyObj::Kind::Bool: return "bool";
+    case PyObj::Kind::Int: return "int";
+    case PyObj::Kind::Float: return "float";
+    case PyObj::Kind::Str: return "str";
+    case PyObj::Kind::Bytes: return "bytes";
+    case PyObj::Kind::Tuple: return "tuple";
+    case PyObj::Kind::List: return "list";
+    case PyObj::Kind::Dict: return "dict";
+    case PyObj::Kind::Global: return "class/function";
+    case PyObj::Kind::Tensor: return "tensor";
+    case PyObj::Kind::Storage: return "storage";
+  }
+  return "?";
+}
+
+at::ScalarType storage_dtype(const std::string& name, const std::string& source) {
+  static const std::map<std::string, at::ScalarType> kTypes = {
+      {"torch.FloatStorage", at::kFloat},       {"torch.DoubleStorage", at::kDouble},
+      {"torch.HalfStorage", at::kHalf},         {"torch.BFloat16Storage", at::kBFloat16},
+      {"torch.LongStorage", at::kLong},         {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort},       {"torch.CharStorage", at::kChar},
+      {"torch.ByteStorage", at::kByte},         {"torch.BoolStorage", at::kBool},
+      {"torch.ComplexFloatStorage", at::kComplexFloat},
+      {"torch.ComplexDoubleStorage", at::kComplexDouble},
+      {"torch.UntypedStorage", at::kByte}};
+  auto it = kTypes.find(name);
+  if (it == kTypes.end())
+    throw std::runtime_error(source + ": tensor storage type " + name + " is not supported");
+  return it->second;
+}
+
+class Unpickler {
+ public:
+  Unpickler(const std::string& pkl, caffe2::serialize::PyTorchStreamReader& zip, std::string source)
+      : p_(pkl), zip_(zip), source_(std::move(source)) {}
+
+  PyPtr parse() {
+    while (true) {
+      if (pos_ >= p_.size()) fail("the pickle ends without STOP (truncated file?)");
+      const size_t at_op = pos_;
+      const uint8_t op = u8();
+      switch (op) {
+        case 0x80: u8(); break;                      // PROTO
+        case 0x95: bytes(8); break;                  // FRAME: a size hint only
+        case '(': marks_.push_back(stack_.size()); break;
+        case '.': {                                  // STOP
+          if (stack_.size() != 1) fail("malformed pickle (stack has " + std::to_string(stack_.size()) + " items at STOP)");
+          return stack_.back();
+        }
+        case 'N': stack_.push_back(make(PyObj::Kind::None)); break;
+        case 0x88: push_bool(true); break;           // NEWTRUE
+        case 0x89: push_bool(false); break;          // NEWFALSE
+        case 'K': push_int(u8()); break;             // BININT1
+        case 'M': push_int(le(2)); break;            // BININT2
+        case 'J': push_int(static_cast<int32_t>(le(4))); break;  // BININT
+        case 0x8a: {                                 // LONG1: little-endian two's complement
+          const size_t n = u8();
+          if (n > 8) fail("integer wider than 64 bits");
+          uint64_t v = n ? le(n) : 0;
+          if (n && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t(0) << (8 * n);
+          push_int(static_cast<int64_t>(v));
+          break;
+        }
+        case 'G': {                                  // BINFLOAT: big-endian double
+          uint64_t v = 0;
+          for (int k = 0; k < 8; ++k) v = (v << 8) | u8();
+          auto o = make(PyObj::Kind::Float);
+          std::memcpy(&o->f, &v, 8);
+          stack_.push_back(o);
+          break;
+        }
+        case 'X': push_str(PyObj::Kind::Str, le(4)); break;        // BINUNICODE
+        case 0x8c: push_str(PyObj::Kind::Str, u8()); break;        // SHORT_BINUNICODE
+        case 0x8d: push_str(PyObj::Kind::Str, le(8)); break;       // BINUNICODE8
+        case 'T': push_str(PyObj::Kind::Str, le(4)); break;        // BINSTRING (protocol 1 str)
+        case 'U': push_str(PyObj::Kind::Str, u8()); break;         // SHORT_BINSTRING
+        case 'B': push_str(PyObj::Kind::Bytes, le(4)); break;      // BINBYTES
+        case 'C': push_str(PyObj::Kind::Bytes, u8()); break;       // SHORT_BINBYTES
+        case ')': stack_.push_back(make(PyObj::Kind::Tuple)); break;  // EMPTY_TUPLE
+        case 't': { auto t = make(PyObj::Kind::Tuple); t->items = pop_mark(); stack_.push_back(t); break; }
+        case 0x85: case 0x86: case 0x87: {           // TUPLE1..3
+          const size_t n = op - 0x84;
+          need(n);
+          auto t = make(PyObj::Kind::Tuple);
+          t->items.assign(stack_.end() - n, stack_.end());
+          stack_.resize(stack_.size() - n);
+          stack_.push_back(t);
+          break;
+        }
+        case ']': stack_.push_back(make(PyObj::Kind::List)); break;
+        case '}': stack_.push_back(make(PyObj::Kind::Dict)); break;
+        case 'a': { need(2); auto v = pop(); top(PyObj::Kind::List, "APPEND").items.push_back(v); break; }
+        case 'e': { auto v = pop_mark(); auto& l = top(PyObj::Kind::List, "APPENDS").items; l.insert(l.end(), v.begin(), v.end()); break; }
+        case 's': { need(3); auto v = pop(); auto k = pop(); top(PyObj::Kind::Dict, "SETITEM").entries.emplace_back(k, v); break; }
+        case 'u': {
+          auto kv = pop_mark();
+          if (kv.size() % 2) fail("SETITEMS with an odd number of items");
+          auto& d = top(PyObj::Kind::Dict, "SETITEMS").entries;
+          for (size_t k = 0; k < kv.size(); k += 2) d.emplace_back(kv[k], kv[k + 1]);
+          break;
+        }
+        case 'q': memo_[u8()] = back(); break;       // BINPUT
+        case 'r': memo_[le(4)] = back(); break;      // LONG_BINPUT
+        case 0x94: memo_[memo_.size()] = back(); break;  // MEMOIZE
+        case 'h': stack_.push_back(memo(u8())); break;   // BINGET
+        case 'j': stack_.push_back(memo(le(4))); break;  // LONG_BINGET
+        case 'c': {                                  // GLOBAL "module\nname\n"
+          auto g = make(PyObj::Kind::Global);
+          const std::string module = line(), name = line();
+          g->s = module + "." + name;
+          stack_.push_back(g);
+          break;
+        }
+        case 0x93: {                                 // STACK_GLOBAL
+          need(2);
+          auto name = pop(), module = pop();
+          auto g = make(PyObj::Kind::Global);
+          g->s = module->s + "." + name->s;
+          stack_.push_back(g);
+          break;
+        }
+        case 'Q': { need(1); stack_.push_back(persistent_load(*pop())); break; }  // BINPERSID
+        case 'R': {                                  // REDUCE
+          need(2);
+          auto args = pop(), fn = pop();
+          stack_.push_back(reduce(*fn, *args));
+          break;
+        }
+        case 'b': need(2); pop(); break;             // BUILD: OrderedDict._metadata etc.; not needed
+        default: {
+          std::ostringstream os;
+          os << "unsupported pickle opcode 0x" << std::hex << int(op) << std::dec << " at byte " << at_op
+             << " (this reader handles what torch.save writes for dicts of tensors)";
+          fail(os.str());
+        }
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error(source_ + ": cannot read the torch.save archive: " + what);
+  }
+  uint8_t u8() {
+    if (pos_ >= p_.size()) fail("the pickle is truncated");
+    return static_cast<uint8_t>(p_[pos_++]);
+  }
+  uint64_t le(size_t n) {
+    uint64_t v = 0;
+    for (size_t k = 0; k < n; ++k) v |= uint64_t(u8()) << (8 * k);
+    return v;
+  }
+  std::string bytes(uint64_t n) {
+    if (n > p_.size() - pos_) fail("the pickle is truncated");
+    std::string r = p_.substr(pos_, n);
+    pos_ += n;
+    return r;
+  }
+  std::string line() {
+    const size_t end = p_.find('\n', pos_);
+    if (end == std::string::npos) fail("the pickle is truncated");
+    std::string r = p_.substr(pos_, end - pos_);
+    pos_ = end + 1;
+    return r;
+  }
+  void need(size_t n) const {
+    const size_t floor = marks_.empty() ? 0 : marks_.back();
+    if (stack_.size() < floor + n) fail("malformed pickle (stack underflow)");
+  }
+  PyPtr pop() {
+    need(1);
+    auto v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  const PyPtr& back() const {
+    if (stack_.empty()) fail("malformed pickle (memo of an empty stack)");
+    return stack_.back();
+  }
+  PyObj& top(PyObj::Kind k, const char* op) {
+    need(1);
+    if (stack_.back()->kind != k)
+      fail(std::string(op) + " on a " + kind_name(*stack_.back()) + " (only dicts and lists are supported)");
+    return *stack_.back();
+  }
+  std::vector<PyPtr> pop_mark() {
+    if (marks_.empty()) fail("malformed pickle (no MARK)");
+    const size_t m = marks_.back();
+    marks_.pop_back();
+    std::vector<PyPtr> r(stack_.begin() + m, stack_.end());
+    stack_.resize(m);
+    return r;
+  }
+  PyPtr memo(uint64_t k) const {
+    auto it = memo_.find(k);
+    if (it == memo_.end()) fail("malformed pickle (memo key " + std::to_string(k) + " unset)");
+    return it->second;
+  }
+  void push_bool(bool b) { auto o = make(PyObj::Kind::Bool); o->i = b; stack_.push_back(o); }
+  void push_int(int64_t v) { auto o = make(PyObj::Kind::Int); o->i = v; stack_.push_back(o); }
+  void push_str(PyObj::Kind k, uint64_t n) { auto o = make(k); o->s = bytes(n); stack_.push_back(o); }
+
+  static std::vector<int64_t> ints(const PyObj& t, const char* what, const Unpickler& self) {
+    if (t.kind != PyObj::Kind::Tuple && t.kind != PyObj::Kind::List) self.fail(std::string(what) + " is not a tuple");
+    std::vector<int64_t> r;
+    for (const auto& x : t.items) {
+      if (x->kind != PyObj::Kind::Int) self.fail(std::string(what) + " holds a non-integer");
+      r.push_back(x->i);
+    }
+    return r;
+  }
+
+  // ('storage', storage_type, key, location, numel): the bytes are the zip record data/<key>.
+  PyPtr persistent_load(const PyObj& pid) {
+    if (pid.kind != PyObj::Kind::Tuple || pid.items.size() < 5 || pid.items[0]->s != "storage" ||
+        pid.items[1]->kind != PyObj::Kind::Global || pid.items[2]->kind != PyObj::Kind::Str ||
+        pid.items[4]->kind != PyObj::Kind::Int)
+      fail("unsupported persistent id (expected a tensor storage)");
+    const std::string key = pid.items[2]->s;
+    auto cached = storages_.find(key);
+    if (cached != storages_.end()) return cached->second;
+    const at::ScalarType dtype = storage_dtype(pid.items[1]->s, source_);
+    const int64_t numel = pid.items[4]->i;
+    const std::string record = "data/" + key;
+    if (!zip_.hasRecord(record)) fail("the storage record " + record + " is missing");
+    auto rec = zip_.getRecord(record);
+    const size_t nbytes = std::get<1>(rec);
+    const size_t item = c10::elementSize(dtype);
+    if (numel < 0 || static_cast<uint64_t>(numel) > nbytes / item)
+      fail("the storage record " + record + " has " + std::to_string(nbytes) + " bytes, too few for " +
+           std::to_string(numel) + " elements of " + std::to_string(item) + " bytes");
+    // The record's memory stays alive as long as tensors built on it; they are cloned before returning.
+    auto holder = std::make_shared<at::DataPtr>(std::move(std::get<0>(rec)));
+    auto o = make(PyObj::Kind::Storage);
+    o->tensor = torch::from_blob(holder->get(), {numel}, [holder](void*) {}, at::TensorOptions().dtype(dtype));
+    storages_[key] = o;
+    return o;
+  }
+
+  PyPtr reduce(const PyObj& fn, const PyObj& args) {
+    if (fn.kind != PyObj::Kind::Global) fail("REDUCE on a " + std::string(kind_name(fn)));
+    if (args.kind != PyObj::Kind::Tuple) fail("REDUCE with arguments that are not a tuple");
+    const auto& a = args.items;
+    const std::string& name = fn.s;
+    if (name == "collections.OrderedDict") {
+      // OrderedDict() at the top of a state_dict, or a tensor's (empty) backward hooks.
+      auto d = make(PyObj::Kind::Dict);
+      if (!a.empty()) fail("OrderedDict built from arguments is not supported");
+      return d;
+    }
+    if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") {
+      // (storage, storage_offset, size, stride[, requires_grad, backward_hooks[, metadata]])
+      if (a.size() < 4 || a[0]->kind != PyObj::Kind::Storage || a[1]->kind != PyObj::Kind::Int)
+        fail(name + " with unexpected arguments");
+      const auto size = ints(*a[2], "tensor size", *this);
+      const auto stride = ints(*a[3], "tensor stride", *this);
+      if (size.size() != stride.size()) fail("tensor size and stride differ in length");
+      const at::Tensor& storage = a[0]->tensor;
+      int64_t last = a[1]->i;  // highest element index touched, to keep as_strided in bounds
+      bool empty = false;
+      for (size_t d = 0; d < size.size(); ++d) {
+        if (size[d] < 0 || stride[d] < 0) fail("negative tensor size or stride");
+        if (size[d] == 0) empty = true;
+        else last += (size[d] - 1) * stride[d];
+      }
+      auto t = make(PyObj::Kind::Tensor);
+      if (empty) {
+        t->tensor = torch::empty(size, storage.options());
+      } else {
+        if (a[1]->i < 0 || last >= storage.numel()) fail("tensor extends past its storage");
+        t->tensor = storage.as_strided(size, stride, a[1]->i).clone(at::MemoryFormat::Contiguous);
+      }
+      return t;
+    }
+    if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") {
+      if (a.empty() || a[0]->kind != PyObj::Kind::Tensor) fail(name + " with unexpected arguments");
+      return a[0];
+    }
+    if (name == "torch.jit._pickle.restore_type_tag") {  // LibTorch's typed containers: (obj, type string)
+      if (a.empty()) fail(name + " without arguments");
+      return a[0];
+    }
+    fail("unsupported Python object " + name +
+         " (only dicts of dense tensors are read; in Python save torch.save(model.state_dict(), path))");
+  }
+
+  const std::string& p_;
+  caffe2::serialize::PyTorchStreamReader& zip_;
+  std::string source_;
+  size_t pos_ = 0;
+  std::vector<PyPtr> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, PyPtr> memo_;
+  std::unordered_map<std::string, PyPtr> storages_;
+};
+
+std::string read_whole_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(std::string(what) + ": cannot open " + path + ": " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw std::runtime_error(std::string(what) + ": cannot read " + path);
+  return ss.str();
+}
+
+void write_whole_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw std::runtime_error("save_state_dict: cannot open " + path + " for writing: " + std::strerror(errno));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  if (!f) throw std::runtime_error("save_state_dict: writing " + path + " failed: " + std::strerror(errno));
+}
+
+// ---- writing ---------------------------------------------------------------------------------------
+//
+// Why not torch::pickle_save of a c10::Dict: LibTorch's pickler tags the dict with
+// torch.jit._pickle.restore_type_tag, which Python's torch.load(weights_only=True) rejects, and
+// weights_only=True is the default since PyTorch 2.6. The few opcodes below are all that a state dict
+// needs, and only use globals the weights-only unpickler allows.
+
+void pickle_str(std::string& p, const std::string& s) {  // BINUNICODE
+  p += 'X';
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  for (int k = 0; k < 4; ++k) p += static_cast<char>((n >> (8 * k)) & 0xff);
+  p += s;
+}
+
+void pickle_int(std::string& p, int64_t v) {
+  if (v >= 0 && v < 256) {  // BININT1
+    p += 'K';
+    p += static_cast<char>(v);
+  } else if (v >= 0 && v < 65536) {  // BININT2
+    p += 'M';
+    p += static_cast<char>(v & 0xff);
+    p += static_cast<char>(v >> 8);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {  // BININT: signed 32-bit
+    p += 'J';
+    for (int k = 0; k < 4; ++k) p += static_cast<char>((static_cast<uint32_t>(v) >> (8 * k)) & 0xff);
+  } else {  // LONG1: 8-byte two's complement
+    p += "\x8a\x08";
+    for (int k = 0; k < 8; ++k) p += static_cast<char>((static_cast<uint64_t>(v) >> (8 * k)) & 0xff);
+  }
+}
+
+const char* storage_class(at::ScalarType t, const std::string& name) {
+  switch (t) {
+    case at::kFloat: return "FloatStorage";
+    case at::kDouble: return "DoubleStorage";
+    case at::kHalf: return "HalfStorage";
+    case at::kBFloat16: return "BFloat16Storage";
+    case at::kLong: return "LongStorage";
+    case at::kInt: return "IntStorage";
+    case at::kShort: return "ShortStorage";
+    case at::kChar: return "CharStorage";
+    case at::kByte: return "ByteStorage";
+    case at::kBool: return "BoolStorage";
+    case at::kComplexFloat: return "ComplexFloatStorage";
+    case at::kComplexDouble: return "ComplexDoubleStorage";
+    default: break;
+  }
+  TORCH_CHECK(false, "tensors_to_bytes: tensor '", name, "' has dtype ", t, ", which is not saved");
+}
+
+}  // namespace
+
+NamedTensors named_state(const torch::nn::Module& module) {
+  NamedTensors out;
+  collect_state(module, "", out);
+  return out;
+}
+
+std::string tensors_to_bytes(const NamedTensors& tensors) {
+  // Pickle protocol 2, laid out as Python's torch.save(model.state_dict()) lays it out: an OrderedDict
+  // of _rebuild_tensor_v2 calls whose storages are the zip records data/<i>.
+  std::string pkl = "\x80\x02";
+  pkl += "ccollections\nOrderedDict\nq\x00)R"s;  // memo 0: the OrderedDict class
+  pkl += "q\x01(";
+  std::vector<at::Tensor> storages;
+  std::unordered_set<std::string> seen;
+  bool rebuild_memoized = false;
+  for (const auto& [name, t] : tensors) {
+    TORCH_CHECK(t.defined(), "tensors_to_bytes: tensor '", name, "' is undefined");
+    TORCH_CHECK(seen.insert(name).second, "tensors_to_bytes: duplicate key '", name, "'");
+    // Each tensor gets its own contiguous storage, so a view never drags its whole base along.
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    if (c.storage_offset() != 0 || c.storage().nbytes() != c.nbytes()) c = c.clone();
+    pickle_str(pkl, name);
+    if (rebuild_memoized) {
+      pkl += "h\x02";
+    } else {
+      pkl += "ctorch._utils\n_rebuild_tensor_v2\nq\x02";  // memo 2
+      rebuild_memoized = true;
+    }
+    pkl += "((";  // args tuple, then the persistent id tuple
+    pickle_str(pkl, "storage");
+    pkl += std::string("ctorch\n") + storage_class(c.scalar_type(), name) + "\n";
+    pickle_str(pkl, std::to_string(storages.size()));
+    pickle_str(pkl, "cpu");
+    pickle_int(pkl, c.numel());
+    pkl += "tQ";     // TUPLE, BINPERSID
+    pickle_int(pkl, 0);  // storage offset
+    pkl += "(";
+    for (auto d : c.sizes()) pickle_int(pkl, d);
+    pkl += "t(";
+    for (auto d : c.strides()) pickle_int(pkl, d);
+    pkl += "t\x89";          // NEWFALSE: requires_grad
+    pkl += "h\x00)R"s;        // OrderedDict(): no backward hooks
+    pkl += "tR";
+    storages.push_back(c);
+  }
+  pkl += "u.";  // SETITEMS, STOP
+
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, size_t n) -> size_t {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pkl.data(), pkl.size());
+  writer.writeRecord("byteorder", "little", 6);  // PyTorch 2.x reads it; older versions ignore it
+  for (size_t i = 0; i < storages.size(); ++i)
+    writer.writeRecord("data/" + std::to_string(i), storages[i].data_ptr(), storages[i].nbytes());
+  writer.writeEndOfFile();
+  return out;
+}
+
+std::string state_dict_bytes(const torch::nn::Module& module) { return tensors_to_bytes(named_state(module)); }
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  write_whole_file(path, state_dict_bytes(module));
+}
+
+NamedTensors tensors_from_bytes(const std::string& bytes, const std::string& source) {
+  if (bytes.size() < 4 || bytes.compare(0, 4, "PK\x03\x04") != 0) {
+    if (bytes.size() >= 2 && static_cast<uint8_t>(bytes[0]) == 0x80)
+      throw std::runtime_error(source + " is in the legacy (pre-1.6) torch.save format; re-save it in Python "
+                               "with torch.save(obj, path), whose zip format is the default since PyTorch 1.6");
+    throw std::runtime_error(source + " is not a torch.save archive (no zip header; empty, truncated or another "
+                             "format?)");
+  }
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
+  std::string pkl;
+  try {
+    zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::make_shared<StringReadAdapter>(bytes));
+    if (!zip->hasRecord("data.pkl")) {
+      if (zip->hasRecord("constants.pkl"))
+        throw std::runtime_error(source + " is a TorchScript archive (torch.jit.save, or LibTorch torch::save of a "
+                                 "module), not a state dict; in Python save torch.save(model.state_dict(), path)");
+      throw std::runtime_error(source + " is a zip archive without data.pkl; it was not written by torch.save");
+    }
+    if (zip->hasRecord("byteorder")) {
+      auto rec = zip->getRecord("byteorder");
+      const std::string order(static_cast<const char*>(std::get<0>(rec).get()), std::get<1>(rec));
+      if (order != "little")
+        throw std::runtime_error(source + " was saved with byte order '" + order + "'; only little-endian is read");
+    }
+    auto rec = zip->getRecord("data.pkl");
+    pkl.assign(static_cast<const char*>(std::get<0>(rec).get()), std::get<1>(rec));
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(source + ": cannot read the torch.save zip archive (corrupt or truncated?): " +
+                             e.what_without_backtrace());
+  }
+
+  PyPtr root;
+  try {
+    root = Unpickler(pkl, *zip, source).parse();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(source + ": cannot read the torch.save archive: " + e.what_without_backtrace());
+  }
+  if (root->kind != PyObj::Kind::Dict)
+    throw std::runtime_error(source + " holds a " + kind_name(*root) + ", not a dict of tensors; in Python save "
+                             "torch.save(model.state_dict(), path)");
+  NamedTensors out;
+  out.reserve(root->entries.size());
+  for (const auto& [k, v] : root->entries) {
+    if (k->kind != PyObj::Kind::Str)
+      throw std::runtime_error(source + " holds a dict with a " + kind_name(*k) + " key; a state dict has string keys");
+    if (v->kind != PyObj::Kind::Tensor)
+      throw std::runtime_error(source + " holds a dict whose value for '" + k->s + "' is a " + kind_name(*v) +
+                               ", not a tensor; if it is a training checkpoint, save only the weights: "
+                               "torch.save(model.state_dict(), path)");
+    out.emplace_back(k->s, v->tensor);
+  }
+  return out;
+}
+
+NamedTensors read_tensors(const std::string& path) {
+  return tensors_from_bytes(read_whole_file(path, "read_tensors"), path);
+}
+
+LoadStateResult load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, bool strict,
+                                const std::string& source) {
+  const NamedTensors own = named_state(module);
+  std::unordered_map<std::string, const torch::Tensor*> given;
+  std::vector<std::string> duplicates;
+  for (const auto& [k, t] : tensors)
+    if (!given.emplace(k, &t).second) duplicates.push_back(k);
+
+  LoadStateResult result;
+  std::vector<std::string> mis_shaped;
+  std::unordered_set<std::string> own_names;
+  for (const auto& [k, t] : own) {
+    own_names.insert(k);
+    auto it = given.find(k);
+    if (it == given.end()) result.missing_keys.push_back(k);
+    else if (it->second->sizes() != t.sizes())
+      mis_shaped.push_back(k + " (module " + shape_str(t.sizes()) + ", file " + shape_str(it->second->sizes()) + ")");
+  }
+  for (const auto& [k, t] : tensors)
+    if (!own_names.count(k)) result.unexpected_keys.push_back(k);
+
+  const bool key_error = strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty());
+  if (key_error || !mis_shaped.empty() || !duplicates.empty()) {
+    std::ostringstream os;
+    os << "load_state_dict: " << source << " does not match the module:";
+    if (strict && !result.missing_keys.empty())
+      os << " missing keys (in the module, not in the file): " << join(result.missing_keys) << ";";
+    if (strict && !result.unexpected_keys.empty())
+      os << " unexpected keys (in the file, not in the module): " << join(result.unexpected_keys) << ";";
+    if (!mis_shaped.empty()) os << " wrong shapes: " << join(mis_shaped) << ";";
+    if (!duplicates.empty()) os << " duplicate keys in the file: " << join(duplicates) << ";";
+    os << " check that the file was saved from the same architecture"
+       << (key_error ? " (or load non-strictly to skip missing and unexpected keys)" : "");
+    throw std::runtime_error(os.str());
+  }
+
+  torch::NoGradGuard no_grad;
+  for (const auto& [k, t] : own) {
+    auto it = given.find(k);
+    if (it != given.end()) t.copy_(*it->second);  // in place; converts dtype and device
+  }
+  return result;
+}
+
+LoadStateResult load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
+  return load_state_dict(module, read_tensors(path), strict, path);
+}
+
+LoadStateResult load_state_dict_bytes(torch::nn::Module& module, const std::string& bytes, bool strict,
+                                      const std::string& source) {
+  return load_state_dict(module, tensors_from_bytes(bytes, source), strict, source);
+}
+
+std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::string out;
+  archive.save_to([&out](const void* data, size_t n) -> size_t {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return out;
+}
+
+void load_optimizer_bytes(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& source) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error("load_optimizer_bytes: " + source + " does not fit this optimizer: " +
+                             e.what_without_backtrace());
+  }
+}
+
+}  // namespace trainer
