@@ -12,7 +12,7 @@
 #include "models/summary.h"
 #include "trainer/compat.h"
 #include "trainer/config.h"
-#include "trainer/exit_codes.h"
+#include "trainer/signals.h"
 #include "trainer/state_dict.h"
 #include "trainer/train.h"
 

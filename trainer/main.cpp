@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "trainer/cli.h"
-#include "trainer/exit_codes.h"
+#include "trainer/signals.h"
 
 int main(int argc, char** argv) {
   try {

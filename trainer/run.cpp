@@ -9,7 +9,6 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "trainer/compat.h"
-#include "trainer/exit_codes.h"
 #include "trainer/signals.h"
 #include "trainer/state_dict.h"
 
@@ -56,7 +55,8 @@ void TrainingRun::setup() {
   std::error_code ec;
   fs::create_directories(opts_.run_dir, ec);
   if (ec) throw std::runtime_error(opts_.run_dir + ": cannot create the run folder (" + ec.message() + ")");
-  store_ = std::make_unique<CheckpointStore>(opts_.run_dir, cfg_.checkpoint.keep_last);
+  store_ = std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last),
+                                             cfg_.train.device);
   store_->check_writable();
   setup_logging(opts_.run_dir, cfg_.log.level);
   metrics_ = MetricsLog((fs::path(opts_.run_dir) / "metrics.jsonl").string());
@@ -209,7 +209,7 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
 bool TrainingRun::resume() {
   std::optional<LoadedCheckpoint> ck;
   if (!opts_.resume_from.empty()) {
-    ck = store_->load(opts_.resume_from);
+    ck = CheckpointStore::load(opts_.resume_from);
   } else if (opts_.no_resume) {
     if (!store_->list().empty())
       throw std::runtime_error(opts_.run_dir + ": --no-resume, but the run folder already has checkpoints; "
@@ -442,18 +442,27 @@ int TrainingRun::run() {
         ckpt_now = false;
       }
       if (stop_requested()) {
-        spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", stop_signal_name(), step_);
-        save_checkpoint(stop_signal_name(), true);
-        metrics_.event("stop", {{"step", step_}, {"signal", stop_signal_name()}});
-        return stop_exit_code();
+        // SIGTERM/SIGINT: the step in progress was finished; save and exit with 128 + signal so a
+        // scheduler restarts the job, which then resumes from this checkpoint.
+        const std::string sig = stop_signal() == SIGINT ? "SIGINT" : "SIGTERM";
+        spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", sig, step_);
+        save_checkpoint(sig, true);
+        metrics_.event("stop", {{"step", step_}, {"signal", sig}});
+        return exit_code_for_signal(stop_signal());
       }
       if (ckpt_now && step_ < total_steps_) save_checkpoint("periodic", false);
     }
   } catch (const OomGaveUp& e) {
     spdlog::error("{}", e.what());
-    save_checkpoint("oom_gave_up", true);
     metrics_.event("oom_gave_up", {{"step", step_}, {"message", e.what()}, {"mem_peak_bytes", memory_->peak_bytes()}});
+    // The cap stays in force: the checkpoint's own buffers are small next to a step's activations.
+    save_checkpoint("oom_gave_up", true);
     return kExitOomGaveUp;
+  } catch (const std::exception& e) {
+    // Setup and resume errors (bad input) propagate; a failure while training is an error of the run.
+    spdlog::error("training stopped at step {}: {}", step_, e.what());
+    metrics_.event("error", {{"step", step_}, {"message", e.what()}});
+    return kExitError;
   }
 
   auto e = evaluate();
@@ -467,6 +476,24 @@ int TrainingRun::run() {
   metrics_.event("end", {{"step", step_}, {"seconds", total}, {"samples_seen", samples_seen_}});
   spdlog::info("done: {} steps in {}", step_, format_duration(total));
   return exit_code;
+}
+
+std::string export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out) {
+  std::optional<LoadedCheckpoint> ck;
+  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint);
+  else ck = CheckpointStore(run_dir, 0).load_latest();
+  if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
+  // model.pt is already a Python-compatible state dict; it is written through a temporary file so a
+  // failed export never leaves a truncated file under the final name.
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    const std::string& bytes = ck->file("model.pt");
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f.flush()) throw std::runtime_error(out + ": cannot write the exported weights");
+  }
+  fs::rename(tmp, out);
+  return ck->path;
 }
 
 int train(const Config& cfg, const RunOptions& opts) {
