@@ -257,6 +257,42 @@ TEST(ActivationCheckpointAutocast, Bf16GradientsEqualPlainWhenBackwardRunsInside
   expect_same_step(plain, ckpt);
 }
 
+TEST(ActivationCheckpointAutocast, ConvBlockBf16BackwardInsideTheGuardEqualsPlain) {
+  // Convolutions pass their weight to autocast directly, so autocast caches its bf16 copy (the C++
+  // Linear goes through weight.t(), a view, which is never cached). A copy cached by the no-grad
+  // forward and reused by the recomputation would have no history: the weights would get no gradient.
+  auto x = torch::randn({3, 4, 8, 8});
+  auto plain_block = make_block(), ckpt_block = make_block();
+  const auto plain = run_step(plain_block, x, false, true, /*backward_in_autocast=*/true);
+  const auto ckpt = run_step(ckpt_block, x, true, true, /*backward_in_autocast=*/true);
+  expect_same_step(plain, ckpt);
+}
+
+TEST(ActivationCheckpointAutocast, WeightUsedAgainOutsideTheCheckpointKeepsItsGradient) {
+  // Tied weights: the same conv runs inside a checkpoint and then plainly, in one autocast scope. The
+  // checkpoint's no-grad forward must not leave a history-less bf16 copy of the weight in the cache.
+  auto x = torch::randn({2, 4, 8, 8});
+  auto run = [&](bool use_checkpoint) {
+    auto block = make_block();
+    auto fn = [&](const torch::Tensor& t) { return block->forward(t); };
+    torch::manual_seed(3);
+    {
+      trainer::AutocastGuard guard(c10::DeviceType::CPU, at::kBFloat16, true);
+      auto h = use_checkpoint ? models::checkpoint(*block, fn, x) : fn(x);
+      auto y = block->conv1(h);
+      y.to(at::kFloat).pow(2).sum().backward();
+    }
+    return block->conv1->weight.grad();
+  };
+  const auto plain = run(false);
+  const auto ckpt = run(true);
+  ASSERT_TRUE(plain.defined());
+  // Without checkpointing both uses share one cached bf16 copy, so their two gradients are summed in
+  // bf16 before the cast back to fp32; with it they are summed in fp32. That differs by bf16 rounding
+  // (2^-8 relative); a lost contribution would differ by far more.
+  EXPECT_TRUE(close(ckpt, plain, 1e-2));
+}
+
 TEST(ActivationCheckpointAutocast, ResNetBlockBf16GradientsEqualPlain) {
   auto x = torch::randn({3, 4, 8, 8});
   auto plain_block = make_block(), ckpt_block = make_block();
