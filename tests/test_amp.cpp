@@ -298,7 +298,7 @@ TEST(AmpValidate, ErrorTextsNameKeyAndFix) {
   EXPECT_THROW_WITH(trainer::validate_amp(true, "bf16", true, kCUDA), std::invalid_argument,
                     "amp.scaler.enabled: the loss scaler is for fp16 only");
   EXPECT_THROW_WITH(trainer::validate_amp(true, "fp16", true, kCPU), std::invalid_argument,
-                    "fp16 is not supported by CPU autocast");
+                    "amp.dtype: fp16 is not supported on CPU");
   EXPECT_THROW_WITH(trainer::validate_amp(true, "fp32", false, kCPU), std::invalid_argument,
                     "amp.dtype: unknown value 'fp32'; use bf16 or fp16");
   EXPECT_THROW_WITH(trainer::validate_amp(false, "float16", false, kCPU), std::invalid_argument,
@@ -436,6 +436,30 @@ TEST(GradScaler, StepUnscalesWhenNotDoneAndMatchesUnscaledSgd) {
   scaler.scale(scaled.loss()).backward();
   EXPECT_TRUE(scaler.step(opt));
   scaler.update();
+  for (size_t i = 0; i < plain.params().size(); ++i) {
+    EXPECT_TRUE(torch::allclose(scaled.params()[i], plain.params()[i], 1e-6, 1e-9)) << "param " << i;
+  }
+}
+
+TEST(GradScaler, AbandonedStepIsUnscaledAgainWhenRedone) {
+  // An OOM retry: the first attempt was unscaled, then thrown away; the redone step's scaled gradients
+  // must be unscaled again, or the optimizer would step with gradients 65536 times too large.
+  Problem plain(12);
+  torch::optim::SGD plain_opt(plain.params(), torch::optim::SGDOptions(0.1));
+  plain.loss().backward();
+  plain_opt.step();
+
+  Problem scaled(12);
+  torch::optim::SGD opt(scaled.params(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  scaler.scale(scaled.loss()).backward();
+  scaler.unscale_(scaled.params());
+  scaler.abandon_step();
+  opt.zero_grad();
+  scaler.scale(scaled.loss()).backward();
+  EXPECT_TRUE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
   for (size_t i = 0; i < plain.params().size(); ++i) {
     EXPECT_TRUE(torch::allclose(scaled.params()[i], plain.params()[i], 1e-6, 1e-9)) << "param " << i;
   }

@@ -55,8 +55,8 @@ void validate_amp(bool enabled, const std::string& dtype, bool scaler_enabled, c
   check_autocast_device(device, "amp.enabled");
   if (type == at::kHalf && device == c10::DeviceType::CPU) {
     throw std::invalid_argument(
-        "amp.dtype: fp16 is not supported by CPU autocast (LibTorch " + compat::torch_version() +
-        " casts to bf16 only); use amp.dtype: bf16 on CPU");
+        "amp.dtype: fp16 is not supported on CPU (CPU autocast in LibTorch 1.13 casts to bf16 only; this is "
+        "LibTorch " + compat::torch_version() + "); use amp.dtype: bf16 on CPU");
   }
   if (type == at::kHalf && !scaler_enabled) {
     throw std::invalid_argument(
@@ -250,6 +250,11 @@ void GradScaler::update() {
     amp_update_scale_plain_(scale_, growth_tracker_, found_inf_, options_.growth_factor(),
                             options_.backoff_factor(), options_.growth_interval());
   }
+  unscaled_ = false;
+  stepped_ = false;
+}
+
+void GradScaler::abandon_step() {
   unscaled_ = false;
   stepped_ = false;
 }

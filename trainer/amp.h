@@ -56,7 +56,8 @@ at::ScalarType parse_amp_dtype(const std::string& dtype);
 /// config keys, for: an unknown `dtype` (always, even when disabled); and when `enabled`:
 /// fp16 without the loss scaler (fp16 gradients underflow), bf16 with the scaler (bf16 has fp32's
 /// exponent range, scaling only costs time), fp16 on CPU (CPU autocast in LibTorch 1.13 supports
-/// bf16 only), and a device other than CPU or CUDA.
+/// bf16 only; kept an error on 2.x too, so a config means the same on both), and a device other than
+/// CPU or CUDA.
 /// When `enabled` is false the scaler setting is ignored: build the scaler with
 /// `enabled = amp.enabled && amp.scaler.enabled`.
 void validate_amp(bool enabled, const std::string& dtype, bool scaler_enabled, c10::DeviceType device);
@@ -122,6 +123,11 @@ class GradScaler {
   /// growth_interval of them (growth is skipped if it would overflow fp32). Throws std::runtime_error
   /// if no unscale_()/step() ran since the last update().
   void update();
+
+  /// Forgets an unscale_()/step() of the current step without touching the scale, for a step that is
+  /// thrown away and redone (e.g. retried with smaller micro-batches after an out-of-memory error):
+  /// the redone step's gradients are scaled again and must be unscaled again.
+  void abandon_step();
 
   /// Current scale (1.0 when disabled). Synchronizes with the device.
   double get_scale() const;
