@@ -1,5 +1,7 @@
 #include "models/resnet.h"
 
+#include "models/activation_checkpoint.h"
+
 #include <string>
 
 namespace models {
@@ -173,8 +175,10 @@ torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor ResNetImpl::run_block(int64_t i, const torch::Tensor& x) {
-  // block_checkpointed(i) is where activation checkpointing plugs in.
-  return blocks_[i]->forward(x);
+  auto& block = blocks_[i];
+  if (!block_checkpointed(i)) return block->forward(x);
+  // Recompute this block's activations in backward instead of keeping them.
+  return checkpoint(*block, [&block](const torch::Tensor& t) { return block->forward(t); }, x);
 }
 
 double ResNetImpl::forward_flops(const std::vector<int64_t>& sample_shape) const {

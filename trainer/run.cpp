@@ -178,7 +178,7 @@ nlohmann::json TrainingRun::state_json() const {
   j["global_batch"] = cfg_.train.global_batch;
   j["micro_batch_config"] = cfg_.train.micro_batch;
   j["controller"] = controller_->to_json();
-  j["scaler"] = scaler_->state().to_json();
+  j["scaler"] = scaler_->state();
   j["nonfinite_in_a_row"] = nonfinite_in_a_row_;
   j["eval_micro_batch"] = eval_micro_batch_;
   j["limit_spec"] = limit_spec_;
@@ -255,7 +255,7 @@ bool TrainingRun::resume() {
   position_ = st.at("position");
   samples_seen_ = st.at("samples_seen");
   nonfinite_in_a_row_ = st.value("nonfinite_in_a_row", 0);
-  scaler_->load_state(GradScalerState::from_json(st.at("scaler")));
+  scaler_->load_state(st.at("scaler").get<GradScalerState>());
   // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
   if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch) {
     controller_->load_json(st.at("controller"));

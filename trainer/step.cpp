@@ -57,6 +57,7 @@ void TrainingRun::drop_failed_attempt() {
   // Everything the failed attempt held: its graph and activations died with attempt_step's locals;
   // the partial gradients go now; cached autocast casts and the allocator's cached blocks after them.
   optimizer_->zero_grad();
+  scaler_->abandon_step();
   at::autocast::clear_cache();
   memory_->empty_cache();
 }
