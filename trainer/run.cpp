@@ -81,6 +81,7 @@ void TrainingRun::setup() {
   memory_ = make_memory_backend(device_);
   limit_spec_ = cfg_.memory.limit;
   limit_bytes_ = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+  cgroup_limit_ = read_cgroup_memory().limit_bytes;
   memory_->set_limit(limit_bytes_);
   control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
 
@@ -125,15 +126,33 @@ void TrainingRun::setup() {
       .growth_interval(cfg_.amp.growth_interval);
   scaler_ = std::make_unique<GradScaler>(so);
 
-  MicroBatchController::Options co;
+  controller_ = std::make_unique<MicroBatchController>(controller_options());
+  controller_->on_limit_changed(limit_bytes_);
+  controller_->take_events();
+  eval_micro_batch_ = cfg_.train.eval_batch;
+}
+
+MicroBatchOptions TrainingRun::controller_options() const {
+  MicroBatchOptions co;
   co.global_batch = cfg_.train.global_batch;
   co.micro_batch = cfg_.train.micro_batch > 0 ? cfg_.train.micro_batch : cfg_.train.global_batch;
-  co.min_micro_batch = cfg_.memory.min_micro_batch;
-  co.allow_checkpointing = cfg_.memory.ladder_checkpointing && cfg_.memory.activation_checkpointing == "none";
+  co.min_micro_batch = std::min(cfg_.memory.min_micro_batch, cfg_.train.global_batch);
+  co.checkpointing = cfg_.memory.activation_checkpointing == "all";
+  co.allow_checkpointing = cfg_.memory.ladder_checkpointing;
   co.grow_after = cfg_.memory.grow_after;
   co.headroom = cfg_.memory.headroom;
-  controller_ = std::make_unique<MicroBatchController>(co);
-  eval_micro_batch_ = cfg_.train.eval_batch;
+  return co;
+}
+
+void TrainingRun::log_controller_events() {
+  for (const auto& e : controller_->take_events()) {
+    spdlog::info("memory: {}", e.reason);
+    nlohmann::json j = e.to_json();
+    j["event"] = to_string(e.kind);
+    j["step"] = step_;
+    j["current_bytes"] = memory_->current_bytes();
+    metrics_.write(j);
+  }
 }
 
 void TrainingRun::build_model() {
@@ -157,9 +176,9 @@ void TrainingRun::apply_activation_checkpointing() {
   const int64_t n = model_->num_blocks();
   std::vector<bool> mask(n, false);
   const std::string& policy = cfg_.memory.activation_checkpointing;
-  bool ladder_on = controller_->activation_checkpointing();
+  // The controller's flag covers both `all` and the ladder's rung; `every_k` is the config's own choice.
   for (int64_t i = 0; i < n; ++i) {
-    if (policy == "all" || ladder_on) mask[i] = true;
+    if (controller_->checkpointing()) mask[i] = true;
     else if (policy == "every_k") mask[i] = i % cfg_.memory.checkpoint_every_k == 0;
   }
   // `auto` starts without checkpointing and lets the OOM ladder turn it on.
@@ -258,7 +277,9 @@ bool TrainingRun::resume() {
   scaler_->load_state(st.at("scaler").get<GradScalerState>());
   // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
   if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch) {
-    controller_->load_json(st.at("controller"));
+    controller_ = std::make_unique<MicroBatchController>(MicroBatchController::from_json(st.at("controller")));
+    controller_->on_limit_changed(limit_bytes_);
+    log_controller_events();
     eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
   }
   loader_->seek(epoch_, position_);
@@ -273,21 +294,37 @@ bool TrainingRun::resume() {
 
 void TrainingRun::poll_limits() {
   // control.yaml is how an operator (or a container resize hook) changes the cap of a running job.
-  std::string msg;
-  if (auto upd = control_->poll(&msg)) {
-    if (upd->memory_limit) limit_spec_ = *upd->memory_limit;
+  ControlPoll poll = control_->poll();
+  if (!poll.warning.empty()) spdlog::warn("{}", poll.warning);
+  bool changed = false;
+  if (poll.update && poll.update->memory_limit && *poll.update->memory_limit != limit_spec_) {
+    spdlog::info("control.yaml: memory.limit {} -> {}", limit_spec_, *poll.update->memory_limit);
+    limit_spec_ = *poll.update->memory_limit;
+    changed = true;
   }
-  if (!msg.empty()) spdlog::warn("control.yaml: {}", msg);
+  // With `auto` on the CPU, the container's limit is re-read: a `docker update --memory` or a Kubernetes
+  // in-place resize reaches the trainer this way. (The resolved cap also depends on the process's
+  // non-tensor memory, so it is recomputed only when the cgroup limit itself moves.)
+  if (limit_spec_ == "auto" && !device_.is_cuda()) {
+    int64_t cg = read_cgroup_memory().limit_bytes;
+    if (cg != cgroup_limit_) {
+      cgroup_limit_ = cg;
+      changed = true;
+    }
+  }
+  if (!changed) return;
   int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
   if (limit != limit_bytes_) {
     spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
                  limit ? format_bytes(limit) : "none", limit_spec_);
-    metrics_.event("limit", {{"step", step_}, {"old_limit", limit_bytes_}, {"new_limit", limit},
-                             {"current_bytes", memory_->current_bytes()}});
     limit_bytes_ = limit;
     memory_->set_limit(limit);
     controller_->on_limit_changed(limit);
+    log_controller_events();
   }
+}
+
+void TrainingRun::poll_threads() {
   int threads = cfg_.train.threads > 0 ? static_cast<int>(cfg_.train.threads) : usable_cpus();
   if (threads != at::get_num_threads()) {
     spdlog::info("cpu: {} -> {} threads (affinity / quota changed)", at::get_num_threads(), threads);
@@ -408,6 +445,7 @@ int TrainingRun::run() {
   try {
     while (step_ < total_steps_) {
       poll_limits();
+      if (step_ % 50 == 0) poll_threads();
       data::Batch batch = loader_->next();
       if (need_micro_batch_search) {
         find_auto_micro_batch(batch);

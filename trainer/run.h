@@ -59,9 +59,12 @@ class TrainingRun {
   bool resume();
   void apply_activation_checkpointing();
   void poll_limits();
+  void poll_threads();
   EvalResult evaluate();
   void save_checkpoint(const std::string& reason, bool wait);
   void log_step(const StepResult& r, double step_time);
+  void log_controller_events();
+  MicroBatchOptions controller_options() const;
   nlohmann::json state_json() const;
 
   // step.cpp
@@ -96,6 +99,7 @@ class TrainingRun {
   int64_t nonfinite_in_a_row_ = 0;
   int64_t limit_bytes_ = 0;           // memory cap in force (0 = none)
   std::string limit_spec_;            // as configured or set through control.yaml
+  int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
   int64_t eval_micro_batch_ = 0;
   std::optional<EvalResult> last_eval_;
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;

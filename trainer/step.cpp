@@ -89,37 +89,28 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
       }
       at::detail::getDefaultCPUGenerator().set_state(rng);
       ++r.oom_retries;
-      int64_t old_mb = controller_->micro_batch(), old_accum = controller_->accum_steps();
-      bool old_ckpt = controller_->activation_checkpointing();
-      OomEvent ev = controller_->on_oom(limit_bytes_);
-      nlohmann::json j = {{"step", step_}, {"action", to_string(ev.kind)}, {"old_micro_batch", old_mb},
-                          {"new_micro_batch", controller_->micro_batch()}, {"old_accum_steps", old_accum},
-                          {"new_accum_steps", controller_->accum_steps()},
-                          {"activation_checkpointing", controller_->activation_checkpointing()},
-                          {"limit", limit_bytes_}, {"mem_peak_bytes", memory_->peak_bytes()},
-                          {"current_bytes", memory_->current_bytes()}, {"reason", ev.reason}};
-      metrics_.event("oom", j);
-      spdlog::warn("out of memory in step {} at micro-batch {}x{} (limit {}, peak {}): {}", step_ + 1, old_mb, old_accum,
-                   limit_bytes_ ? format_bytes(limit_bytes_) : "none", format_bytes(memory_->peak_bytes()), ev.reason);
-      if (ev.kind == OomEvent::Kind::kGiveUp) {
-        throw OomGaveUp("out of memory with nothing left to try: micro-batch " + std::to_string(old_mb) +
-                        " (floor " + std::to_string(cfg_.memory.min_micro_batch) + "), activation checkpointing " +
-                        (old_ckpt ? "on" : "off") + ", limit " + (limit_bytes_ ? format_bytes(limit_bytes_) : "none") +
-                        ", peak " + format_bytes(memory_->peak_bytes()) + "; raise memory.limit or lower the model size");
-      }
-      if (controller_->activation_checkpointing() != old_ckpt) apply_activation_checkpointing();
+      const int64_t peak = memory_->peak_bytes();
+      OomAction action = controller_->on_oom(limit_bytes_);
+      spdlog::warn("out of memory in step {} (limit {}, peak {}): {}", step_ + 1,
+                   limit_bytes_ ? format_bytes(limit_bytes_) : "none", format_bytes(peak), action.event.reason);
+      nlohmann::json j = action.event.to_json();
+      j["event"] = "oom";
+      j["step"] = step_ + 1;
+      j["mem_peak_bytes"] = peak;
+      j["current_bytes"] = memory_->current_bytes();
+      j["error"] = std::string(e.what()).substr(0, 300);
+      metrics_.write(j);
+      controller_->take_events();  // the OOM event was just written with more detail
+      if (action.kind == OomAction::Kind::kGiveUp) throw OomGaveUp(action.event.reason);
+      apply_activation_checkpointing();
       memory_->reset_peak();
     }
   }
-  // Grow back: after enough clean steps with headroom, or when the limit rose, try a larger micro-batch
-  // on the next step. A failed probe costs one retried step.
-  if (auto ev = controller_->after_step(limit_bytes_, memory_->peak_bytes())) {
-    metrics_.event(to_string(ev->kind), {{"step", step_ + 1}, {"old_micro_batch", ev->old_micro_batch},
-                                         {"new_micro_batch", ev->new_micro_batch}, {"limit", limit_bytes_},
-                                         {"mem_peak_bytes", memory_->peak_bytes()}, {"reason", ev->reason}});
-    spdlog::info("memory: {} micro-batch {} -> {} ({})", to_string(ev->kind), ev->old_micro_batch, ev->new_micro_batch,
-                 ev->reason);
-  }
+  // Grow back: after enough clean steps with headroom, or when the limit rose, the controller tries a
+  // larger micro-batch (or checkpointing off) on the next step. A failed probe costs one retried step.
+  controller_->maybe_grow(limit_bytes_, memory_->peak_bytes());
+  log_controller_events();
+  apply_activation_checkpointing();
   if (!r.updated) {
     ++nonfinite_in_a_row_;
     metrics_.event("nonfinite", {{"step", step_ + 1}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
@@ -163,7 +154,11 @@ int64_t TrainingRun::find_auto_micro_batch(const data::Batch& batch) {
     for (auto& [live, saved] : buffers) live.copy_(saved);  // the probes must not count as training
   }
   at::detail::getDefaultCPUGenerator().set_state(rng);
-  controller_->set_micro_batch(mb);
+  MicroBatchOptions co = controller_options();
+  co.micro_batch = mb;
+  controller_ = std::make_unique<MicroBatchController>(co);
+  controller_->on_limit_changed(limit_bytes_);
+  controller_->take_events();
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
                limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", controller_->accum_steps());
   metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", controller_->accum_steps()},
