@@ -137,6 +137,7 @@ TEST(OomController, LadderHalvesToTheFloorThenCheckpointsThenGivesUp) {
                                                       OomEventKind::kBackoff, OomEventKind::kBackoff,
                                                       OomEventKind::kCheckpointingOn, OomEventKind::kGiveUp}));
   EXPECT_TRUE(c.take_events().empty());
+  EXPECT_EQ(events[0].reason, "memory limit set to 512.0 MiB (was none): keeping the current micro-batch until an OOM");
 }
 
 TEST(OomController, OddSizesHalveRoundingUpAndStillSumToTheGlobalBatch) {

@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -127,8 +128,14 @@ void capped_delete(void* data) {
   if (data == nullptr) return;
   auto* base = static_cast<char*>(data) - kHeader;
   auto* h = reinterpret_cast<Header*>(base);
-  // A foreign pointer here would corrupt the count silently; stop loudly instead (a bug, not an OOM).
-  TORCH_INTERNAL_ASSERT(h->magic == kMagic, "capped CPU allocator: freeing a block it did not allocate");
+  if (h->magic != kMagic) {
+    // Allocator::raw_deallocate frees through whatever allocator is installed *now*, so a block that
+    // oneDNN raw_allocate'd from LibTorch's default allocator before install() can arrive here. It was
+    // never counted: hand it back to its own deleter. (Reading the 64 bytes before it is safe: the
+    // default allocator's blocks are 64-byte aligned heap or mmap blocks with their own header there.)
+    c10::GetDefaultCPUAllocator()->raw_deleter()(data);
+    return;
+  }
   g_live.fetch_sub(static_cast<int64_t>(h->size), std::memory_order_relaxed);
   h->magic = 0;
   std::free(base);

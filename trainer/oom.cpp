@@ -129,8 +129,9 @@ std::optional<OomEvent> MicroBatchController::on_limit_changed(int64_t new_limit
   // "none" is the largest limit of all; from none to a number is a fall.
   const bool rose = (new_limit == 0) || (old != 0 && new_limit > old);
   limit_ = new_limit;
-  std::string reason = "memory limit " + std::string(rose ? "rose" : "fell") + " from " + bytes_text(old) +
-                       " to " + bytes_text(new_limit);
+  std::string reason = old == 0 ? "memory limit set to " + bytes_text(new_limit) + " (was none)"
+                                : "memory limit " + std::string(rose ? "rose" : "fell") + " from " +
+                                      bytes_text(old) + " to " + bytes_text(new_limit);
   if (rose) {
     // Sizes that failed under the old limit may fit now; the next clean step probes.
     failed_micro_ = 0;
