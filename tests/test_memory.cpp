@@ -170,6 +170,21 @@ TEST_F(MemoryCap, AllocatorServesRawAllocateAndOneDnnConvolution) {
   EXPECT_EQ(live_bytes(), inputs);
 }
 
+TEST_F(MemoryCap, AllocatorReportsAFailedSystemAllocationAsOom) {
+  // 4 PiB is more than a 47-bit address space holds: malloc fails whatever the overcommit policy.
+  const int64_t base = live_bytes();
+  const std::string msg = error_text([] { auto t = torch::empty({int64_t(1) << 50}, torch::kFloat); });
+  EXPECT_NE(msg.find("CPU out of memory (system): malloc of 4.00 PiB (4503599627370496 bytes) failed"),
+            std::string::npos)
+      << msg;
+  try {
+    auto t = torch::empty({int64_t(1) << 50}, torch::kFloat);
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(trainer::is_oom_error(e));
+  }
+  EXPECT_EQ(live_bytes(), base);
+}
+
 TEST_F(MemoryCap, AllocatorPeakTracksAndResets) {
   const int64_t base = live_bytes();
   trainer::cpu_allocator::reset_peak();

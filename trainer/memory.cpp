@@ -163,7 +163,8 @@ class CappedCpuAllocator final : public compat::AllocatorBase {
     }
     raise_peak(live + want);
     void* base = nullptr;
-    if (posix_memalign(&base, kAlignment, kHeader + n) != 0 || base == nullptr) {
+    if (n > std::numeric_limits<size_t>::max() - kHeader || posix_memalign(&base, kAlignment, kHeader + n) != 0 ||
+        base == nullptr) {
       g_live.fetch_sub(want, std::memory_order_relaxed);
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory (system): malloc of ", format_bytes(want),
                        " (", want, " bytes) failed with ", format_bytes(live), " live");
@@ -177,7 +178,9 @@ class CappedCpuAllocator final : public compat::AllocatorBase {
   c10::DeleterFnPtr raw_deleter() const override { return &capped_delete; }
 };
 
-CappedCpuAllocator g_allocator;
+// Never destroyed: LibTorch keeps the pointer, and tensors freed (or allocated) during static destruction
+// must still find a live allocator.
+CappedCpuAllocator* g_allocator = nullptr;
 std::mutex g_install_mutex;
 
 }  // namespace
@@ -187,10 +190,11 @@ namespace cpu_allocator {
 void install() {
   std::lock_guard<std::mutex> lock(g_install_mutex);
   if (g_installed.load()) return;
+  if (g_allocator == nullptr) g_allocator = new CappedCpuAllocator();
   // The highest priority: a later registration with a lower one (e.g. a static initializer in a
   // library loaded afterwards) cannot silently take the CPU allocator back.
-  c10::SetCPUAllocator(&g_allocator, /*priority=*/std::numeric_limits<uint8_t>::max());
-  if (c10::GetCPUAllocator() != &g_allocator)
+  c10::SetCPUAllocator(g_allocator, /*priority=*/std::numeric_limits<uint8_t>::max());
+  if (c10::GetCPUAllocator() != g_allocator)
     throw std::runtime_error(
         "memory: could not install the capped CPU allocator: another allocator holds the highest "
         "priority; memory.limit cannot be enforced on CPU");
