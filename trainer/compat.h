@@ -5,11 +5,18 @@
 //                              set_autocast_{gpu,cpu}_dtype             set_autocast_dtype(device, dtype)  (2.4+)
 //   fused attention            none                                     at::scaled_dot_product_attention (2.0+)
 //   AMP fused kernels          CUDA only                                CUDA (and CPU in newer releases)
+//   c10::Allocator             `DataPtr allocate(size_t) const`         `DataPtr allocate(size_t)` (non-const)
+//                                                                       and a pure `copy_data` (2.3+)
+//   CUDA allocator stats       CUDACachingAllocator::getDeviceStats(int) and friends take an int device in
+//                              1.13 and a c10::DeviceIndex in 2.x; both accept a DeviceIndex argument.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
 #include <torch/version.h>
+
+#include <cstring>
 
 #define TRAINER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -64,5 +71,18 @@ inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
 
 /// True where LibTorch has the fused scaled_dot_product_attention (2.0+).
 constexpr bool kHasFusedAttention = TRAINER_TORCH_AT_LEAST(2, 0);
+
+// ---- allocators -----------------------------------------------------------------------------------
+
+/// Base for a custom c10::Allocator that builds on every LibTorch version without checking it: both
+/// `allocate` overloads are defined (whichever one the build declares pure is overridden, the other is
+/// an ordinary member) and `copy_data` is defined (it overrides the 2.3+ pure virtual, and is unused in
+/// 1.13). Subclasses implement `allocate_bytes`.
+struct AllocatorBase : c10::Allocator {
+  virtual c10::DataPtr allocate_bytes(size_t n) const = 0;
+  c10::DataPtr allocate(size_t n) const { return allocate_bytes(n); }
+  c10::DataPtr allocate(size_t n) { return allocate_bytes(n); }
+  void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
+};
 
 }  // namespace trainer::compat

@@ -1,0 +1,458 @@
+// The micro-batch controller's rules, checked against hand-worked sequences and a simulated device with
+// a known capacity (sizes <= capacity fit). The real allocator under a real cap is in test_memory.cpp.
+#include "trainer/oom.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+using trainer::MicroBatchController;
+using trainer::MicroBatchOptions;
+using trainer::OomAction;
+using trainer::OomEventKind;
+using trainer::ProbeKind;
+
+namespace {
+
+constexpr int64_t kMiB = 1024 * 1024;
+
+std::vector<OomEventKind> kinds(const std::vector<trainer::OomEvent>& events) {
+  std::vector<OomEventKind> out;
+  for (const auto& e : events) out.push_back(e.kind);
+  return out;
+}
+
+template <typename F>
+std::string error_text(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+}  // namespace
+
+TEST(OomSplit, SizesAreFullMicroBatchesThenTheRest) {
+  EXPECT_EQ(trainer::split_batch(10, 4), (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_EQ(trainer::split_batch(10, 10), (std::vector<int64_t>{10}));
+  EXPECT_EQ(trainer::split_batch(7, 3), (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(trainer::split_batch(3, 1), (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(trainer::accum_steps_for(10, 3), 4);
+  EXPECT_EQ(trainer::accum_steps_for(64, 8), 8);
+}
+
+TEST(OomSplit, EverySplitSumsToTheGlobalBatch) {
+  for (int64_t g = 1; g <= 60; ++g) {
+    for (int64_t m = 1; m <= g; ++m) {
+      const auto s = trainer::split_batch(g, m);
+      ASSERT_EQ(std::accumulate(s.begin(), s.end(), int64_t(0)), g) << g << "/" << m;
+      ASSERT_EQ(static_cast<int64_t>(s.size()), (g + m - 1) / m);
+      for (size_t i = 0; i + 1 < s.size(); ++i) ASSERT_EQ(s[i], m);
+      ASSERT_GE(s.back(), 1);
+      ASSERT_LE(s.back(), m);
+    }
+  }
+}
+
+TEST(OomSplit, RejectsSizesOutsideTheGlobalBatch) {
+  EXPECT_THROW(trainer::split_batch(10, 0), std::invalid_argument);
+  EXPECT_NE(error_text([] { trainer::split_batch(10, 11); }).find("micro-batch 11 must be in [1, global batch 10]"),
+            std::string::npos);
+}
+
+TEST(OomController, OptionsAreValidatedWithTheFieldName) {
+  MicroBatchOptions o;
+  o.global_batch = 32;
+  o.min_micro_batch = 64;
+  EXPECT_NE(error_text([&] { MicroBatchController c(o); }).find("min_micro_batch must be in [1, global_batch = 32]"),
+            std::string::npos);
+  o.min_micro_batch = 8;
+  o.micro_batch = 4;
+  EXPECT_NE(error_text([&] { MicroBatchController c(o); }).find("micro_batch must be in [min_micro_batch = 8"),
+            std::string::npos);
+  o.micro_batch = 0;  // = global batch
+  o.headroom = 1.0;
+  EXPECT_NE(error_text([&] { MicroBatchController c(o); }).find("headroom must be in [0, 1)"), std::string::npos);
+  o.headroom = 0.2;
+  o.grow_after = 0;
+  EXPECT_NE(error_text([&] { MicroBatchController c(o); }).find("grow_after must be >= 1"), std::string::npos);
+  o.grow_after = 1;
+  MicroBatchController c(o);
+  EXPECT_EQ(c.micro_batch(), 32);
+  EXPECT_EQ(c.accum_steps(), 1);
+}
+
+TEST(OomController, LadderHalvesToTheFloorThenCheckpointsThenGivesUp) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.min_micro_batch = 8;
+  MicroBatchController c(o);
+  const int64_t limit = 512 * kMiB;
+
+  OomAction a = c.on_oom(limit);
+  EXPECT_EQ(a.kind, OomAction::Kind::kHalve);
+  EXPECT_EQ(a.micro_batch, 32);
+  EXPECT_EQ(a.accum_steps, 2);
+  EXPECT_FALSE(a.checkpointing);
+  EXPECT_EQ(a.event.old_micro_batch, 64);
+  EXPECT_EQ(a.event.new_micro_batch, 32);
+  EXPECT_EQ(a.event.old_accum_steps, 1);
+  EXPECT_EQ(a.event.new_accum_steps, 2);
+  EXPECT_EQ(a.event.limit_bytes, limit);
+
+  a = c.on_oom(limit);
+  EXPECT_EQ(a.kind, OomAction::Kind::kHalve);
+  EXPECT_EQ(a.micro_batch, 16);
+  EXPECT_EQ(a.accum_steps, 4);
+  a = c.on_oom(limit);
+  EXPECT_EQ(a.kind, OomAction::Kind::kHalve);
+  EXPECT_EQ(a.micro_batch, 8);
+  EXPECT_EQ(a.accum_steps, 8);
+
+  a = c.on_oom(limit);
+  EXPECT_EQ(a.kind, OomAction::Kind::kEnableCheckpointing);
+  EXPECT_EQ(a.micro_batch, 8);  // kept at the floor, not reset
+  EXPECT_TRUE(a.checkpointing);
+  EXPECT_TRUE(c.checkpointing());
+  EXPECT_TRUE(c.checkpointing_by_ladder());
+  EXPECT_FALSE(a.event.old_checkpointing);
+  EXPECT_TRUE(a.event.new_checkpointing);
+
+  a = c.on_oom(limit);
+  EXPECT_EQ(a.kind, OomAction::Kind::kGiveUp);
+  EXPECT_EQ(a.micro_batch, 8);
+  EXPECT_NE(a.event.reason.find("out of memory at the smallest micro-batch 8 with activation checkpointing on "
+                                "under a memory limit of 512.0 MiB"),
+            std::string::npos)
+      << a.event.reason;
+  EXPECT_NE(a.event.reason.find("raise the memory limit"), std::string::npos);
+
+  // The global batch never changed, and every transition was recorded, in order.
+  EXPECT_EQ(c.global_batch(), 64);
+  const auto events = c.take_events();
+  EXPECT_EQ(kinds(events), (std::vector<OomEventKind>{OomEventKind::kLimitChanged, OomEventKind::kBackoff,
+                                                      OomEventKind::kBackoff, OomEventKind::kBackoff,
+                                                      OomEventKind::kCheckpointingOn, OomEventKind::kGiveUp}));
+  EXPECT_TRUE(c.take_events().empty());
+  EXPECT_EQ(events[0].reason, "memory limit set to 512.0 MiB (was none): keeping the current micro-batch until an OOM");
+}
+
+TEST(OomController, OddSizesHalveRoundingUpAndStillSumToTheGlobalBatch) {
+  MicroBatchOptions o;
+  o.global_batch = 10;
+  o.allow_checkpointing = false;
+  MicroBatchController c(o);
+  std::vector<int64_t> seen;
+  for (;;) {
+    const OomAction a = c.on_oom(0);
+    if (a.kind == OomAction::Kind::kGiveUp) {
+      EXPECT_NE(a.event.reason.find("checkpointing off (not allowed to turn it on)"), std::string::npos);
+      EXPECT_NE(a.event.reason.find("allow activation checkpointing"), std::string::npos);
+      break;
+    }
+    ASSERT_EQ(a.kind, OomAction::Kind::kHalve);
+    seen.push_back(a.micro_batch);
+    const auto sizes = c.micro_batch_sizes();
+    EXPECT_EQ(std::accumulate(sizes.begin(), sizes.end(), int64_t(0)), 10);
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{5, 3, 2, 1}));
+  EXPECT_EQ(trainer::split_batch(10, 3), (std::vector<int64_t>{3, 3, 3, 1}));
+}
+
+TEST(OomController, CheckpointingFromTheConfigIsNeverProbedOff) {
+  MicroBatchOptions o;
+  o.global_batch = 8;
+  o.min_micro_batch = 4;
+  o.checkpointing = true;
+  o.grow_after = 1;
+  MicroBatchController c(o);
+  EXPECT_EQ(c.on_oom(100).kind, OomAction::Kind::kHalve);
+  EXPECT_EQ(c.on_oom(100).kind, OomAction::Kind::kGiveUp);  // checkpointing already on
+  // The limit rises: the probe grows the micro-batch; it never turns the config's checkpointing off.
+  auto p = c.maybe_grow(1000, 10);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(*p, 8);
+  EXPECT_EQ(c.probe(), ProbeKind::kGrow);
+  EXPECT_TRUE(c.checkpointing());
+}
+
+// A simulated device: a step at micro-batch m under the current capacity OOMs iff m > capacity.
+struct SimulatedRun {
+  MicroBatchController c;
+  int64_t limit;
+  int64_t capacity;
+  int64_t ooms = 0;
+  std::vector<std::pair<int64_t, int64_t>> probes;  // (probe size, failed size known when it started)
+
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      if (c.micro_batch() > capacity) {
+        const OomAction a = c.on_oom(limit);
+        ASSERT_NE(a.kind, OomAction::Kind::kGiveUp);
+        ++ooms;
+        continue;
+      }
+      const int64_t failed_before = c.failed_micro_batch();
+      const auto p = c.maybe_grow(limit, limit / 4);  // plenty of headroom
+      if (p) probes.emplace_back(*p, failed_before);
+    }
+  }
+};
+
+TEST(OomController, NeverProbesAtOrAboveAFailedSizeAtTheSameLimit) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.grow_after = 3;
+  SimulatedRun run{MicroBatchController(o), 256 * kMiB, 36};
+  run.steps(300);
+
+  // It settles on the capacity exactly: backed off from 64, then probed up by bisection towards the
+  // smallest failed size.
+  EXPECT_EQ(run.c.micro_batch(), 36);
+  EXPECT_EQ(run.c.failed_micro_batch(), 37);
+  for (const auto& [size, failed] : run.probes) {
+    if (failed != 0) EXPECT_LT(size, failed) << "probed " << size << " with " << failed << " known to fail";
+  }
+  // The probe sequence from 32: 48 (fails), 40 (fails), 36, 38 (fails), 37 (fails); then nothing is left.
+  std::vector<int64_t> sizes;
+  for (const auto& pr : run.probes) sizes.push_back(pr.first);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{48, 40, 36, 38, 37}));
+  EXPECT_EQ(run.ooms, 1 + 4);  // the first backoff and four failed probes, no more
+  run.c.take_events();
+  run.steps(100);
+  EXPECT_EQ(run.ooms, 5);
+  EXPECT_TRUE(run.c.take_events().empty());
+}
+
+TEST(OomController, ProbesAgainWhenTheLimitRises) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.grow_after = 3;
+  SimulatedRun run{MicroBatchController(o), 256 * kMiB, 20};
+  run.steps(200);
+  EXPECT_EQ(run.c.micro_batch(), 20);
+  EXPECT_EQ(run.c.failed_micro_batch(), 21);
+
+  // The limit falls: failures are kept, nothing probes early.
+  run.limit = 128 * kMiB;
+  run.c.take_events();
+  run.steps(2);
+  auto ev = run.c.take_events();
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev[0].kind, OomEventKind::kLimitChanged);
+  EXPECT_NE(ev[0].reason.find("fell from 256.0 MiB to 128.0 MiB"), std::string::npos) << ev[0].reason;
+  EXPECT_EQ(run.c.failed_micro_batch(), 21);
+
+  // The limit rises above the old one: the failure is forgotten and the very next clean step probes.
+  run.limit = 1024 * kMiB;
+  run.capacity = 64;
+  const auto p = run.c.maybe_grow(run.limit, run.limit / 2);  // no headroom needed after a rise
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(*p, 40);  // doubles: no failure is known any more
+  EXPECT_EQ(run.c.failed_micro_batch(), 0);
+  ev = run.c.take_events();
+  ASSERT_EQ(kinds(ev), (std::vector<OomEventKind>{OomEventKind::kLimitChanged, OomEventKind::kProbe}));
+  EXPECT_NE(ev[0].reason.find("rose from 128.0 MiB to 1024.0 MiB"), std::string::npos);
+  EXPECT_NE(ev[1].reason.find("after the memory limit rose"), std::string::npos);
+  run.steps(200);
+  EXPECT_EQ(run.c.micro_batch(), 64);
+  EXPECT_EQ(run.c.accum_steps(), 1);
+}
+
+TEST(OomController, ProbesOnlyAfterGrowAfterStepsWithHeadroom) {
+  MicroBatchOptions o;
+  o.global_batch = 32;
+  o.grow_after = 4;
+  o.headroom = 0.25;
+  MicroBatchController c(o);
+  const int64_t limit = 1000;
+  c.on_oom(limit);  // 32 -> 16, 32 failed
+  c.take_events();
+  // Peak at 75% of the limit: no headroom (needs < 750), no probe however long it runs.
+  for (int i = 0; i < 20; ++i) EXPECT_FALSE(c.maybe_grow(limit, 750).has_value());
+  EXPECT_EQ(c.clean_steps(), 20);
+  // With headroom, the counter already passed grow_after: the next clean step probes.
+  auto p = c.maybe_grow(limit, 749);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(*p, 24);  // halfway to the failed 32
+  // The probe step is clean: kept, and the counter starts over.
+  EXPECT_FALSE(c.maybe_grow(limit, 500).has_value());
+  EXPECT_EQ(c.micro_batch(), 24);
+  EXPECT_EQ(c.probe(), ProbeKind::kNone);
+  EXPECT_EQ(c.clean_steps(), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(c.maybe_grow(limit, 500).has_value()) << i;
+  p = c.maybe_grow(limit, 500);  // the 4th clean step after the success
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(*p, 28);
+  const auto ev = c.take_events();
+  EXPECT_EQ(kinds(ev), (std::vector<OomEventKind>{OomEventKind::kProbe, OomEventKind::kProbeSucceeded,
+                                                  OomEventKind::kProbe}));
+  EXPECT_EQ(ev[0].peak_bytes, 749);
+  EXPECT_EQ(ev[0].old_micro_batch, 16);
+  EXPECT_EQ(ev[0].new_micro_batch, 24);
+  EXPECT_EQ(ev[0].old_accum_steps, 2);
+  EXPECT_EQ(ev[0].new_accum_steps, 2);
+}
+
+TEST(OomController, CheckpointingTurnedOnByTheLadderIsProbedOffFirst) {
+  MicroBatchOptions o;
+  o.global_batch = 16;
+  o.min_micro_batch = 8;
+  o.grow_after = 2;
+  MicroBatchController c(o);
+  c.on_oom(100);                                                          // 16 -> 8
+  EXPECT_EQ(c.on_oom(100).kind, OomAction::Kind::kEnableCheckpointing);  // at the floor
+  c.take_events();
+
+  // Limit rises: the first probe drops checkpointing at the same size.
+  auto p = c.maybe_grow(200, 10);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(*p, 8);
+  EXPECT_EQ(c.probe(), ProbeKind::kCheckpointingOff);
+  EXPECT_FALSE(c.checkpointing());
+  // It OOMs: checkpointing comes back and is not probed off again at this limit.
+  OomAction a = c.on_oom(200);
+  EXPECT_EQ(a.kind, OomAction::Kind::kRevertProbe);
+  EXPECT_TRUE(a.checkpointing);
+  EXPECT_EQ(a.micro_batch, 8);
+  EXPECT_EQ(a.event.kind, OomEventKind::kProbeFailed);
+  // Later probes grow the micro-batch with checkpointing on instead.
+  EXPECT_FALSE(c.maybe_grow(200, 10).has_value());
+  p = c.maybe_grow(200, 10);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(*p, 16);
+  EXPECT_EQ(c.probe(), ProbeKind::kGrow);
+  EXPECT_TRUE(c.checkpointing());
+  a = c.on_oom(200);
+  EXPECT_EQ(a.kind, OomAction::Kind::kRevertProbe);
+  EXPECT_EQ(a.micro_batch, 8);
+  EXPECT_EQ(c.failed_micro_batch(), 16);
+
+  // The limit rises again: checkpointing off is tried again, succeeds and stays off.
+  p = c.maybe_grow(400, 10);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(c.probe(), ProbeKind::kCheckpointingOff);
+  EXPECT_FALSE(c.maybe_grow(400, 10).has_value());  // clean: accepted
+  EXPECT_FALSE(c.checkpointing());
+  EXPECT_FALSE(c.checkpointing_by_ladder());
+  const auto ev = c.take_events();
+  EXPECT_EQ(kinds(ev), (std::vector<OomEventKind>{OomEventKind::kLimitChanged, OomEventKind::kProbe,
+                                                  OomEventKind::kProbeFailed, OomEventKind::kProbe,
+                                                  OomEventKind::kProbeFailed, OomEventKind::kLimitChanged,
+                                                  OomEventKind::kProbe, OomEventKind::kProbeSucceeded}));
+}
+
+TEST(OomController, ExplicitProbeCallsNeedAProbe) {
+  MicroBatchOptions o;
+  o.global_batch = 4;
+  MicroBatchController c(o);
+  EXPECT_THROW(c.on_probe_failed(), std::logic_error);
+  EXPECT_THROW(c.on_probe_succeeded(), std::logic_error);
+  c.on_oom(0);  // 4 -> 2
+  c.on_limit_changed(0);
+  EXPECT_FALSE(c.on_limit_changed(0).has_value());  // unchanged: no event
+  o.grow_after = 1;
+  MicroBatchController d(o);
+  d.on_oom(0);
+  ASSERT_TRUE(d.maybe_grow(0, 0).has_value());  // no limit: no headroom check; probes 3 (halfway to 4)
+  EXPECT_EQ(d.micro_batch(), 3);
+  const auto e = d.on_probe_failed();
+  EXPECT_EQ(e.kind, OomEventKind::kProbeFailed);
+  EXPECT_EQ(e.old_micro_batch, 3);
+  EXPECT_EQ(e.new_micro_batch, 2);
+  EXPECT_EQ(d.failed_micro_batch(), 3);
+}
+
+TEST(OomController, JsonRoundTripKeepsTheStateAndTheBehaviour) {
+  MicroBatchOptions o;
+  o.global_batch = 48;
+  o.min_micro_batch = 3;
+  o.grow_after = 2;
+  o.headroom = 0.1;
+  MicroBatchController c(o);
+  c.on_oom(1000);  // 48 -> 24
+  c.maybe_grow(1000, 10);
+  ASSERT_TRUE(c.maybe_grow(1000, 10).has_value());  // probe 36 in progress
+  ASSERT_EQ(c.probe(), ProbeKind::kGrow);
+
+  const std::string text = c.to_json().dump();
+  MicroBatchController r = MicroBatchController::from_json(nlohmann::json::parse(text));
+  EXPECT_EQ(r.to_json(), c.to_json());
+  EXPECT_EQ(r.micro_batch(), 36);
+  EXPECT_EQ(r.failed_micro_batch(), 48);
+  EXPECT_EQ(r.limit(), 1000);
+
+  // Both fail the probe and continue identically.
+  for (MicroBatchController* m : {&c, &r}) {
+    const OomAction a = m->on_oom(1000);
+    EXPECT_EQ(a.kind, OomAction::Kind::kRevertProbe);
+    EXPECT_EQ(a.micro_batch, 24);
+    m->maybe_grow(1000, 10);
+  }
+  EXPECT_EQ(r.maybe_grow(1000, 10), c.maybe_grow(1000, 10));
+  EXPECT_EQ(r.micro_batch(), 30);
+  EXPECT_EQ(r.to_json(), c.to_json());
+
+  nlohmann::json bad = c.to_json();
+  bad.erase("failed_micro_batch");
+  EXPECT_NE(error_text([&] { MicroBatchController::from_json(bad); }).find("missing key 'failed_micro_batch'"),
+            std::string::npos);
+  bad = c.to_json();
+  bad["version"] = 2;
+  EXPECT_NE(error_text([&] { MicroBatchController::from_json(bad); }).find("version 2 is not 1"), std::string::npos);
+  bad = c.to_json();
+  bad["probe"] = "sideways";
+  EXPECT_NE(error_text([&] { MicroBatchController::from_json(bad); }).find("probe 'sideways'"), std::string::npos);
+  bad = c.to_json();
+  bad["micro_batch"] = "many";
+  EXPECT_NE(error_text([&] { MicroBatchController::from_json(bad); }).find("wrong type"), std::string::npos);
+}
+
+TEST(OomController, EventJsonHasEveryField) {
+  MicroBatchOptions o;
+  o.global_batch = 8;
+  MicroBatchController c(o);
+  const auto j = c.on_oom(2048).event.to_json();
+  EXPECT_EQ(j.at("event"), "oom");
+  EXPECT_EQ(j.at("kind"), "backoff");
+  EXPECT_EQ(j.at("old_micro_batch"), 8);
+  EXPECT_EQ(j.at("new_micro_batch"), 4);
+  EXPECT_EQ(j.at("old_accum_steps"), 1);
+  EXPECT_EQ(j.at("new_accum_steps"), 2);
+  EXPECT_EQ(j.at("old_checkpointing"), false);
+  EXPECT_EQ(j.at("new_checkpointing"), false);
+  EXPECT_EQ(j.at("limit_bytes"), 2048);
+  EXPECT_EQ(j.at("peak_bytes"), 0);
+  EXPECT_EQ(j.at("reason"), "out of memory at micro-batch 8: halving to 4 (2 micro-batches per step, global "
+                            "batch 8 unchanged)");
+}
+
+TEST(OomFindMax, MatchesExhaustiveSearchForEveryCapacity) {
+  for (int64_t lo : {1, 3}) {
+    for (int64_t hi : {1, 7, 64, 100}) {
+      if (hi < lo) continue;
+      for (int64_t cap = 0; cap <= hi + 2; ++cap) {
+        int calls = 0;
+        auto fits = [&](int64_t m) {
+          ++calls;
+          EXPECT_GE(m, lo);
+          EXPECT_LE(m, hi);
+          return m <= cap;
+        };
+        int64_t exhaustive = 0;
+        for (int64_t m = lo; m <= hi; ++m)
+          if (m <= cap) exhaustive = m;
+        EXPECT_EQ(trainer::find_max_micro_batch(fits, lo, hi), exhaustive) << lo << " " << hi << " " << cap;
+        const double bound = 2 * std::ceil(std::log2(static_cast<double>(hi) / lo)) + 2;
+        EXPECT_LE(calls, bound) << lo << " " << hi << " " << cap;
+      }
+    }
+  }
+  EXPECT_THROW(trainer::find_max_micro_batch([](int64_t) { return true; }, 0, 4), std::invalid_argument);
+  EXPECT_NE(error_text([] { trainer::find_max_micro_batch([](int64_t) { return true; }, 5, 4); })
+                .find("need 1 <= lo <= hi, got lo = 5, hi = 4"),
+            std::string::npos);
+}

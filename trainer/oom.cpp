@@ -1,0 +1,365 @@
+#include "trainer/oom.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+namespace trainer {
+
+namespace {
+
+std::string bytes_text(int64_t b) {
+  if (b == 0) return "none";
+  // Plain MiB with one decimal keeps this file free of the torch-dependent memory.h.
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+const char* probe_name(ProbeKind p) {
+  switch (p) {
+    case ProbeKind::kNone: return "none";
+    case ProbeKind::kGrow: return "grow";
+    case ProbeKind::kCheckpointingOff: return "checkpointing_off";
+  }
+  return "none";
+}
+
+ProbeKind probe_from_name(const std::string& s) {
+  if (s == "none") return ProbeKind::kNone;
+  if (s == "grow") return ProbeKind::kGrow;
+  if (s == "checkpointing_off") return ProbeKind::kCheckpointingOff;
+  throw std::invalid_argument("micro-batch controller state: probe '" + s +
+                              "' is not one of none, grow, checkpointing_off");
+}
+
+void check_options(const MicroBatchOptions& o, int64_t micro) {
+  auto bad = [](const std::string& what) {
+    throw std::invalid_argument("micro-batch controller: " + what);
+  };
+  if (o.global_batch < 1) bad("global_batch must be >= 1, got " + std::to_string(o.global_batch));
+  if (o.min_micro_batch < 1 || o.min_micro_batch > o.global_batch)
+    bad("min_micro_batch must be in [1, global_batch = " + std::to_string(o.global_batch) + "], got " +
+        std::to_string(o.min_micro_batch));
+  if (micro < o.min_micro_batch || micro > o.global_batch)
+    bad("micro_batch must be in [min_micro_batch = " + std::to_string(o.min_micro_batch) +
+        ", global_batch = " + std::to_string(o.global_batch) + "], got " + std::to_string(micro));
+  if (o.grow_after < 1) bad("grow_after must be >= 1 step, got " + std::to_string(o.grow_after));
+  if (!(o.headroom >= 0 && o.headroom < 1)) bad("headroom must be in [0, 1), got " + std::to_string(o.headroom));
+}
+
+}  // namespace
+
+int64_t accum_steps_for(int64_t global_batch, int64_t micro_batch) {
+  if (micro_batch < 1 || micro_batch > global_batch)
+    throw std::invalid_argument("micro-batch " + std::to_string(micro_batch) + " must be in [1, global batch " +
+                                std::to_string(global_batch) + "]");
+  return (global_batch + micro_batch - 1) / micro_batch;
+}
+
+std::vector<int64_t> split_batch(int64_t global_batch, int64_t micro_batch) {
+  const int64_t n = accum_steps_for(global_batch, micro_batch);
+  std::vector<int64_t> sizes(static_cast<size_t>(n), micro_batch);
+  sizes.back() = global_batch - micro_batch * (n - 1);
+  return sizes;
+}
+
+const char* to_string(OomEventKind kind) {
+  switch (kind) {
+    case OomEventKind::kBackoff: return "backoff";
+    case OomEventKind::kCheckpointingOn: return "checkpointing_on";
+    case OomEventKind::kGiveUp: return "give_up";
+    case OomEventKind::kProbe: return "probe";
+    case OomEventKind::kProbeFailed: return "probe_failed";
+    case OomEventKind::kProbeSucceeded: return "probe_succeeded";
+    case OomEventKind::kLimitChanged: return "limit_changed";
+  }
+  return "unknown";
+}
+
+nlohmann::json OomEvent::to_json() const {
+  return {{"event", "oom"},
+          {"kind", to_string(kind)},
+          {"old_micro_batch", old_micro_batch},
+          {"new_micro_batch", new_micro_batch},
+          {"old_accum_steps", old_accum_steps},
+          {"new_accum_steps", new_accum_steps},
+          {"old_checkpointing", old_checkpointing},
+          {"new_checkpointing", new_checkpointing},
+          {"limit_bytes", limit_bytes},
+          {"peak_bytes", peak_bytes},
+          {"reason", reason}};
+}
+
+MicroBatchController::MicroBatchController(const MicroBatchOptions& options) : opt_(options) {
+  micro_ = opt_.micro_batch == 0 ? opt_.global_batch : opt_.micro_batch;
+  check_options(opt_, micro_);
+  checkpointing_ = opt_.checkpointing;
+  last_good_micro_ = micro_;
+}
+
+OomEvent MicroBatchController::make_event(OomEventKind kind, int64_t old_micro, bool old_ckpt,
+                                          std::string reason) const {
+  OomEvent e;
+  e.kind = kind;
+  e.old_micro_batch = old_micro;
+  e.new_micro_batch = micro_;
+  e.old_accum_steps = accum_steps_for(opt_.global_batch, old_micro);
+  e.new_accum_steps = accum_steps();
+  e.old_checkpointing = old_ckpt;
+  e.new_checkpointing = checkpointing_;
+  e.limit_bytes = limit_;
+  e.reason = std::move(reason);
+  return e;
+}
+
+OomEvent MicroBatchController::record(OomEvent e) {
+  events_.push_back(e);
+  return e;
+}
+
+void MicroBatchController::remember_failure(int64_t micro) {
+  if (failed_micro_ == 0 || micro < failed_micro_) failed_micro_ = micro;
+}
+
+std::optional<OomEvent> MicroBatchController::on_limit_changed(int64_t new_limit) {
+  if (new_limit < 0) throw std::invalid_argument("micro-batch controller: limit must be >= 0 (0 = none)");
+  if (new_limit == limit_) return std::nullopt;
+  const int64_t old = limit_;
+  // "none" is the largest limit of all; from none to a number is a fall.
+  const bool rose = (new_limit == 0) || (old != 0 && new_limit > old);
+  limit_ = new_limit;
+  std::string reason = old == 0 ? "memory limit set to " + bytes_text(new_limit) + " (was none)"
+                                : "memory limit " + std::string(rose ? "rose" : "fell") + " from " +
+                                      bytes_text(old) + " to " + bytes_text(new_limit);
+  if (rose) {
+    // Sizes that failed under the old limit may fit now; the next clean step probes.
+    failed_micro_ = 0;
+    ckpt_off_failed_ = false;
+    limit_rose_ = true;
+    reason += ": forgetting failed sizes, probing at the next clean step";
+  } else {
+    // A failure at a higher limit still fails at a lower one: keep it. Nothing shrinks ahead of time;
+    // the next OOM climbs the ladder.
+    reason += ": keeping the current micro-batch until an OOM";
+  }
+  return record(make_event(OomEventKind::kLimitChanged, micro_, checkpointing_, reason));
+}
+
+OomAction MicroBatchController::on_oom(int64_t limit_bytes) {
+  on_limit_changed(limit_bytes);
+  clean_steps_ = 0;
+  OomAction a;
+  if (probe_ != ProbeKind::kNone) {
+    a.kind = OomAction::Kind::kRevertProbe;
+    a.event = on_probe_failed();
+  } else if (micro_ > opt_.min_micro_batch) {
+    const int64_t old = micro_;
+    remember_failure(old);
+    micro_ = std::max(opt_.min_micro_batch, (old + 1) / 2);
+    last_good_micro_ = micro_;
+    a.kind = OomAction::Kind::kHalve;
+    a.event = record(make_event(OomEventKind::kBackoff, old, checkpointing_,
+                                "out of memory at micro-batch " + std::to_string(old) + ": halving to " +
+                                    std::to_string(micro_) + " (" + std::to_string(accum_steps()) +
+                                    " micro-batches per step, global batch " +
+                                    std::to_string(opt_.global_batch) + " unchanged)"));
+  } else if (!checkpointing_ && opt_.allow_checkpointing) {
+    checkpointing_ = true;
+    ckpt_by_ladder_ = true;
+    // Failures seen without checkpointing say nothing about sizes with it.
+    failed_micro_ = 0;
+    ckpt_off_failed_ = false;
+    a.kind = OomAction::Kind::kEnableCheckpointing;
+    a.event = record(make_event(OomEventKind::kCheckpointingOn, micro_, false,
+                                "out of memory at the smallest micro-batch " + std::to_string(micro_) +
+                                    ": turning activation checkpointing on"));
+  } else {
+    remember_failure(micro_);
+    a.kind = OomAction::Kind::kGiveUp;
+    std::string why = "out of memory at the smallest micro-batch " + std::to_string(micro_) +
+                      (checkpointing_ ? " with activation checkpointing on"
+                                      : " with activation checkpointing off (not allowed to turn it on)") +
+                      " under a memory limit of " + bytes_text(limit_) +
+                      ": the model, its optimizer state and one micro-batch do not fit; raise the memory "
+                      "limit, lower the micro-batch floor" +
+                      (checkpointing_ ? "" : ", allow activation checkpointing") + " or use a smaller model";
+    a.event = record(make_event(OomEventKind::kGiveUp, micro_, checkpointing_, why));
+  }
+  a.micro_batch = micro_;
+  a.accum_steps = accum_steps();
+  a.checkpointing = checkpointing_;
+  return a;
+}
+
+OomEvent MicroBatchController::on_probe_failed() {
+  if (probe_ == ProbeKind::kNone) throw std::logic_error("micro-batch controller: on_probe_failed without a probe");
+  const int64_t old = micro_;
+  const bool old_ckpt = checkpointing_;
+  std::string reason;
+  if (probe_ == ProbeKind::kGrow) {
+    remember_failure(old);
+    micro_ = last_good_micro_;
+    reason = "probe at micro-batch " + std::to_string(old) + " ran out of memory: back to " +
+             std::to_string(micro_) + "; not trying " + std::to_string(old) +
+             " or more again until the limit rises";
+  } else {
+    checkpointing_ = true;
+    ckpt_off_failed_ = true;
+    reason = "probe with activation checkpointing off ran out of memory: turning it back on until the "
+             "limit rises";
+  }
+  probe_ = ProbeKind::kNone;
+  clean_steps_ = 0;
+  return record(make_event(OomEventKind::kProbeFailed, old, old_ckpt, reason));
+}
+
+OomEvent MicroBatchController::on_probe_succeeded() {
+  if (probe_ == ProbeKind::kNone)
+    throw std::logic_error("micro-batch controller: on_probe_succeeded without a probe");
+  const std::string what = probe_ == ProbeKind::kGrow ? "micro-batch " + std::to_string(micro_)
+                                                      : std::string("activation checkpointing off");
+  if (probe_ == ProbeKind::kCheckpointingOff) ckpt_by_ladder_ = false;
+  probe_ = ProbeKind::kNone;
+  last_good_micro_ = micro_;
+  clean_steps_ = 0;
+  return record(make_event(OomEventKind::kProbeSucceeded, micro_, checkpointing_,
+                           "probe step with " + what + " was clean: keeping it"));
+}
+
+std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int64_t peak_bytes) {
+  on_limit_changed(limit_bytes);
+  if (probe_ != ProbeKind::kNone) {
+    on_probe_succeeded();
+    // The next probe waits for grow_after clean steps again, unless the limit rises.
+    if (!limit_rose_) return std::nullopt;
+  } else {
+    ++clean_steps_;
+  }
+  const bool headroom = limit_ == 0 || static_cast<double>(peak_bytes) <
+                                           (1.0 - opt_.headroom) * static_cast<double>(limit_);
+  const bool rose = limit_rose_;
+  if (!rose && !(clean_steps_ >= opt_.grow_after && headroom)) return std::nullopt;
+  limit_rose_ = false;
+
+  const int64_t old = micro_;
+  const bool old_ckpt = checkpointing_;
+  const std::string why = rose ? "after the memory limit rose to " + bytes_text(limit_)
+                               : "after " + std::to_string(clean_steps_) + " clean steps with peak " +
+                                     bytes_text(peak_bytes) + " under limit " + bytes_text(limit_);
+  // Checkpointing costs a recomputed forward on every step; dropping it first buys back more speed
+  // than a larger micro-batch would.
+  if (checkpointing_ && ckpt_by_ladder_ && !ckpt_off_failed_) {
+    checkpointing_ = false;
+    probe_ = ProbeKind::kCheckpointingOff;
+  } else if (micro_ < opt_.global_batch) {
+    // Double while nothing has failed; once a size failed, bisect towards it.
+    int64_t target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
+    target = std::min(target, opt_.global_batch);
+    if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
+    if (target <= micro_) return std::nullopt;
+    micro_ = target;
+    probe_ = ProbeKind::kGrow;
+  } else {
+    return std::nullopt;
+  }
+  last_good_micro_ = old;
+  clean_steps_ = 0;
+  OomEvent e = make_event(OomEventKind::kProbe, old, old_ckpt,
+                          (probe_ == ProbeKind::kGrow ? "probing micro-batch " + std::to_string(micro_)
+                                                      : std::string("probing with activation checkpointing off")) +
+                              " " + why);
+  e.peak_bytes = peak_bytes;
+  record(e);
+  return micro_;
+}
+
+std::vector<OomEvent> MicroBatchController::take_events() {
+  std::vector<OomEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+nlohmann::json MicroBatchController::to_json() const {
+  return {{"version", 1},
+          {"global_batch", opt_.global_batch},
+          {"min_micro_batch", opt_.min_micro_batch},
+          {"allow_checkpointing", opt_.allow_checkpointing},
+          {"grow_after", opt_.grow_after},
+          {"headroom", opt_.headroom},
+          {"initial_checkpointing", opt_.checkpointing},
+          {"micro_batch", micro_},
+          {"checkpointing", checkpointing_},
+          {"checkpointing_by_ladder", ckpt_by_ladder_},
+          {"limit_bytes", limit_},
+          {"failed_micro_batch", failed_micro_},
+          {"checkpointing_off_failed", ckpt_off_failed_},
+          {"limit_rose", limit_rose_},
+          {"clean_steps", clean_steps_},
+          {"probe", probe_name(probe_)},
+          {"last_good_micro_batch", last_good_micro_}};
+}
+
+MicroBatchController MicroBatchController::from_json(const nlohmann::json& j) {
+  auto get = [&](const char* key) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(key))
+      throw std::invalid_argument(std::string("micro-batch controller state: missing key '") + key + "'");
+    return j.at(key);
+  };
+  try {
+    if (get("version").get<int>() != 1)
+      throw std::invalid_argument("micro-batch controller state: version " + get("version").dump() +
+                                  " is not 1; this trainer cannot read it");
+    MicroBatchOptions o;
+    o.global_batch = get("global_batch").get<int64_t>();
+    o.min_micro_batch = get("min_micro_batch").get<int64_t>();
+    o.allow_checkpointing = get("allow_checkpointing").get<bool>();
+    o.grow_after = get("grow_after").get<int64_t>();
+    o.headroom = get("headroom").get<double>();
+    o.checkpointing = get("initial_checkpointing").get<bool>();
+    o.micro_batch = get("micro_batch").get<int64_t>();
+    MicroBatchController c(o);
+    c.checkpointing_ = get("checkpointing").get<bool>();
+    c.ckpt_by_ladder_ = get("checkpointing_by_ladder").get<bool>();
+    c.limit_ = get("limit_bytes").get<int64_t>();
+    c.failed_micro_ = get("failed_micro_batch").get<int64_t>();
+    c.ckpt_off_failed_ = get("checkpointing_off_failed").get<bool>();
+    c.limit_rose_ = get("limit_rose").get<bool>();
+    c.clean_steps_ = get("clean_steps").get<int64_t>();
+    c.probe_ = probe_from_name(get("probe").get<std::string>());
+    c.last_good_micro_ = get("last_good_micro_batch").get<int64_t>();
+    if (c.limit_ < 0 || c.failed_micro_ < 0 || c.clean_steps_ < 0 || c.last_good_micro_ < o.min_micro_batch ||
+        c.last_good_micro_ > o.global_batch)
+      throw std::invalid_argument("micro-batch controller state: a counter is out of range in " + j.dump());
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("micro-batch controller state: wrong type: ") + e.what());
+  }
+}
+
+int64_t find_max_micro_batch(const std::function<bool(int64_t)>& fits, int64_t lo, int64_t hi) {
+  if (lo < 1 || hi < lo)
+    throw std::invalid_argument("find_max_micro_batch: need 1 <= lo <= hi, got lo = " + std::to_string(lo) +
+                                ", hi = " + std::to_string(hi));
+  if (!fits(lo)) return 0;
+  int64_t good = lo;
+  int64_t bad = 0;  // smallest size seen to fail (0 = none yet)
+  while (good < hi) {
+    const int64_t next = std::min(hi, 2 * good);
+    if (fits(next)) {
+      good = next;
+    } else {
+      bad = next;
+      break;
+    }
+  }
+  if (bad == 0) return good;
+  while (bad - good > 1) {
+    const int64_t mid = good + (bad - good) / 2;
+    if (fits(mid)) good = mid;
+    else bad = mid;
+  }
+  return good;
+}
+
+}  // namespace trainer

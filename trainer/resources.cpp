@@ -1,0 +1,356 @@
+#include "trainer/resources.h"
+
+#include "trainer/memory.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <yaml-cpp/yaml.h>
+
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::optional<std::string> read_text(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+int64_t parse_int(const std::string& text, const fs::path& file) {
+  const std::string t = trim(text);
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(t, &used);
+    if (used == t.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw std::runtime_error("resources: cannot parse '" + t + "' in " + file.string() +
+                           " as an integer; is the cgroup file system mounted normally?");
+}
+
+// Where this process's cgroup for `controller` lives: the version and the folder (the cgroup itself and,
+// up to the mount point, its ancestors).
+struct CgroupLocation {
+  int version = 0;
+  fs::path mount;  // the controller's mount point (v2: the unified hierarchy)
+  fs::path dir;    // this process's cgroup folder under the mount
+};
+
+CgroupLocation locate_cgroup(const std::string& root, const std::string& controller) {
+  CgroupLocation loc;
+  const auto text = read_text(fs::path(root) / "proc/self/cgroup");
+  if (!text) return loc;
+  const fs::path base = fs::path(root) / "sys/fs/cgroup";
+  std::string v1_path, v2_path;
+  bool have_v2 = false;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // "hierarchy-id:controller-list:path"; the path may itself contain ':'.
+    const auto c1 = line.find(':');
+    const auto c2 = c1 == std::string::npos ? std::string::npos : line.find(':', c1 + 1);
+    if (c2 == std::string::npos) continue;
+    const std::string id = line.substr(0, c1), controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    const std::string path = line.substr(c2 + 1);
+    if (id == "0" && controllers.empty()) {
+      have_v2 = true;
+      v2_path = path;
+      continue;
+    }
+    for (const auto& c : split(controllers, ','))
+      if (c == controller) v1_path = path;
+  }
+  // A v1 line for the controller wins: on hybrid hosts the controller is bound to v1 and the unified
+  // hierarchy has no limit files for it.
+  if (!v1_path.empty()) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(base, ec)) {
+      const auto names = split(entry.path().filename().string(), ',');
+      if (std::find(names.begin(), names.end(), controller) != names.end() && entry.is_directory(ec)) {
+        loc.version = 1;
+        loc.mount = entry.path();
+        break;
+      }
+    }
+    if (loc.version == 0) return loc;
+    fs::path rel = fs::path(v1_path).relative_path();
+    // Without a cgroup namespace the path names the host's hierarchy, while the container sees its own
+    // cgroup at the mount point: fall back to the mount point.
+    loc.dir = fs::is_directory(loc.mount / rel, ec) ? loc.mount / rel : loc.mount;
+    return loc;
+  }
+  if (have_v2) {
+    std::error_code ec;
+    if (!fs::exists(base / "cgroup.controllers", ec)) return loc;
+    loc.version = 2;
+    loc.mount = base;
+    fs::path rel = fs::path(v2_path).relative_path();
+    loc.dir = fs::is_directory(base / rel, ec) ? base / rel : base;
+  }
+  return loc;
+}
+
+// The cgroup folder and its ancestors up to the mount point, innermost first: a parent's limit binds
+// its children, so the effective limit is the smallest one on this path.
+std::vector<fs::path> dir_and_ancestors(const CgroupLocation& loc) {
+  std::vector<fs::path> out;
+  fs::path d = loc.dir;
+  const fs::path mount = loc.mount.lexically_normal();
+  for (;;) {
+    out.push_back(d);
+    if (d.lexically_normal() == mount || !d.has_parent_path() || d.parent_path() == d) break;
+    d = d.parent_path();
+  }
+  return out;
+}
+
+// v1 reports "no limit" as the page counter's maximum rounded to pages (0x7FFFFFFFFFFFF000 on 4 KiB
+// pages); anything at or above 2^62 bytes is treated as that.
+constexpr int64_t kV1Unlimited = int64_t(1) << 62;
+
+}  // namespace
+
+// ---- cgroups --------------------------------------------------------------------------------------
+
+CgroupMemory read_cgroup_memory(const std::string& root) {
+  CgroupMemory out;
+  const auto loc = locate_cgroup(root, "memory");
+  if (loc.version == 0) return out;
+  out.version = loc.version;
+  out.dir = loc.dir.string();
+  const char* limit_file = loc.version == 2 ? "memory.max" : "memory.limit_in_bytes";
+  const char* usage_file = loc.version == 2 ? "memory.current" : "memory.usage_in_bytes";
+  for (const auto& d : dir_and_ancestors(loc)) {
+    const auto text = read_text(d / limit_file);
+    if (!text) continue;
+    const std::string t = trim(*text);
+    if (t == "max") continue;
+    const int64_t v = parse_int(t, d / limit_file);
+    if (loc.version == 1 && v >= kV1Unlimited) continue;
+    if (v > 0 && (out.limit_bytes == 0 || v < out.limit_bytes)) out.limit_bytes = v;
+  }
+  if (const auto text = read_text(loc.dir / usage_file)) out.usage_bytes = parse_int(*text, loc.dir / usage_file);
+  return out;
+}
+
+CgroupCpu read_cgroup_cpu(const std::string& root) {
+  CgroupCpu out;
+  const auto loc = locate_cgroup(root, "cpu");
+  if (loc.version == 0) return out;
+  out.version = loc.version;
+  out.dir = loc.dir.string();
+  for (const auto& d : dir_and_ancestors(loc)) {
+    double cpus = 0;
+    if (loc.version == 2) {
+      const auto text = read_text(d / "cpu.max");
+      if (!text) continue;
+      std::istringstream in(*text);
+      std::string quota, period;
+      in >> quota >> period;
+      if (quota == "max") continue;
+      const int64_t q = parse_int(quota, d / "cpu.max");
+      const int64_t p = period.empty() ? 100000 : parse_int(period, d / "cpu.max");
+      if (q <= 0 || p <= 0) continue;
+      cpus = static_cast<double>(q) / static_cast<double>(p);
+    } else {
+      const auto qt = read_text(d / "cpu.cfs_quota_us");
+      const auto pt = read_text(d / "cpu.cfs_period_us");
+      if (!qt || !pt) continue;
+      const int64_t q = parse_int(*qt, d / "cpu.cfs_quota_us");
+      const int64_t p = parse_int(*pt, d / "cpu.cfs_period_us");
+      if (q <= 0 || p <= 0) continue;  // -1 = no quota
+      cpus = static_cast<double>(q) / static_cast<double>(p);
+    }
+    if (out.cpus == 0 || cpus < out.cpus) out.cpus = cpus;
+  }
+  return out;
+}
+
+// ---- CPUs -----------------------------------------------------------------------------------------
+
+int usable_cpus(const std::string& root) {
+  int n = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const double quota = read_cgroup_cpu(root).cpus;
+  // A fractional quota (1.5 CPUs) still lets two threads make progress, so round up.
+  if (quota > 0) n = std::min(n, static_cast<int>(std::ceil(quota - 1e-9)));
+  return std::max(1, n);
+}
+
+void apply_cpu_threads(int n) {
+  if (n < 1) throw std::invalid_argument("resources: CPU threads must be >= 1, got " + std::to_string(n));
+  at::set_num_threads(n);
+  // LibTorch throws once the inter-op pool has run anything (or was sized before); the pool then keeps
+  // its size, which only matters for inter-op parallelism the trainer does not use.
+  try {
+    at::set_num_interop_threads(n);
+  } catch (const c10::Error&) {
+  }
+}
+
+// ---- host memory ----------------------------------------------------------------------------------
+
+int64_t host_rss_bytes(const std::string& root) {
+  const auto text = read_text(fs::path(root) / "proc/self/statm");
+  if (!text) return 0;
+  std::istringstream in(*text);
+  int64_t size_pages = 0, resident_pages = 0;
+  if (!(in >> size_pages >> resident_pages)) return 0;
+  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+int64_t host_available_bytes(const std::string& root) {
+  const auto text = read_text(fs::path(root) / "proc/meminfo");
+  if (!text) return 0;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream in(line.substr(13));
+    int64_t kib = 0;
+    in >> kib;
+    return kib * 1024;
+  }
+  return 0;
+}
+
+// ---- memory.limit ---------------------------------------------------------------------------------
+
+int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin) {
+  if (!(margin >= 0 && margin < 1))
+    throw std::invalid_argument("memory: margin must be a fraction in [0, 1), got " + std::to_string(margin));
+  if (cgroup_limit <= 0) return 0;
+  const double left = static_cast<double>(cgroup_limit - std::max<int64_t>(0, other_bytes)) * (1 - margin);
+  // At least one byte: 0 would mean "no cap", the opposite of a container that is already full.
+  return std::max<int64_t>(1, static_cast<int64_t>(std::floor(left)));
+}
+
+void validate_memory_limit_spec(const std::string& spec) {
+  const std::string s = lower(trim(spec));
+  if (s.empty() || s == "none" || s == "auto") return;
+  try {
+    parse_bytes(s);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument("memory.limit: '" + spec +
+                                "' is not a limit; write a byte size (6GiB, 300MiB, 1.5GB, 123), auto or none");
+  }
+}
+
+int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, double margin,
+                             const std::string& root) {
+  if (!(margin >= 0 && margin < 1))
+    throw std::invalid_argument("memory.limit '" + spec + "': margin must be a fraction in [0, 1), got " +
+                                std::to_string(margin));
+  validate_memory_limit_spec(spec);
+  const std::string s = lower(trim(spec));
+  if (s.empty() || s == "none") return 0;
+  if (s != "auto") return parse_bytes(s);
+  if (backend.device().is_cuda()) {
+    // Free device memory does not count what this process's caching allocator already holds.
+    const double avail = static_cast<double>(backend.free_bytes() + backend.reserved_bytes());
+    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(avail * (1 - margin))));
+  }
+  const CgroupMemory cg = read_cgroup_memory(root);
+  // The cgroup counts the whole process; the cap counts tensors only. What the process holds outside
+  // tensors now (libraries, buffers) is taken off the limit first.
+  const int64_t other = std::max<int64_t>(0, host_rss_bytes(root) - backend.current_bytes());
+  return auto_cpu_limit(cg.limit_bytes, other, margin);
+}
+
+// ---- the control file -----------------------------------------------------------------------------
+
+ControlFile::ControlFile(std::string path) : path_(std::move(path)) {}
+
+ControlPoll ControlFile::poll() {
+  ControlPoll out;
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return out;  // absent: nothing asked
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const int64_t size = static_cast<int64_t>(st.st_size);
+  if (seen_ && mtime == mtime_ns_ && size == size_) return out;
+  seen_ = true;
+  mtime_ns_ = mtime;
+  size_ = size;
+  ++reads_;
+
+  const std::string keep = " ignored; keeping memory_limit=" + current_.memory_limit.value_or("(unset)");
+  ControlUpdate update;
+  try {
+    const YAML::Node doc = YAML::LoadFile(path_);
+    if (!doc.IsNull() && !doc.IsMap()) {
+      out.warning = "control file " + path_ + ": expected a mapping like 'memory_limit: 3GiB';" + keep;
+      return out;
+    }
+    for (const auto& kv : doc) {
+      const std::string key = kv.first.as<std::string>();
+      if (key != "memory_limit") {
+        out.warning = "control file " + path_ + ": unknown key '" + key + "' (known: memory_limit);" + keep;
+        return out;
+      }
+      if (!kv.second.IsScalar()) {
+        out.warning = "control file " + path_ + ": memory_limit must be a scalar (3GiB, auto, none);" + keep;
+        return out;
+      }
+      const std::string value = kv.second.as<std::string>();
+      validate_memory_limit_spec(value);
+      update.memory_limit = value;
+    }
+  } catch (const std::exception& e) {  // YAML::Exception or a bad memory_limit
+    std::string what = e.what();
+    out.warning = "control file " + path_ + ": " + what + ";" + keep;
+    return out;
+  }
+  // Keys left out of the file keep their value: the file says what to change, not the whole state.
+  if (update.memory_limit) current_.memory_limit = update.memory_limit;
+  out.update = update;
+  return out;
+}
+
+}  // namespace trainer

@@ -1,0 +1,132 @@
+// What the container gives this process: the cgroup's memory limit and CPU quota, the CPUs it may run
+// on, its resident memory; the `memory.limit` setting resolved to bytes; and the operator's control file
+// (`<run-dir>/control.yaml`) that changes the limit while the trainer runs.
+//
+// Every function that reads the system takes `root` ("/" by default): files are read under it
+// (root + "/proc/self/cgroup", root + "/sys/fs/cgroup/..."), so tests build a fake tree in a temp folder.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace trainer {
+
+class MemoryBackend;
+
+// ---- cgroups --------------------------------------------------------------------------------------
+
+/// The memory controller of the cgroup this process is in.
+struct CgroupMemory {
+  int version = 0;           ///< 1 or 2; 0 when no memory controller was found (not in a cgroup).
+  int64_t limit_bytes = 0;   ///< memory.max (v2) / memory.limit_in_bytes (v1); 0 = none ("max", or v1's
+                             ///< huge "unlimited" value). v2 takes the smallest limit of the cgroup and
+                             ///< its ancestors.
+  int64_t usage_bytes = 0;   ///< memory.current (v2) / memory.usage_in_bytes (v1); includes page cache.
+  std::string dir;           ///< the cgroup folder the values came from ("" if none).
+};
+
+/// The CPU controller of the cgroup this process is in.
+struct CgroupCpu {
+  int version = 0;    ///< 1 or 2; 0 when no CPU controller was found.
+  double cpus = 0;    ///< quota / period: cpu.max "150000 100000" = 1.5; 0 = no quota ("max ...", -1).
+  std::string dir;    ///< the cgroup folder the values came from ("" if none).
+};
+
+/// Reads the memory limit and usage of this process's cgroup (v1 or v2, found through
+/// /proc/self/cgroup and the mounts under /sys/fs/cgroup). Returns version 0 and zeros where there is
+/// none. Throws std::runtime_error naming the file when a limit file exists but cannot be parsed.
+CgroupMemory read_cgroup_memory(const std::string& root = "/");
+
+/// Reads the CPU quota of this process's cgroup: v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us.
+/// v2 takes the smallest quota of the cgroup and its ancestors. Throws std::runtime_error naming the
+/// file when a quota file exists but cannot be parsed.
+CgroupCpu read_cgroup_cpu(const std::string& root = "/");
+
+// ---- CPUs -----------------------------------------------------------------------------------------
+
+/// CPUs this process can use: min(CPUs in its sched_getaffinity mask, ceil(cgroup quota)), at least 1.
+int usable_cpus(const std::string& root = "/");
+
+/// Sets LibTorch's intra-op threads to `n` (at::set_num_threads) and, if the inter-op pool has not
+/// started yet, its inter-op threads too. LibTorch refuses to resize the inter-op pool once any parallel
+/// work ran; that case is skipped silently (the pool keeps its size). Throws std::invalid_argument for
+/// n < 1.
+void apply_cpu_threads(int n);
+
+// ---- host memory ----------------------------------------------------------------------------------
+
+/// This process's resident set size in bytes (second field of /proc/self/statm times the page size);
+/// 0 if the file cannot be read.
+int64_t host_rss_bytes(const std::string& root = "/");
+
+/// MemAvailable from /proc/meminfo in bytes (0 if it cannot be read).
+int64_t host_available_bytes(const std::string& root = "/");
+
+// ---- memory.limit ---------------------------------------------------------------------------------
+
+/// The CPU "auto" rule on its own, for tests and logs: the bytes left for tensors when a cgroup allows
+/// `cgroup_limit` bytes, `other_bytes` of which the process already uses outside tensors (libraries,
+/// buffers), holding back the fraction `margin`: floor((cgroup_limit - other_bytes) * (1 - margin)),
+/// at least 1 byte. 0 when cgroup_limit is 0 (no limit).
+int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin);
+
+/// Resolves a `memory.limit` spec to a cap in bytes (0 = none):
+///   "none" or ""  -> 0
+///   a byte size   -> that size (parse_bytes: "6GiB", "1.5GB", "123")
+///   "auto"        -> CPU: auto_cpu_limit(cgroup limit, host RSS - backend.current_bytes(), margin),
+///                    i.e. 0 outside a memory-limited cgroup;
+///                    CUDA: (free device memory + what this process's allocator reserved) * (1 - margin).
+/// `margin` is a fraction in [0, 1): the share of the memory held back for what the cap does not see
+/// (non-tensor memory, fragmentation, other processes). Throws std::invalid_argument naming the spec for
+/// an invalid spec or margin.
+int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, double margin,
+                             const std::string& root = "/");
+
+/// Checks a `memory.limit` spec without resolving it ("none", "", "auto" or a byte size). Throws
+/// std::invalid_argument naming the spec otherwise.
+void validate_memory_limit_spec(const std::string& spec);
+
+// ---- the control file -----------------------------------------------------------------------------
+
+/// What the operator asked for in the control file. A key that is absent means "no change".
+struct ControlUpdate {
+  std::optional<std::string> memory_limit;  ///< a memory.limit spec: bytes, "auto" or "none"
+};
+
+/// The result of polling the control file.
+struct ControlPoll {
+  std::optional<ControlUpdate> update;  ///< set when the file changed and parsed
+  std::string warning;                  ///< set when the file changed but is malformed; log it at warn
+};
+
+/// `<run-dir>/control.yaml`, which an operator edits while the trainer runs:
+///
+///     memory_limit: 3GiB     # or auto, none, 3221225472
+///
+/// poll() re-reads the file only when its modification time or size changed since the last read, so
+/// calling it every step costs one stat(). A malformed file (bad YAML, not a mapping, an unknown key, a
+/// bad value) never throws: poll() returns a warning that names the file and the problem, and the values
+/// from the last good read stay in current(). A missing file is not an error (no update).
+class ControlFile {
+ public:
+  explicit ControlFile(std::string path);
+
+  /// Checks the file; see the class comment.
+  ControlPoll poll();
+  /// The values of the last good read (empty before one).
+  const ControlUpdate& current() const { return current_; }
+  /// How many times the file was actually read and parsed (not just stat'ed).
+  int64_t reads() const { return reads_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool seen_ = false;
+  int64_t mtime_ns_ = 0;
+  int64_t size_ = -1;
+  int64_t reads_ = 0;
+  ControlUpdate current_;
+};
+
+}  // namespace trainer
