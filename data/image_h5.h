@@ -85,9 +85,10 @@ void write_image_h5(const std::string& path, const torch::Tensor& images, const 
 /// "ImageH5Dataset: <path>: <what is wrong>". Labels are always kept in memory (8 bytes per sample).
 ///
 /// With in_memory = false, read() fetches the requested samples from the file: the indices are sorted,
-/// runs of consecutive indices coalesced, and the runs read as one hyperslab selection (the HDF5 chunk
-/// cache is off for uncompressed files, so a read touches only the requested bytes). With in_memory =
-/// true the whole /images dataset is loaded at construction and read() copies from memory.
+/// runs of consecutive indices coalesced, and each run read as one hyperslab (the HDF5 chunk cache is
+/// off for uncompressed files, so a read touches only the requested bytes). HDF5 calls hold
+/// hdf5_mutex(), so reads from several threads take turns. With in_memory = true the whole /images
+/// dataset is loaded at construction and read() copies from memory (no lock).
 class ImageH5Dataset : public ImageDataset {
  public:
   explicit ImageH5Dataset(std::string path, bool in_memory = false);

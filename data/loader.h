@@ -163,7 +163,8 @@ class Loader {
 
   LoaderState normalized(LoaderState s) const;
   bool plan(LoaderState at, Batch& out);
-  std::shared_ptr<Job> make_job(Batch batch) const;
+  std::shared_ptr<Job> make_job(Batch batch);
+  torch::Tensor image_buffer(int64_t rows);
   void fill(Job& job, int64_t begin, int64_t end) const;
   void run_parts(const std::shared_ptr<Job>& job);
   void top_up();
@@ -180,6 +181,7 @@ class Loader {
 
   LoaderState cursor_;    // start of the next batch to plan
   LoaderState consumed_;  // start of the next batch to return
+  std::vector<torch::Tensor> pool_;  // recycled image tensors (not pinned ones)
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;  // cached epoch_order(order_epoch_)
 

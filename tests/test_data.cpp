@@ -632,6 +632,38 @@ TEST(DataLoader, RereadingABatchIsBitIdentical) {
   expect_same_batch(serial.next(), batch, "workers 0");
 }
 
+TEST(DataLoader, RecycledBuffersNeverOverwriteAHeldBatch) {
+  // The loader reuses an image tensor only once nothing refers to it or to its storage.
+  auto ds = small_dataset();
+  data::Loader loader(ds, train_options(8, 2, 2));
+  data::Loader reference(ds, train_options(8, 0, 0));
+  std::vector<data::Batch> held;
+  std::vector<torch::Tensor> views;
+  for (int step = 0; step < 40; ++step) {
+    auto batch = loader.next();
+    if (step < 10) held.push_back(batch);                         // whole batches kept
+    else if (step < 20) views.push_back(batch.images.slice(0, 2, 5));  // only a view kept
+  }
+  for (int step = 0; step < 10; ++step) {
+    expect_same_batch(held[step], reference.batch_at(step / 12, (step % 12) * 8), "held " + std::to_string(step));
+  }
+  for (int step = 10; step < 20; ++step) {
+    const auto expected = reference.batch_at(step / 12, (step % 12) * 8).images.slice(0, 2, 5);
+    EXPECT_TRUE(torch::equal(views[step - 10], expected)) << "view " << step;
+  }
+  // While every pooled tensor is held, batches get fresh tensors that the pool does not keep.
+  EXPECT_EQ(loader.next().images.use_count(), 1);
+  // Once the held batches are gone their tensors are reused (the pool keeps the other reference), and
+  // the contents are still right.
+  held.clear();
+  views.clear();
+  for (int step = 41; step < 50; ++step) {
+    const auto batch = loader.next();
+    expect_same_batch(batch, reference.batch_at(step / 12, (step % 12) * 8), "step " + std::to_string(step));
+    if (step >= 45) EXPECT_EQ(batch.images.use_count(), 2) << "step " << step;
+  }
+}
+
 TEST(DataLoader, RankSlicesAreDisjointAndFormTheGlobalBatch) {
   auto ds = small_dataset();
   const int64_t world = 3;
