@@ -417,10 +417,12 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     Id file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
     const hid_t f = file.get();
 
+    const std::string hint = " (write trainer.images files with `trainer convert-idx` or data::write_image_h5)";
+    if (!has_attr(f, "format")) throw FormatError("missing root attribute 'format'" + hint);
     const auto format = read_strings_attr(f, "format");
     if (format.size() != 1 || format[0] != kImageH5Format) {
       throw FormatError("root attribute 'format' is \"" + (format.empty() ? "" : format[0]) + "\", expected \"" +
-                        kImageH5Format + "\"");
+                        kImageH5Format + "\"" + hint);
     }
     const int64_t version = read_int_scalar(f, "format_version");
     if (version != kImageH5Version) {

@@ -85,10 +85,18 @@ struct Loader::Job {
 
 Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
-  auto bad = [](const std::string& what) { throw std::invalid_argument("data::Loader: " + what); };
-  if (!dataset_) bad("no dataset");
+  if (!dataset_) throw std::invalid_argument("data::Loader: no dataset");
   n_ = dataset_->size();
   shape_ = dataset_->sample_shape();
+  validate();
+  const auto& m = dataset_->meta();
+  table_ = pixel_table(m.mean, m.std, opt_.augment.normalize);
+  pinned_ = opt_.pin_memory && torch::cuda::is_available();
+  for (int64_t w = 0; w < opt_.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
+}
+
+void Loader::validate() const {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("data::Loader: " + what); };
   const std::string n_str = std::to_string(n_);
   if (n_ <= 0) bad("the dataset is empty");
   if (opt_.global_batch <= 0) bad("global_batch must be positive, got " + std::to_string(opt_.global_batch));
@@ -113,9 +121,6 @@ Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions option
   if (static_cast<int64_t>(m.mean.size()) != shape_[0] || static_cast<int64_t>(m.std.size()) != shape_[0]) {
     bad("the dataset's mean/std do not have one value per channel (" + std::to_string(shape_[0]) + ")");
   }
-  table_ = pixel_table(m.mean, m.std, opt_.augment.normalize);
-  pinned_ = opt_.pin_memory && torch::cuda::is_available();
-  for (int64_t w = 0; w < opt_.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
 }
 
 Loader::~Loader() {
@@ -319,6 +324,22 @@ void Loader::seek(int64_t epoch, int64_t position) {
   }
   discard_in_flight();
   cursor_ = {epoch, position};
+  consumed_ = normalized(cursor_);
+}
+
+void Loader::set_global_batch(int64_t global_batch) {
+  const int64_t old = opt_.global_batch;
+  opt_.global_batch = global_batch;
+  try {
+    validate();
+  } catch (...) {
+    opt_.global_batch = old;
+    throw;
+  }
+  discard_in_flight();
+  // consumed_ was normalized for the old size; the raw position is the same sample either way, except
+  // at an epoch's end, where {epoch + 1, 0} stays right.
+  cursor_ = consumed_;
   consumed_ = normalized(cursor_);
 }
 

@@ -135,6 +135,11 @@ class Loader {
   void seek(int64_t epoch, int64_t position);
   void seek(const LoaderState& state) { seek(state.epoch, state.position); }
 
+  /// Changes the global batch from the next batch on (validated as in the constructor): the stream goes
+  /// on from state() with batches of the new size, exactly as a new loader with this global batch after
+  /// seek(state()). Batches being prepared are discarded.
+  void set_global_batch(int64_t global_batch);
+
   /// Where the next call to next() starts (normalized: a finished epoch reads as {epoch + 1, 0}).
   LoaderState state() const { return consumed_; }
 
@@ -161,6 +166,7 @@ class Loader {
     int64_t begin, end;
   };
 
+  void validate() const;
   LoaderState normalized(LoaderState s) const;
   bool plan(LoaderState at, Batch& out);
   std::shared_ptr<Job> make_job(Batch batch);

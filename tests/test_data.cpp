@@ -229,7 +229,10 @@ TEST_F(DataH5Errors, MissingFileAndNotHdf5) {
 TEST_F(DataH5Errors, WrongFormatName) {
   h5_edit(path, [](hid_t f) { replace_format(f, "something.else"); });
   EXPECT_THROW_WITH(data::ImageH5Dataset{path},
-                    prefix() + "root attribute 'format' is \"something.else\", expected \"trainer.images\"");
+                    prefix() + "root attribute 'format' is \"something.else\", expected \"trainer.images\" (write "
+                               "trainer.images files with `trainer convert-idx` or data::write_image_h5)");
+  h5_edit(path, [](hid_t f) { H5Adelete(f, "format"); });
+  EXPECT_THROW_WITH(data::ImageH5Dataset{path}, prefix() + "missing root attribute 'format' (write");
 }
 
 TEST_F(DataH5Errors, MissingDataset) {
@@ -616,6 +619,14 @@ TEST(DataLoader, SeekAfterGlobalBatchChangeContinuesTheEpochOrder) {
     ASSERT_EQ(batch.indices, std::vector<int64_t>(order.begin() + p, order.begin() + p + 6));
   }
   EXPECT_EQ(small.state(), (data::LoaderState{1, 0}));
+
+  // Changing the global batch in place equals a new loader seeked to the same state.
+  big.set_global_batch(6);
+  data::Loader fresh(ds, train_options(6));
+  fresh.seek(saved);
+  for (int i = 0; i < 12; ++i) expect_same_batch(big.next(), fresh.next(), "set_global_batch step " + std::to_string(i));
+  EXPECT_THROW_WITH(big.set_global_batch(0), "data::Loader: global_batch must be positive, got 0");
+  EXPECT_EQ(big.options().global_batch, 6);
 }
 
 TEST(DataLoader, RereadingABatchIsBitIdentical) {
