@@ -30,13 +30,18 @@ std::string small_job(const std::string& run_dir, const std::string& extra = "")
          extra;
 }
 
-// Runs a command expected to fail on bad input: exit code 2, one line naming `fragment`.
+// Runs a command expected to fail on bad input: exit code 2, and the last line of the output is the one
+// "error: ..." line, naming `fragment` (informational log lines may come before it).
 void expect_bad_input(const std::string& cmd, const std::string& fragment) {
   auto r = testutil::run(cmd);
   EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.output;
-  EXPECT_NE(r.output.find(fragment), std::string::npos) << cmd << "\n" << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("error: "), 0u) << "the message is the first line:\n" << r.output;
+  std::string out = r.output;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  std::string last = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("error: ", 0), 0u) << "the last line is the error:\n" << r.output;
+  EXPECT_NE(last.find(fragment), std::string::npos) << cmd << "\n" << r.output;
+  EXPECT_EQ(out.find("error: "), out.rfind("error: ")) << "one error line:\n" << r.output;
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "data/convert.h"
+#include "data/idx.h"
 #include "data/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
@@ -54,7 +54,6 @@ int export_main(int argc, char** argv) {
 }
 
 void dry_run(const Config& cfg) {
-  std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
   std::vector<int64_t> shape = cfg.data.shape;
   int64_t in_channels = shape[0];
   if (cfg.data.kind == "hdf5") {
@@ -67,6 +66,7 @@ void dry_run(const Config& cfg) {
                                                        .num_classes(cfg.model.num_classes)
                                                        .in_channels(in_channels)
                                                        .zero_init_residual(cfg.model.zero_init_residual));
+  std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
   std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
 }
 
@@ -80,16 +80,31 @@ int cli_main(int argc, char** argv) {
                                 "Subcommands: trainer convert-idx --help, trainer export --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
-      "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::vector<std::string>>())(
+      "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(
       "run-dir", "run folder (default: runs/<config name>)", cxxopts::value<std::string>()->default_value(""))(
       "resume", "resume from this checkpoint folder (no fallback)", cxxopts::value<std::string>()->default_value(""))(
       "no-resume", "start fresh; refuse a run folder that already has checkpoints")(
       "dry-run", "print the resolved config and a model summary, then exit")(
       "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
+  // --set values are taken out before cxxopts sees them: it splits list options at commas, which would
+  // cut `--set data.shape=[3,224,224]` in three.
+  std::vector<std::string> sets;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if ((arg == "--set" || arg == "-s") && i + 1 < argc) {
+      sets.push_back(argv[++i]);
+    } else if (arg.rfind("--set=", 0) == 0) {
+      sets.push_back(arg.substr(6));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rest_argc = static_cast<int>(rest.size());
   cxxopts::ParseResult a;
   try {
-    a = o.parse(argc, argv);
-  } catch (const cxxopts::OptionException& e) {
+    a = o.parse(rest_argc, rest.data());
+  } catch (const std::exception& e) {  // cxxopts 2.x and 3.x name their exception types differently
     throw std::runtime_error(std::string("command line: ") + e.what() + " (see trainer --help)");
   }
   if (a.count("help")) {
@@ -106,8 +121,6 @@ int cli_main(int argc, char** argv) {
   }
   if (!a.unmatched().empty()) throw std::runtime_error("command line: unexpected argument '" + a.unmatched()[0] + "'");
   std::string config_path = a["config"].as<std::string>();
-  std::vector<std::string> sets;
-  if (a.count("set")) sets = a["set"].as<std::vector<std::string>>();
   Config cfg = load_config(config_path, sets);
   if (a.count("dry-run")) {
     dry_run(cfg);

@@ -21,7 +21,9 @@ void setup_logging(const std::string& run_dir, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
-MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::app) {
+void MetricsLog::open(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.open(path, std::ios::app);
   if (!out_) throw std::runtime_error(path + ": cannot open the metrics file for writing");
 }
 

@@ -18,8 +18,9 @@ void setup_logging(const std::string& run_dir, const std::string& level);
 class MetricsLog {
  public:
   MetricsLog() = default;
+  explicit MetricsLog(const std::string& path) { open(path); }
   /// Opens `path` for appending; throws std::runtime_error naming the path if it cannot.
-  explicit MetricsLog(const std::string& path);
+  void open(const std::string& path);
   void write(const nlohmann::json& record);
   /// Writes {"event": kind, ...fields}; also used for evaluations.
   void event(const std::string& kind, nlohmann::json fields);

@@ -59,7 +59,7 @@ void TrainingRun::setup() {
                                              cfg_.train.device);
   store_->check_writable();
   setup_logging(opts_.run_dir, cfg_.log.level);
-  metrics_ = MetricsLog((fs::path(opts_.run_dir) / "metrics.jsonl").string());
+  metrics_.open((fs::path(opts_.run_dir) / "metrics.jsonl").string());
   {
     std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
     out << to_yaml(cfg_);
@@ -265,8 +265,9 @@ bool TrainingRun::resume() {
   for (auto& [k, v] : tensors_from_bytes(ck->files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
   optimizer_->load_state(opt_state);
   for (auto& [k, v] : tensors_from_bytes(ck->files.at("rng.pt"))) {
-    if (k == "cpu") at::detail::getDefaultCPUGenerator().set_state(v);
-    else if (k == "cuda" && device_.is_cuda()) at::globalContext().defaultGenerator(device_).set_state(v);
+    // at::Generator is a handle: a copy sets the state of the process-wide generator.
+    if (k == "cpu") at::Generator(at::detail::getDefaultCPUGenerator()).set_state(v);
+    else if (k == "cuda" && device_.is_cuda()) at::Generator(at::globalContext().defaultGenerator(device_)).set_state(v);
   }
   auto st = nlohmann::json::parse(ck->files.at("state.json"));
   step_ = st.at("step");
@@ -366,7 +367,7 @@ EvalResult TrainingRun::evaluate() {
         loss_sum += torch::nn::functional::cross_entropy(
                         logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                         .to(torch::kDouble);
-        auto top = logits.topk(std::min<int64_t>(5, logits.size(1)), 1).indices;  // (n, 5)
+        auto top = std::get<1>(logits.topk(std::min<int64_t>(5, logits.size(1)), 1));  // (n, 5) class ids
         auto hit = top.eq(y.unsqueeze(1));
         correct1 += hit.narrow(1, 0, 1).sum();
         correct5 += hit.sum();
@@ -406,6 +407,7 @@ void TrainingRun::log_step(const StepResult& r, double step_time) {
                       {"accum_steps", r.accum_steps},
                       {"samples_per_s", sps},
                       {"step_time_s", step_time},
+                      {"data_wait_s", data_wait_s_},
                       {"mem_peak_bytes", memory_->peak_bytes()},
                       {"mem_limit_bytes", limit_bytes_},
                       {"oom_retries", r.oom_retries},
@@ -446,7 +448,9 @@ int TrainingRun::run() {
     while (step_ < total_steps_) {
       poll_limits();
       if (step_ % 50 == 0) poll_threads();
+      auto tw = std::chrono::steady_clock::now();
       data::Batch batch = loader_->next();
+      data_wait_s_ = seconds_since(tw);
       if (need_micro_batch_search) {
         find_auto_micro_batch(batch);
         need_micro_batch_search = false;

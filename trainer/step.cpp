@@ -4,6 +4,8 @@
 
 #include "trainer/run.h"
 
+#include <ATen/autocast_mode.h>
+
 namespace trainer {
 
 namespace F = torch::nn::functional;
@@ -87,7 +89,7 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
         torch::NoGradGuard ng;
         for (auto& [live, saved] : buffers) live.copy_(saved);
       }
-      at::detail::getDefaultCPUGenerator().set_state(rng);
+      at::Generator(at::detail::getDefaultCPUGenerator()).set_state(rng);
       ++r.oom_retries;
       const int64_t peak = memory_->peak_bytes();
       OomAction action = controller_->on_oom(limit_bytes_);
@@ -153,7 +155,7 @@ int64_t TrainingRun::find_auto_micro_batch(const data::Batch& batch) {
     torch::NoGradGuard ng;
     for (auto& [live, saved] : buffers) live.copy_(saved);  // the probes must not count as training
   }
-  at::detail::getDefaultCPUGenerator().set_state(rng);
+  at::Generator(at::detail::getDefaultCPUGenerator()).set_state(rng);
   MicroBatchOptions co = controller_options();
   co.micro_batch = mb;
   controller_ = std::make_unique<MicroBatchController>(co);
