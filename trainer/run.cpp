@@ -394,9 +394,9 @@ EvalResult TrainingRun::evaluate() {
 // ---- logging ------------------------------------------------------------------------------------------
 
 void TrainingRun::log_step(const StepResult& r, double step_time) {
-  window_time_ += step_time;
+  window_time_ += step_time + data_wait_s_;
   ++window_steps_;
-  const double sps = cfg_.train.global_batch / step_time;
+  const double sps = cfg_.train.global_batch / (step_time + data_wait_s_);  // waiting for data counts
   nlohmann::json j = {{"step", step_},
                       {"epoch", static_cast<double>(step_) / steps_per_epoch_},
                       {"loss", r.loss},
