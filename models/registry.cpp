@@ -1,5 +1,6 @@
 #include "models/registry.h"
 
+#include "models/plain_cnn.h"
 #include "models/resnet.h"
 
 #include <functional>
@@ -30,6 +31,9 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"resnet20", resnet(resnet20())},
       {"resnet32", resnet(resnet32())},
       {"resnet56", resnet(resnet56())},
+      {"plain_cnn", [](const ModelOptions& o) -> Model {
+         return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
+       }},
   };
   return table;
 }

@@ -871,7 +871,7 @@ TEST(ResourcesControlFile, DetectsChangesAndDoesNotRereadAnUnchangedFile) {
   EXPECT_TRUE(r.warning.empty());
   EXPECT_EQ(cf.reads(), 0);
 
-  testutil::write_file(p, "memory_limit: 3GiB\n");
+  testutil::write_file(p, "memory: {limit: 3GiB}\n");
   r = cf.poll();
   ASSERT_TRUE(r.update.has_value());
   EXPECT_EQ(r.update->memory_limit, std::optional<std::string>("3GiB"));
@@ -883,7 +883,7 @@ TEST(ResourcesControlFile, DetectsChangesAndDoesNotRereadAnUnchangedFile) {
 
   // Same size, same modification time, different text: proof that an unchanged stat means no read.
   const auto mtime = fs::last_write_time(p);
-  testutil::write_file(p, "memory_limit: 5GiB\n");
+  testutil::write_file(p, "memory: {limit: 5GiB}\n");
   fs::last_write_time(p, mtime);
   EXPECT_FALSE(cf.poll().update.has_value());
   EXPECT_EQ(cf.reads(), 1);
@@ -907,15 +907,16 @@ TEST(ResourcesControlFile, MalformedFilesAreReportedAndIgnored) {
   testutil::TempDir run_dir("trainer_control");
   const fs::path p = run_dir / "control.yaml";
   trainer::ControlFile cf(p.string());
-  testutil::write_file(p, "memory_limit: 2GiB\n");
+  testutil::write_file(p, "memory: {limit: 2GiB}\n");
   ASSERT_TRUE(cf.poll().update.has_value());
 
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"memory_limit: [1, 2\n", "control file " + p.string() + ": "},  // YAML syntax error
-      {"memroy_limit: 1GiB\n", "unknown key 'memroy_limit' (known: memory_limit)"},
-      {"memory_limit: lots\n", "memory.limit: 'lots' is not a limit"},
-      {"memory_limit: {a: 1}\n", "memory_limit must be a scalar"},
-      {"- 1\n- 2\n", "expected a mapping like 'memory_limit: 3GiB'"},
+      {"memory: {limit: [1, 2}\n", "control file " + p.string() + ": "},  // YAML syntax error
+      {"memroy: {limit: 1GiB}\n", "unknown key 'memroy'"},
+      {"memory: {limt: 1GiB}\n", "unknown key 'memory.limt'"},
+      {"memory: {limit: lots}\n", "memory.limit: 'lots' is not a limit"},
+      {"memory: {limit: {a: 1}}\n", "memory.limit must be a scalar"},
+      {"- 1\n- 2\n", "expected 'memory: {limit: 3GiB}'"},
   };
   int64_t reads = cf.reads();
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -923,7 +924,7 @@ TEST(ResourcesControlFile, MalformedFilesAreReportedAndIgnored) {
     const auto r = cf.poll();
     EXPECT_FALSE(r.update.has_value()) << cases[i].first;
     EXPECT_NE(r.warning.find(cases[i].second), std::string::npos) << r.warning;
-    EXPECT_NE(r.warning.find("ignored; keeping memory_limit=2GiB"), std::string::npos) << r.warning;
+    EXPECT_NE(r.warning.find("ignored; keeping memory.limit=2GiB"), std::string::npos) << r.warning;
     EXPECT_EQ(cf.current().memory_limit, std::optional<std::string>("2GiB"));
     EXPECT_EQ(cf.reads(), ++reads);
     // The bad file is reported once, not at every poll.
@@ -931,7 +932,7 @@ TEST(ResourcesControlFile, MalformedFilesAreReportedAndIgnored) {
     EXPECT_TRUE(again.warning.empty());
     EXPECT_FALSE(again.update.has_value());
   }
-  testutil::write_file(p, "memory_limit: auto   # the operator fixed it\n");
+  testutil::write_file(p, "memory:\n  limit: auto   # the operator fixed it\n");
   const auto r = cf.poll();
   ASSERT_TRUE(r.update.has_value());
   EXPECT_EQ(r.update->memory_limit, std::optional<std::string>("auto"));

@@ -56,6 +56,10 @@ bool test_input(const std::string& name, TestInput* in) {
     *in = {ModelOptions().num_classes(10).in_channels(1), {2, 1, 28, 28}};  // Fashion-MNIST-like
     return true;
   }
+  if (name == "plain_cnn") {
+    *in = {ModelOptions().num_classes(10).in_channels(1), {2, 1, 28, 28}};
+    return true;
+  }
   for (const auto& n : kImageNetResNets) {
     if (name == n) {
       *in = {ModelOptions().num_classes(7), {2, 3, 32, 32}};

@@ -320,29 +320,39 @@ ControlPoll ControlFile::poll() {
   size_ = size;
   ++reads_;
 
-  const std::string keep = " ignored; keeping memory_limit=" + current_.memory_limit.value_or("(unset)");
+  // The file uses the config's own key names (memory: {limit: 200MiB}), so an operator writes what they
+  // would have written in the config.
+  const std::string keep = " ignored; keeping memory.limit=" + current_.memory_limit.value_or("(unset)");
+  const std::string form = "expected 'memory: {limit: 3GiB}' (a byte size, auto or none);";
   ControlUpdate update;
   try {
     const YAML::Node doc = YAML::LoadFile(path_);
     if (!doc.IsNull() && !doc.IsMap()) {
-      out.warning = "control file " + path_ + ": expected a mapping like 'memory_limit: 3GiB';" + keep;
+      out.warning = "control file " + path_ + ": " + form + keep;
       return out;
     }
     for (const auto& kv : doc) {
       const std::string key = kv.first.as<std::string>();
-      if (key != "memory_limit") {
-        out.warning = "control file " + path_ + ": unknown key '" + key + "' (known: memory_limit);" + keep;
+      if (key != "memory" || !kv.second.IsMap()) {
+        out.warning = "control file " + path_ + ": unknown key '" + key + "'; " + form + keep;
         return out;
       }
-      if (!kv.second.IsScalar()) {
-        out.warning = "control file " + path_ + ": memory_limit must be a scalar (3GiB, auto, none);" + keep;
-        return out;
+      for (const auto& inner : kv.second) {
+        const std::string k = inner.first.as<std::string>();
+        if (k != "limit") {
+          out.warning = "control file " + path_ + ": unknown key 'memory." + k + "'; " + form + keep;
+          return out;
+        }
+        if (!inner.second.IsScalar()) {
+          out.warning = "control file " + path_ + ": memory.limit must be a scalar; " + form + keep;
+          return out;
+        }
+        const std::string value = inner.second.as<std::string>();
+        validate_memory_limit_spec(value);
+        update.memory_limit = value;
       }
-      const std::string value = kv.second.as<std::string>();
-      validate_memory_limit_spec(value);
-      update.memory_limit = value;
     }
-  } catch (const std::exception& e) {  // YAML::Exception or a bad memory_limit
+  } catch (const std::exception& e) {  // YAML::Exception or a bad memory.limit
     std::string what = e.what();
     out.warning = "control file " + path_ + ": " + what + ";" + keep;
     return out;

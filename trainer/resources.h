@@ -102,7 +102,8 @@ struct ControlPoll {
 
 /// `<run-dir>/control.yaml`, which an operator edits while the trainer runs:
 ///
-///     memory_limit: 3GiB     # or auto, none, 3221225472
+///     memory:
+///       limit: 3GiB     # or auto, none, 3221225472
 ///
 /// poll() re-reads the file only when its modification time or size changed since the last read, so
 /// calling it every step costs one stat(). A malformed file (bad YAML, not a mapping, an unknown key, a

@@ -393,6 +393,18 @@ EvalResult TrainingRun::evaluate() {
 
 // ---- logging ------------------------------------------------------------------------------------------
 
+namespace {
+// FNV-1a over the step's sample indices: two runs saw the same samples in a step iff these agree.
+uint64_t indices_hash(const std::vector<int64_t>& indices) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i : indices) {
+    h ^= static_cast<uint64_t>(i);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+}  // namespace
+
 void TrainingRun::log_step(const StepResult& r, double step_time) {
   window_time_ += step_time + data_wait_s_;
   ++window_steps_;
@@ -411,6 +423,7 @@ void TrainingRun::log_step(const StepResult& r, double step_time) {
                       {"mem_peak_bytes", memory_->peak_bytes()},
                       {"mem_limit_bytes", limit_bytes_},
                       {"oom_retries", r.oom_retries},
+                      {"batch_hash", batch_hash_},
                       {"updated", r.updated}};
   if (scaler_->is_enabled()) j["loss_scale"] = scaler_->get_scale();
   metrics_.write(j);
@@ -457,6 +470,7 @@ int TrainingRun::run() {
       }
       auto t0 = std::chrono::steady_clock::now();
       StepResult r = train_step(batch);
+      batch_hash_ = indices_hash(batch.indices);
       double dt = seconds_since(t0);
       ++step_;
       samples_seen_ += cfg_.train.global_batch;

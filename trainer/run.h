@@ -103,6 +103,7 @@ class TrainingRun {
   int64_t eval_micro_batch_ = 0;
   std::optional<EvalResult> last_eval_;
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
+  uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
   double data_wait_s_ = 0;            // time the last step waited for its batch
   double window_time_ = 0;            // seconds of the steps since the last log line
   int64_t window_steps_ = 0;

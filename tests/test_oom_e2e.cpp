@@ -1,0 +1,161 @@
+// Out of memory under a real cap (the capped CPU allocator, real allocation failures inside real ops),
+// through the executable: backoff keeps the experiment, a limit cut and raised through control.yaml,
+// nothing fits, and micro_batch: auto.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "train_util.h"
+
+using testutil::TempDir;
+
+namespace {
+
+// plain_cnn (no batch statistics) on synthetic 1x28x28, global batch 32.
+std::string job(const std::string& extra) {
+  return "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,28,28]"
+         " --set data.synthetic_size=640 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
+         " --set data.workers=1 --set train.global_batch=32 --set train.epochs=0 --set optim.lr=0.05"
+         " --set schedule.warmup_steps=0 --set schedule.name=constant"
+         " --set checkpoint.every_seconds=0 --set log.every=1000 --set seed=5 " +
+         extra;
+}
+
+// Peak tensor bytes of the first step (it includes the optimizer state) at micro-batch `mb`, no cap.
+int64_t peak_at(const TempDir& dir, const std::string& base, int64_t mb) {
+  auto run_dir = (dir / ("peak" + std::to_string(mb) + std::to_string(base.size()))).string();
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, base + " --set train.steps=1 --set train.micro_batch=" +
+                                                            std::to_string(mb)));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto steps = testutil::step_lines(run_dir);
+  return steps.empty() ? 0 : steps[0]["mem_peak_bytes"].get<int64_t>();
+}
+
+}  // namespace
+
+TEST(OomE2E, BackoffUnderCapEqualsUncappedRun) {
+  TempDir dir;
+  const std::string base = job("");
+  int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
+  ASSERT_GT(p32, p8 + 1000000) << "the test needs a clear gap between micro-batches 8 and 32";
+  const int64_t cap = (p8 + p32) / 2;  // fits 8, not 32
+
+  auto free_dir = (dir / "free").string(), capped_dir = (dir / "capped").string();
+  auto r1 = testutil::run(testutil::trainer_cmd(free_dir, base + " --set train.steps=4"));
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = testutil::run(testutil::trainer_cmd(capped_dir, base + " --set train.steps=4 --set memory.limit=" +
+                                                                std::to_string(cap)));
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+
+  auto ooms = testutil::events(capped_dir, "oom");
+  ASSERT_GE(ooms.size(), 1u) << "the cap must have been hit";
+  auto free_steps = testutil::step_lines(free_dir), capped_steps = testutil::step_lines(capped_dir);
+  ASSERT_EQ(capped_steps.size(), 4u);
+  EXPECT_GE(capped_steps[0]["oom_retries"].get<int64_t>(), 1);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(capped_steps[i]["samples_seen"], free_steps[i]["samples_seen"]);
+    EXPECT_EQ(capped_steps[i]["batch_hash"], free_steps[i]["batch_hash"]) << "step " << i + 1 << " saw other samples";
+    EXPECT_LE(capped_steps[i]["micro_batch"].get<int64_t>(), 16);
+    EXPECT_GE(capped_steps[i]["micro_batch"].get<int64_t>(), 8);
+    EXPECT_LE(capped_steps[i]["mem_peak_bytes"].get<int64_t>(), cap);
+    EXPECT_NEAR(capped_steps[i]["loss"].get<double>(), free_steps[i]["loss"].get<double>(), 1e-5);
+  }
+  // Without batch statistics the experiment is the same one: the final weights agree.
+  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(free_dir), testutil::final_weights(capped_dir)), 1e-5);
+}
+
+TEST(OomE2E, ResNetSeesTheSameSamplesUnderCap) {
+  TempDir dir;
+  const std::string base = job("--set model.name=resnet20");
+  int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
+  ASSERT_GT(p32, p8);
+  auto free_dir = (dir / "free").string(), capped_dir = (dir / "capped").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(free_dir, base + " --set train.steps=3")).exit_code, 0);
+  auto r = testutil::run(testutil::trainer_cmd(
+      capped_dir, base + " --set train.steps=3 --set memory.limit=" + std::to_string((p8 + p32) / 2)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_GE(testutil::events(capped_dir, "oom").size(), 1u);
+  auto a = testutil::step_lines(free_dir), b = testutil::step_lines(capped_dir);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["batch_hash"], b[i]["batch_hash"]);
+    EXPECT_EQ(a[i]["samples_seen"], b[i]["samples_seen"]);
+  }
+  // BatchNorm normalizes each micro-batch with its own statistics: the one documented difference, so
+  // the losses are close, not equal.
+  EXPECT_LT(b[0]["micro_batch"].get<int64_t>(), 32);
+}
+
+TEST(OomE2E, LimitCutAndRaisedThroughControlFile) {
+  TempDir dir;
+  const std::string base = job("--set memory.grow_after=3 --set memory.headroom=0.0");
+  int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
+  const int64_t cap = (p8 + p32) / 2;
+  auto run_dir = (dir / "run").string();
+  const int64_t steps = 60;
+  pid_t pid = testutil::spawn(testutil::trainer_cmd(run_dir, base + " --set train.steps=" + std::to_string(steps)),
+                              (dir / "log.txt").string());
+  // Cut the limit once training runs, raise it again once the cut has been felt.
+  ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](auto& l) { return testutil::last_step(l) >= 5; }));
+  testutil::write_file(dir / "run" / "control.yaml", "memory:\n  limit: " + std::to_string(cap) + "\n");
+  bool cut_felt = testutil::wait_for_metrics(run_dir, [](auto& lines) {
+    for (auto& l : lines)
+      if (l.value("event", "") == "oom") return true;
+    return false;
+  });
+  int64_t step_at_raise = testutil::last_step(testutil::read_jsonl(run_dir + "/metrics.jsonl"));
+  testutil::write_file(dir / "run" / "control.yaml", "memory:\n  limit: 1GiB\n");
+  int code = testutil::wait_exit(pid);
+  ASSERT_EQ(code, 0) << testutil::read_file(dir / "log.txt");
+  ASSERT_TRUE(cut_felt) << "no OOM after the limit was cut";
+  ASSERT_LT(step_at_raise, steps) << "the run ended before the limit was raised; make the run longer";
+
+  auto s = testutil::step_lines(run_dir);
+  ASSERT_EQ(static_cast<int64_t>(s.size()), steps);  // no step lost
+  for (int64_t i = 0; i < steps; ++i) EXPECT_EQ(s[i]["samples_seen"].get<int64_t>(), 32 * (i + 1));
+  int64_t smallest = 32;
+  for (auto& l : s) smallest = std::min<int64_t>(smallest, l["micro_batch"].get<int64_t>());
+  EXPECT_LE(smallest, 16) << "backed off under the cut";
+  EXPECT_EQ(s.back()["micro_batch"].get<int64_t>(), 32) << "grew back after the raise";
+  EXPECT_GE(testutil::events(run_dir, "probe").size(), 1u);
+  EXPECT_GE(testutil::events(run_dir, "limit_changed").size(), 2u);
+}
+
+TEST(OomE2E, NothingFitsSavesAndExitsWithCode3) {
+  TempDir dir;
+  // The floor is 16 and the ladder may not recompute: a cap below micro-batch 16's peak leaves nothing.
+  const std::string base = job("--set memory.min_micro_batch=16 --set memory.ladder_checkpointing=false");
+  int64_t p4 = peak_at(dir, job(""), 4), p16 = peak_at(dir, job(""), 16);
+  auto run_dir = (dir / "run").string();
+  auto r = testutil::run(testutil::trainer_cmd(
+      run_dir, base + " --set train.steps=3 --set memory.limit=" + std::to_string((p4 + p16) / 2)));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
+  EXPECT_EQ(testutil::events(run_dir, "oom_gave_up").size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/latest")) << "a checkpoint is saved before giving up";
+}
+
+TEST(OomE2E, AutoMicroBatchFitsAndIsAtLeastHalfTheLargest) {
+  TempDir dir;
+  const std::string base = job("");
+  int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
+  const std::string cap = " --set memory.limit=" + std::to_string((p8 + p32) / 2);
+  auto run_dir = (dir / "auto").string();
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, base + cap + " --set train.steps=2 --set train.micro_batch=auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ev = testutil::events(run_dir, "auto_micro_batch");
+  ASSERT_EQ(ev.size(), 1u);
+  const int64_t mb = ev[0]["micro_batch"].get<int64_t>();
+  EXPECT_GE(mb, 8);
+  auto s = testutil::step_lines(run_dir);
+  EXPECT_EQ(s[0]["oom_retries"].get<int64_t>(), 0) << "the size auto picked must fit";
+  EXPECT_EQ(s[0]["micro_batch"].get<int64_t>(), mb);
+  // Twice the pick does not fit, so the pick is more than half of the largest size that fits.
+  if (2 * mb <= 32) {
+    auto dbl = (dir / "double").string();
+    auto r2 = testutil::run(testutil::trainer_cmd(dbl, base + cap + " --set train.steps=1 --set train.micro_batch=" +
+                                                          std::to_string(2 * mb)));
+    ASSERT_EQ(r2.exit_code, 0) << r2.output;
+    EXPECT_GE(testutil::step_lines(dbl)[0]["oom_retries"].get<int64_t>(), 1);
+  }
+}

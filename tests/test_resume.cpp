@@ -1,0 +1,137 @@
+// Checkpoints through the executable: a run killed (SIGKILL at a random moment, or SIGTERM) and
+// restarted with the same command ends bitwise where the uninterrupted run ends; resume with another
+// micro-batch; refused config changes; a corrupt latest checkpoint falls back to the previous one.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "train_util.h"
+
+using testutil::TempDir;
+
+namespace {
+
+// ResNet-20 with augmentation (the loader's RNG) on synthetic 1x16x16, checkpoints every 2 steps.
+std::string job(int64_t steps, const std::string& extra = "") {
+  return "--set model.name=resnet20 --set data.kind=synthetic --set data.shape=[1,16,16]"
+         " --set data.synthetic_size=96 --set data.test= --set data.crop_padding=2 --set data.hflip=true"
+         " --set train.global_batch=8 --set train.epochs=0 --set train.steps=" +
+         std::to_string(steps) +
+         " --set train.deterministic=true --set checkpoint.every_steps=2 --set checkpoint.every_seconds=0"
+         " --set log.every=1000 --set seed=11 " +
+         extra;
+}
+
+// Starts `args`, waits until step >= `after`, then sends `sig` after a random few milliseconds.
+int interrupt(const TempDir& dir, const std::string& run_dir, const std::string& args, int64_t after, int sig) {
+  pid_t pid = testutil::spawn(testutil::trainer_cmd(run_dir, args), (dir / "interrupted.log").string());
+  bool reached = testutil::wait_for_metrics(run_dir, [&](auto& l) { return testutil::last_step(l) >= after; });
+  std::mt19937 rng(std::random_device{}());
+  std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
+  kill(pid, sig);
+  int code = testutil::wait_exit(pid);
+  EXPECT_TRUE(reached) << testutil::read_file(dir / "interrupted.log");
+  return code;
+}
+
+void expect_same_losses(const std::string& a_dir, const std::string& b_dir) {
+  auto a = testutil::step_lines(a_dir), b = testutil::step_lines(b_dir);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i]["batch_hash"], b[i]["batch_hash"]) << "step " << i + 1;
+  }
+}
+
+}  // namespace
+
+TEST(Resume, SigkillThenRestartIsBitwiseTheUninterruptedRun) {
+  TempDir dir;
+  const int64_t steps = 30;
+  auto whole = (dir / "whole").string(), killed = (dir / "killed").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps))).exit_code, 0);
+  int code = interrupt(dir, killed, job(steps), 10, SIGKILL);
+  ASSERT_EQ(code, 128 + SIGKILL) << "the run finished before the kill; make it longer";
+  auto r = testutil::run(testutil::trainer_cmd(killed, job(steps)));  // the same command
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resumes = testutil::events(killed, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_GE(resumes[0]["step"].get<int64_t>(), 8);
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(killed)));
+  expect_same_losses(whole, killed);
+}
+
+TEST(Resume, SigtermSavesExitsAndResumesExactly) {
+  TempDir dir;
+  const int64_t steps = 30;
+  auto whole = (dir / "whole").string(), stopped = (dir / "stopped").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps))).exit_code, 0);
+  int code = interrupt(dir, stopped, job(steps), 6, SIGTERM);
+  ASSERT_EQ(code, 143) << testutil::read_file(dir / "interrupted.log");
+  auto stops = testutil::events(stopped, "stop");
+  ASSERT_EQ(stops.size(), 1u);
+  const int64_t stop_step = stops[0]["step"].get<int64_t>();
+  auto r = testutil::run(testutil::trainer_cmd(stopped, job(steps)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resumes = testutil::events(stopped, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>(), stop_step) << "SIGTERM saves the step it finished";
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(stopped)));
+  expect_same_losses(whole, stopped);
+}
+
+TEST(Resume, WithAnotherMicroBatch) {
+  TempDir dir;
+  // plain_cnn: no batch statistics, so a different micro-batch gives the same steps up to rounding.
+  const std::string plain = " --set model.name=plain_cnn";
+  const int64_t steps = 30;
+  auto whole = (dir / "whole").string(), resized = (dir / "resized").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps, plain))).exit_code, 0);
+  interrupt(dir, resized, job(steps, plain), 8, SIGKILL);
+  auto r = testutil::run(testutil::trainer_cmd(resized, job(steps, plain + " --set train.micro_batch=3")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto s = testutil::step_lines(resized);
+  EXPECT_EQ(s.back()["micro_batch"].get<int64_t>(), 3);
+  EXPECT_EQ(s.back()["accum_steps"].get<int64_t>(), 3);
+  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(whole), testutil::final_weights(resized)), 1e-5);
+}
+
+TEST(Resume, ChangedModelIsRefusedNamingTheKey) {
+  TempDir dir;
+  auto run_dir = (dir / "run").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(4))).exit_code, 0);
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(6, "--set model.name=resnet32")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.name"), std::string::npos) << r.output;
+  // A longer run (more steps) is allowed: that is what a resumed, resized job does.
+  auto r2 = testutil::run(testutil::trainer_cmd(run_dir, job(6)));
+  EXPECT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_EQ(testutil::step_lines(run_dir).back()["step"].get<int64_t>(), 6);
+  // --no-resume refuses a folder with checkpoints.
+  auto r3 = testutil::run(testutil::trainer_cmd(run_dir, job(8, "--no-resume")));
+  EXPECT_EQ(r3.exit_code, 2) << r3.output;
+  EXPECT_NE(r3.output.find("--no-resume"), std::string::npos) << r3.output;
+}
+
+TEST(Resume, CorruptLatestFallsBackToThePreviousCheckpoint) {
+  TempDir dir;
+  auto run_dir = (dir / "run").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(6))).exit_code, 0);  // checkpoints at 2, 4, 6
+  const std::string latest = run_dir + "/checkpoints/step-00000006/model.pt";
+  ASSERT_TRUE(std::filesystem::exists(latest));
+  {
+    std::fstream f(latest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    char c;
+    f.read(&c, 1);
+    f.seekp(200);
+    c ^= 0x5a;
+    f.write(&c, 1);
+  }
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(8)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step-00000006"), std::string::npos) << "the corrupt checkpoint is named:\n" << r.output;
+  auto resumes = testutil::events(run_dir, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>(), 4);
+}
