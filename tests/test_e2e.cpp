@@ -26,7 +26,8 @@ std::string small_job(const std::string& run_dir, const std::string& extra = "")
   return testutil::trainer_bin() + " --run-dir " + run_dir +
          " --set model.name=resnet20 --set data.kind=synthetic --set data.shape=[1,16,16]"
          " --set data.synthetic_size=256 --set data.test= --set train.global_batch=16 --set train.epochs=0"
-         " --set train.steps=6 --set log.every=2 --set checkpoint.every_seconds=0 " +
+         " --set train.steps=6 --set log.every=2 --set checkpoint.every_seconds=0"
+         " --set train.threads=1 --set data.workers=1 " +
          extra;
 }
 

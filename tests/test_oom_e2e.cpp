@@ -17,7 +17,8 @@ std::string job(const std::string& extra) {
          " --set data.synthetic_size=640 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
          " --set data.workers=1 --set train.global_batch=32 --set train.epochs=0 --set optim.lr=0.05"
          " --set schedule.warmup_steps=0 --set schedule.name=constant"
-         " --set checkpoint.every_seconds=0 --set log.every=1000 --set seed=5 " +
+         " --set checkpoint.every_seconds=0 --set log.every=1000 --set seed=5"
+         " --set train.threads=1 " +
          extra;
 }
 

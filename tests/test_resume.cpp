@@ -18,7 +18,7 @@ std::string job(int64_t steps, const std::string& extra = "") {
          " --set train.global_batch=8 --set train.epochs=0 --set train.steps=" +
          std::to_string(steps) +
          " --set train.deterministic=true --set checkpoint.every_steps=2 --set checkpoint.every_seconds=0"
-         " --set log.every=1000 --set seed=11 " +
+         " --set log.every=1000 --set seed=11 --set train.threads=1 --set data.workers=1 " +
          extra;
 }
 

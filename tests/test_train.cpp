@@ -187,7 +187,8 @@ std::string exact_job(const std::string& extra) {
          " --set data.synthetic_size=120 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
          " --set train.global_batch=12 --set train.epochs=0 --set train.steps=3 --set optim.lr=0.05"
          " --set schedule.warmup_steps=0 --set schedule.name=constant"
-         " --set checkpoint.every_seconds=0 --set seed=3 " +
+         " --set checkpoint.every_seconds=0 --set seed=3"
+         " --set train.threads=1 --set data.workers=1 " +
          extra;
 }
 
