@@ -1,5 +1,7 @@
 #include "data/image_h5.h"
 
+#include "data/hdf5_lock.h"
+
 #include <hdf5.h>
 
 #include <algorithm>
@@ -13,16 +15,12 @@ static_assert(std::is_same<hid_t, int64_t>::value, "hid_t must be int64_t (HDF5 
 
 namespace data {
 
-std::mutex& hdf5_mutex() {
-  static std::mutex m;
-  return m;
-}
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// An hid_t and its close function. Must be destroyed while hdf5_mutex() is held: declare the lock
+// An hid_t and its close function. Must be destroyed while hdf5_lock() is held: declare the lock
 // before any Id so that the Ids go first.
 class Id {
  public:
@@ -250,7 +248,7 @@ ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_sha
   const int64_t chunk = options.chunk_samples > 0 ? options.chunk_samples
                                                   : std::clamp<int64_t>((int64_t{1} << 20) / bytes, 1, 256);
 
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5_lock());
   Quiet quiet;
   try {
     Id file(check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
@@ -292,7 +290,7 @@ ImageH5Writer::~ImageH5Writer() {
 }
 
 void ImageH5Writer::close_quietly() {
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5_lock());
   Quiet quiet;
   if (images_ >= 0) H5Dclose(images_);
   if (labels_ >= 0) H5Dclose(labels_);
@@ -312,7 +310,7 @@ void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t
     }
     max_label_ = std::max(max_label_, labels[k]);
   }
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5_lock());
   Quiet quiet;
   try {
     const hsize_t start[4] = {static_cast<hsize_t>(size_), 0, 0, 0};
@@ -361,7 +359,7 @@ void ImageH5Writer::finish(const ImageMeta& meta) {
   std::vector<std::string> names = meta.class_names;
   for (int64_t k = static_cast<int64_t>(names.size()); k < meta.num_classes; ++k) names.push_back(std::to_string(k));
   {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    std::lock_guard<std::mutex> lock(hdf5_lock());
     Quiet quiet;
     try {
       write_strings_attr(file_, "format", {kImageH5Format}, /*scalar=*/true);
@@ -408,7 +406,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
   if (!fs::exists(path_, ec)) fail("file not found");
   if (fs::is_directory(path_, ec)) fail("is a directory, expected a trainer.images HDF5 file");
 
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5_lock());
   Quiet quiet;
   try {
     if (H5Fis_hdf5(path_.c_str()) <= 0) {
@@ -533,7 +531,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
 
 ImageH5Dataset::~ImageH5Dataset() {
   if (dset_ < 0 && file_ < 0) return;
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5_lock());
   Quiet quiet;
   if (dset_ >= 0) H5Dclose(dset_);
   if (file_ >= 0) H5Fclose(file_);
@@ -562,7 +560,7 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
   std::vector<uint8_t> staging(in_order ? 0 : sorted.size() * static_cast<size_t>(bytes));
   uint8_t* dst = in_order ? images_out : staging.data();
   {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    std::lock_guard<std::mutex> lock(hdf5_lock());
     Quiet quiet;
     try {
       Id fspace(check_id(H5Dget_space(dset_), "dataspace of 'images'"), H5Sclose);

@@ -10,7 +10,7 @@
 //                    the [0, 1] scale, from the training split)
 //
 // Debian's libhdf5 is the serial build, which is not thread-safe: every HDF5 call in the process must be
-// made while holding hdf5_mutex().
+// made while holding hdf5_lock() (data/hdf5_lock.h).
 #pragma once
 
 #include "data/dataset.h"
@@ -26,8 +26,6 @@ namespace data {
 inline constexpr const char* kImageH5Format = "trainer.images";
 inline constexpr int64_t kImageH5Version = 1;
 
-/// The one lock that serializes every HDF5 call in the process (the serial libhdf5 is not thread-safe).
-std::mutex& hdf5_mutex();
 
 /// How a file is laid out on disk.
 struct H5WriteOptions {
@@ -87,7 +85,7 @@ void write_image_h5(const std::string& path, const torch::Tensor& images, const 
 /// With in_memory = false, read() fetches the requested samples from the file: the indices are sorted,
 /// runs of consecutive indices coalesced, and each run read as one hyperslab (the HDF5 chunk cache is
 /// off for uncompressed files, so a read touches only the requested bytes). HDF5 calls hold
-/// hdf5_mutex(), so reads from several threads take turns. With in_memory = true the whole /images
+/// hdf5_lock() (data/hdf5_lock.h), so reads from several threads take turns. With in_memory = true the whole /images
 /// dataset is loaded at construction and read() copies from memory (no lock).
 class ImageH5Dataset : public ImageDataset {
  public:

@@ -18,6 +18,7 @@
 // batch of an epoch the stream continues with the next epoch.
 #pragma once
 
+#include "data/batch.h"
 #include "data/dataset.h"
 
 #include <array>
@@ -64,32 +65,7 @@ struct LoaderOptions {
   int64_t world_size = 1;
 };
 
-/// One rank's share of one global batch.
-struct Batch {
-  /// (B, C, H, W) float32, augmented and normalized.
-  torch::Tensor images;
-  /// (B) int64 class labels.
-  torch::Tensor labels;
-  /// Dataset indices of the B samples, in batch order.
-  std::vector<int64_t> indices;
-  /// Epoch of this batch.
-  int64_t epoch = 0;
-  /// Samples of this epoch (over all ranks) consumed before this global batch.
-  int64_t position = 0;
-  /// Samples in the whole global batch (over all ranks): G, or fewer for a last partial batch.
-  int64_t global_size = 0;
-
-  /// B: this rank's samples.
-  int64_t size() const { return static_cast<int64_t>(indices.size()); }
-};
-
-/// Where a stream stands: its next batch starts at sample `position` of epoch `epoch`'s order.
-/// Store it in a checkpoint and give it back to Loader::seek() to resume.
-struct LoaderState {
-  int64_t epoch = 0;
-  int64_t position = 0;
-  bool operator==(const LoaderState& o) const { return epoch == o.epoch && position == o.position; }
-};
+// data::Batch and data::LoaderState (shared with the token loader) are in data/batch.h.
 
 /// One sample's augmentation: crop offset (dy, dx) into the padded image, each in [0, 2 * padding], and
 /// whether to mirror the crop.

@@ -1,7 +1,9 @@
 #include "models/registry.h"
 
+#include "models/gpt.h"
 #include "models/plain_cnn.h"
 #include "models/resnet.h"
+#include "models/vit.h"
 
 #include <functional>
 #include <stdexcept>
@@ -20,6 +22,37 @@ Factory resnet(ResNetOptions arch) {
   };
 }
 
+// A non-zero option replaces the architecture's value.
+void override_if_set(int64_t value, const std::function<void(int64_t)>& set) {
+  if (value != 0) set(value);
+}
+
+Factory gpt(GPTOptions arch) {
+  return [arch](const ModelOptions& o) -> Model {
+    auto opts = arch;
+    override_if_set(o.vocab_size(), [&](int64_t v) { opts.vocab_size(v); });
+    override_if_set(o.context(), [&](int64_t v) { opts.context(v); });
+    override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
+    override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
+    override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
+    opts.dropout(o.dropout());
+    return std::make_shared<GPTImpl>(opts);
+  };
+}
+
+Factory vit(ViTOptions arch) {
+  return [arch](const ModelOptions& o) -> Model {
+    auto opts = arch;
+    opts.num_classes(o.num_classes()).in_channels(o.in_channels()).dropout(o.dropout());
+    override_if_set(o.image_size(), [&](int64_t v) { opts.image_size(v); });
+    override_if_set(o.patch_size(), [&](int64_t v) { opts.patch_size(v); });
+    override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
+    override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
+    override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
+    return std::make_shared<ViTImpl>(opts);
+  };
+}
+
 // The registry: one line per model, in the order model_names() lists them.
 const std::vector<std::pair<std::string, Factory>>& registry() {
   static const std::vector<std::pair<std::string, Factory>> table = {
@@ -34,6 +67,9 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"plain_cnn", [](const ModelOptions& o) -> Model {
          return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
        }},
+      {"gpt2", gpt(gpt2())},
+      {"gpt_tiny", gpt(gpt_tiny())},
+      {"vit_tiny", vit(vit_tiny())},
   };
   return table;
 }

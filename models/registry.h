@@ -20,6 +20,25 @@ struct ModelOptions {
   /// ResNets: zero the last BatchNorm weight of every residual branch, so each block starts as the
   /// identity (torchvision's `zero_init_residual`).
   TORCH_ARG(bool, zero_init_residual) = false;
+
+  // Transformers (models/gpt.h, models/vit.h). An integer left at 0 keeps the registered architecture's
+  // value (e.g. gpt2's vocab_size 50257, vit_tiny's patch_size 4); ResNets ignore these fields.
+  /// Language models: token ids are in [0, vocab_size).
+  TORCH_ARG(int64_t, vocab_size) = 0;
+  /// Language models: longest sequence (block size), the rows of the position embedding.
+  TORCH_ARG(int64_t, context) = 0;
+  /// Transformer blocks.
+  TORCH_ARG(int64_t, n_layer) = 0;
+  /// Attention heads per block.
+  TORCH_ARG(int64_t, n_head) = 0;
+  /// Width of the residual stream; a multiple of n_head.
+  TORCH_ARG(int64_t, n_embd) = 0;
+  /// Transformers: dropout after the embeddings, on attention probabilities and on residual branches.
+  TORCH_ARG(double, dropout) = 0.0;
+  /// ViT: side of a square patch.
+  TORCH_ARG(int64_t, patch_size) = 0;
+  /// ViT: height and width of the (square) input images.
+  TORCH_ARG(int64_t, image_size) = 0;
 };
 
 /// Builds the model registered as `name` on the CPU in float32, freshly initialized (draws from torch's
@@ -28,7 +47,8 @@ struct ModelOptions {
 Model create_model(const std::string& name, const ModelOptions& options = {});
 
 /// Every registered name, in registration order: resnet18, resnet34, resnet50, resnet101, resnet152
-/// (ImageNet, torchvision names), resnet20, resnet32, resnet56 (CIFAR, He et al. 2016 section 4.2).
+/// (ImageNet, torchvision names), resnet20, resnet32, resnet56 (CIFAR, He et al. 2016 section 4.2),
+/// gpt2, gpt_tiny (language models: tokens in, logits per position out), vit_tiny.
 std::vector<std::string> model_names();
 
 /// Converts every 4-D parameter and buffer of `module` (recursively) to channels_last (NHWC) memory

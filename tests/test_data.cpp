@@ -6,6 +6,7 @@
 
 #include "data/dataset.h"
 #include "data/idx.h"
+#include "data/hdf5_lock.h"
 #include "data/image_h5.h"
 #include "data/loader.h"
 #include "data/rng.h"
@@ -76,7 +77,7 @@ std::vector<int64_t> range(int64_t n) {
 // Edits an HDF5 file in place with the C API, under the project's HDF5 lock, to break it in one way.
 template <typename F>
 void h5_edit(const std::string& path, F edit) {
-  std::lock_guard<std::mutex> lock(data::hdf5_mutex());
+  std::lock_guard<std::mutex> lock(data::hdf5_lock());
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(f, 0) << path;
   edit(f);

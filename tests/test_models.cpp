@@ -47,7 +47,8 @@ const std::vector<std::string> kImageNetResNets = {"resnet18", "resnet34", "resn
 
 struct TestInput {
   ModelOptions options;
-  std::vector<int64_t> batch_shape;  // (B, C, H, W)
+  std::vector<int64_t> batch_shape;  // (B, C, H, W), or (B, T) for a language model
+  bool tokens = false;               // language model: int64 tokens in [0, 256), logits (B, T, V) out
 };
 
 // Small inputs so the whole sweep takes seconds. A newly registered model needs a line here.
@@ -66,6 +67,17 @@ bool test_input(const std::string& name, TestInput* in) {
       return true;
     }
   }
+  if (name == "vit_tiny") {
+    *in = {ModelOptions().num_classes(10).in_channels(1), {2, 1, 28, 28}};
+    return true;
+  }
+  if (name == "gpt_tiny" || name == "gpt2") {
+    // gpt2 with 1 of its 12 layers and 8 tokens keeps the sweep fast (its 50257 x 768 output projection
+    // dominates); the full model is checked in test_transformer.cpp.
+    if (name == "gpt2") *in = {ModelOptions().n_layer(1), {1, 8}, true};
+    else *in = {ModelOptions(), {2, 16}, true};
+    return true;
+  }
   return false;
 }
 
@@ -79,12 +91,17 @@ TEST_P(ModelsEveryRegistered, ForwardBackwardGradients) {
   torch::manual_seed(0);
   auto model = models::create_model(name, in.options);
   model->train();
-  auto x = torch::randn(in.batch_shape);
+  auto x = in.tokens ? torch::randint(256, in.batch_shape, torch::kLong) : torch::randn(in.batch_shape);
   auto y = model->forward(x);
-  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{in.batch_shape[0], in.options.num_classes()}));
   ASSERT_TRUE(torch::isfinite(y).all().item<bool>()) << name << " produced non-finite logits";
-
-  auto target = torch::randint(in.options.num_classes(), {in.batch_shape[0]}, torch::kLong);
+  if (in.tokens) {
+    ASSERT_EQ(y.dim(), 3);
+    ASSERT_EQ(y.sizes().slice(0, 2), c10::IntArrayRef(in.batch_shape));
+    y = y.reshape({-1, y.size(2)});  // (B*T, V): one prediction per position
+  } else {
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{in.batch_shape[0], in.options.num_classes()}));
+  }
+  auto target = torch::randint(y.size(1), {y.size(0)}, torch::kLong);
   torch::nn::functional::cross_entropy(y, target).backward();
   int64_t checked = 0;
   for (const auto& p : model->named_parameters()) {

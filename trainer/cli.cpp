@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "data/idx.h"
+#include "data/tokens.h"
 #include "data/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
@@ -36,6 +38,26 @@ int convert_idx_main(int argc, char** argv) {
   return kExitOk;
 }
 
+int convert_text_main(int argc, char** argv) {
+  cxxopts::Options o("trainer convert-text", "Convert text files to the trainer's HDF5 token format (bytes, vocabulary 256)");
+  o.add_options()("src", "text files or folders (comma-separated)",
+                  cxxopts::value<std::string>()->default_value("/usr/share/games/fortunes"))(
+      "out", "output folder (train.h5, val.h5)", cxxopts::value<std::string>()->default_value("datasets/fortunes"))(
+      "val-fraction", "share of the stream's end kept for validation", cxxopts::value<double>()->default_value("0.1"))(
+      "h,help", "this help");
+  auto a = o.parse(argc, argv);
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  std::vector<std::string> src;
+  std::stringstream ss(a["src"].as<std::string>());
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) src.push_back(item);
+  std::cout << data::convert_text(src, a["out"].as<std::string>(), a["val-fraction"].as<double>()).summary() << std::endl;
+  return kExitOk;
+}
+
 int export_main(int argc, char** argv) {
   cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a state dict "
                                        "that Python's torch.load reads");
@@ -56,7 +78,11 @@ int export_main(int argc, char** argv) {
 void dry_run(const Config& cfg) {
   std::vector<int64_t> shape = cfg.data.shape;
   int64_t in_channels = shape[0];
-  if (cfg.data.kind == "hdf5") {
+  int64_t vocab = 256;
+  if (cfg.data.kind == "tokens") {
+    vocab = data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
+    shape = {cfg.model.context};
+  } else if (cfg.data.kind == "hdf5") {
     data::ImageH5Dataset ds(cfg.data.train, /*in_memory=*/false);
     auto s = ds.sample_shape();
     shape = {s[0], s[1], s[2]};
@@ -65,7 +91,10 @@ void dry_run(const Config& cfg) {
   auto model = models::create_model(cfg.model.name, models::ModelOptions()
                                                        .num_classes(cfg.model.num_classes)
                                                        .in_channels(in_channels)
-                                                       .zero_init_residual(cfg.model.zero_init_residual));
+                                                       .zero_init_residual(cfg.model.zero_init_residual)
+                                                       .context(cfg.model.context)
+                                                       .dropout(cfg.model.dropout)
+                                                       .vocab_size(vocab));
   std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
   std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
 }
@@ -74,10 +103,11 @@ void dry_run(const Config& cfg) {
 
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
-                                "Subcommands: trainer convert-idx --help, trainer export --help");
+                                "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer export --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(

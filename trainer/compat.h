@@ -85,4 +85,18 @@ struct AllocatorBase : c10::Allocator {
   void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
 };
 
+/// at::scaled_dot_product_attention(q, k, v, no mask, dropout_p, is_causal) for q, k, v (B, nh, T, hs),
+/// scale 1/sqrt(hs). LibTorch picks the kernel (flash, memory-efficient or math). Where
+/// kHasFusedAttention is false it throws c10::Error; models/attention.h has the plain equivalent.
+inline at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                                  bool is_causal) {
+#if TRAINER_TORCH_AT_LEAST(2, 0)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, is_causal);
+#else
+  TORCH_CHECK(false, "fused attention needs LibTorch 2.0 or later, this is ", torch_version(),
+              "; use the plain attention backend");
+  return {};
+#endif
+}
+
 }  // namespace trainer::compat

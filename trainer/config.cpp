@@ -33,6 +33,8 @@ std::vector<Field> fields(Config& c) {
       {"model.zero_init_residual", &c.model.zero_init_residual, false},
       {"model.channels_last", &c.model.channels_last, false},
       {"model.init_from", &c.model.init_from, false},
+      {"model.context", &c.model.context, false},
+      {"model.dropout", &c.model.dropout, false},
       {"data.kind", &c.data.kind, false},
       {"data.train", &c.data.train, false},
       {"data.test", &c.data.test, false},
@@ -66,6 +68,7 @@ std::vector<Field> fields(Config& c) {
       {"train.epochs", &c.train.epochs, false},
       {"train.eval_every", &c.train.eval_every, false},
       {"train.eval_batch", &c.train.eval_batch, false},
+      {"train.eval_batches", &c.train.eval_batches, false},
       {"train.label_smoothing", &c.train.label_smoothing, false},
       {"train.device", &c.train.device, false},
       {"train.threads", &c.train.threads, false},
@@ -252,8 +255,11 @@ void validate(const Config& c) {
     bad(key, "'" + v + "' is not one of: " + list);
   };
   if (c.model.num_classes < 1) bad("model.num_classes", "must be at least 1");
-  one_of("data.kind", c.data.kind, {"hdf5", "synthetic"});
-  if (c.data.kind == "hdf5" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind hdf5");
+  one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
+  if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
+  if (c.model.context < 0) bad("model.context", "must be >= 0");
+  if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
+  if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
   if (c.data.kind == "synthetic") {
     if (c.data.shape.size() != 3 || std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1; }))
       bad("data.shape", "must be three positive integers (C, H, W)");
@@ -289,6 +295,7 @@ void validate(const Config& c) {
   if (c.train.steps > 0 && c.train.epochs > 0) bad("train.epochs", "set either train.steps or train.epochs, not both");
   if (c.train.eval_every < 0) bad("train.eval_every", "must be >= 0");
   if (c.train.eval_batch < 1) bad("train.eval_batch", "must be at least 1");
+  if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
   if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
   if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
   if (c.train.device != "auto" && c.train.device != "cpu" && c.train.device.rfind("cuda", 0) != 0)

@@ -23,10 +23,12 @@ struct ModelConfig {
   bool zero_init_residual = false;  ///< last BN of each residual branch starts at 0
   bool channels_last = false;     ///< NHWC memory format for weights and inputs
   std::string init_from;          ///< a state dict saved by Python's torch.save, matched by name
+  int64_t context = 0;            ///< language models: tokens per sample (0 = the model's own)
+  double dropout = 0.0;           ///< Transformers: dropout probability
 };
 
 struct DataConfig {
-  std::string kind = "hdf5";                         ///< hdf5 | synthetic
+  std::string kind = "hdf5";                         ///< hdf5 (images) | synthetic (images) | tokens
   std::string train = "datasets/fmnist/train.h5";    ///< HDF5 training split (docs/DATA.md)
   std::string test = "datasets/fmnist/test.h5";      ///< HDF5 evaluation split ("" = no evaluation)
   bool in_memory = true;                             ///< read the HDF5 file once into memory
@@ -67,7 +69,8 @@ struct TrainConfig {
   int64_t steps = 0;            ///< optimizer steps (0: use epochs)
   double epochs = 0.0;          ///< passes over the training split (used when steps is 0)
   int64_t eval_every = 0;       ///< evaluate every N steps (0 = once per epoch); always at the end
-  int64_t eval_batch = 500;     ///< evaluation micro-batch
+  int64_t eval_batch = 500;     ///< evaluation batch (its micro-batch backs off on OOM by itself)
+  int64_t eval_batches = 0;     ///< evaluate on the first N batches of the split (0 = all of it)
   double label_smoothing = 0.0; ///< cross-entropy label smoothing
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)

@@ -85,32 +85,47 @@ void TrainingRun::setup() {
   memory_->set_limit(limit_bytes_);
   control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
 
-  // Data.
-  if (cfg_.data.kind == "synthetic") {
-    train_set_ = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
-                                                               cfg_.data.shape[1], cfg_.data.shape[2],
-                                                               cfg_.model.num_classes, cfg_.seed);
+  // Data: images (HDF5 or synthetic) or a token stream, behind one stream interface.
+  const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : threads;
+  if (cfg_.data.kind == "tokens") {
+    tokens_ = true;
+    train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
+    if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+    data::TokenLoaderOptions to;
+    to.global_batch = cfg_.train.global_batch;
+    to.context = cfg_.model.context;
+    to.seed = cfg_.seed;
+    loader_ = std::make_unique<StreamOf<data::TokenLoader>>(std::make_unique<data::TokenLoader>(train_tokens_, to));
+    sample_shape_ = {cfg_.model.context};
   } else {
-    train_set_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
-    if (!cfg_.data.test.empty()) test_set_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
+    if (cfg_.data.kind == "synthetic") {
+      train_images_ = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
+                                                                    cfg_.data.shape[1], cfg_.data.shape[2],
+                                                                    cfg_.model.num_classes, cfg_.seed);
+    } else {
+      train_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
+      if (!cfg_.data.test.empty())
+        test_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
+    }
+    if (train_images_->num_classes() > cfg_.model.num_classes)
+      throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.train +
+                        " has " + std::to_string(train_images_->num_classes()) + " classes");
+    if (train_images_->size() < cfg_.train.global_batch)
+      throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
+                        std::to_string(train_images_->size()) + " samples of the training split");
+    data::LoaderOptions lo;
+    lo.global_batch = cfg_.train.global_batch;
+    lo.seed = cfg_.seed;
+    lo.workers = workers;
+    lo.prefetch = cfg_.data.prefetch;
+    lo.augment.random_crop_padding = cfg_.data.crop_padding;
+    lo.augment.hflip = cfg_.data.hflip;
+    lo.augment.normalize = cfg_.data.normalize;
+    lo.pin_memory = device_.is_cuda();
+    loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
+    auto sh = train_images_->sample_shape();
+    sample_shape_ = {sh[0], sh[1], sh[2]};
   }
-  if (train_set_->num_classes() > cfg_.model.num_classes)
-    throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.train +
-                      " has " + std::to_string(train_set_->num_classes()) + " classes");
-  if (train_set_->size() < cfg_.train.global_batch)
-    throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
-                      std::to_string(train_set_->size()) + " samples of the training split");
-
-  data::LoaderOptions lo;
-  lo.global_batch = cfg_.train.global_batch;
-  lo.seed = cfg_.seed;
-  lo.workers = cfg_.data.workers > 0 ? static_cast<int>(cfg_.data.workers) : threads;
-  lo.prefetch = static_cast<int>(cfg_.data.prefetch);
-  lo.augment.random_crop_padding = cfg_.data.crop_padding;
-  lo.augment.hflip = cfg_.data.hflip;
-  lo.augment.normalize = cfg_.data.normalize;
-  lo.pin_memory = device_.is_cuda();
-  loader_ = std::make_unique<data::Loader>(train_set_, lo);
   steps_per_epoch_ = loader_->steps_per_epoch();
   total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
                                       : std::max<int64_t>(1, std::llround(cfg_.train.epochs * steps_per_epoch_));
@@ -156,20 +171,24 @@ void TrainingRun::log_controller_events() {
 }
 
 void TrainingRun::build_model() {
-  model_ = models::create_model(cfg_.model.name, models::ModelOptions()
-                                                     .num_classes(cfg_.model.num_classes)
-                                                     .in_channels(train_set_->sample_shape()[0])
-                                                     .zero_init_residual(cfg_.model.zero_init_residual));
+  auto mo = models::ModelOptions()
+                .num_classes(cfg_.model.num_classes)
+                .zero_init_residual(cfg_.model.zero_init_residual)
+                .context(cfg_.model.context)
+                .dropout(cfg_.model.dropout);
+  if (tokens_) mo.vocab_size(train_tokens_->vocab_size());
+  else mo.in_channels(sample_shape_[0]);
+  model_ = models::create_model(cfg_.model.name, mo);
   if (!cfg_.model.init_from.empty()) {
     load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
     spdlog::info("model: weights from {}", cfg_.model.init_from);
   }
   model_->to(device_);
-  if (cfg_.model.channels_last) models::to_channels_last(*model_);
+  if (cfg_.model.channels_last && !tokens_) models::to_channels_last(*model_);
   optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
-  auto s = train_set_->sample_shape();
+  flops_per_sample_ = model_->forward_flops(sample_shape_);
   spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
-               models::count_parameters(*model_), model_->forward_flops({s[0], s[1], s[2]}) / 1e9);
+               models::count_parameters(*model_), flops_per_sample_ / 1e9);
 }
 
 void TrainingRun::apply_activation_checkpointing() {
@@ -337,33 +356,49 @@ void TrainingRun::poll_threads() {
 
 EvalResult TrainingRun::evaluate() {
   EvalResult r;
-  if (!test_set_) return r;
+  if (!has_eval()) return r;
   torch::NoGradGuard no_grad;
   model_->eval();
-  data::EvalOptions eo;
-  eo.batch = cfg_.train.eval_batch;
-  eo.workers = loader_->options().workers;
-  eo.normalize = cfg_.data.normalize;
-  eo.pin_memory = device_.is_cuda();
-  data::EvalLoader ev(test_set_, eo);
+  // The evaluation split in order, as batches of train.eval_batch samples (images or token windows).
+  std::function<std::optional<data::Batch>()> next_eval;
+  std::unique_ptr<data::EvalLoader> image_eval;
+  std::unique_ptr<data::TokenEvalLoader> token_eval;
+  if (tokens_) {
+    data::TokenEvalOptions eo;
+    eo.batch = cfg_.train.eval_batch;
+    eo.context = cfg_.model.context;
+    token_eval = std::make_unique<data::TokenEvalLoader>(test_tokens_, eo);
+    next_eval = [&] { return token_eval->next(); };
+  } else {
+    data::EvalOptions eo;
+    eo.batch = cfg_.train.eval_batch;
+    eo.workers = cfg_.data.workers > 0 ? cfg_.data.workers : at::get_num_threads();
+    eo.normalize = cfg_.data.normalize;
+    eo.pin_memory = device_.is_cuda();
+    image_eval = std::make_unique<data::EvalLoader>(test_images_, eo);
+    next_eval = [&] { return image_eval->next(); };
+  }
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kDouble).device(device_));
   torch::Tensor correct1 = torch::zeros({}, torch::dtype(torch::kLong).device(device_));
   torch::Tensor correct5 = torch::zeros({}, torch::dtype(torch::kLong).device(device_));
-  while (auto b = ev.next()) {
+  int64_t targets = 0, batches = 0;
+  while (auto b = next_eval()) {
+    if (cfg_.train.eval_batches > 0 && batches++ >= cfg_.train.eval_batches) break;
     // Evaluation backs off on its own: an OOM halves the evaluation micro-batch and redoes that chunk,
     // without touching the training micro-batch.
     for (int64_t start = 0; start < b->size();) {
       int64_t n = std::min(eval_micro_batch_, b->size() - start);
       try {
         auto x = b->images.narrow(0, start, n).to(device_, /*non_blocking=*/true);
-        if (cfg_.model.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-        auto y = b->labels.narrow(0, start, n).to(device_, true);
+        if (cfg_.model.channels_last && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+        auto y = b->labels.narrow(0, start, n).to(device_, true).reshape({-1});  // (N) classes or (N*T) tokens
         torch::Tensor logits;
         {
           AutocastGuard ag(device_.type(), amp_dtype_, cfg_.amp.enabled);
           logits = model_->forward(x);
         }
-        logits = logits.to(torch::kFloat);
+        logits = logits.to(torch::kFloat).reshape({y.size(0), -1});  // (N, classes) or (N*T, vocab)
+        targets += y.size(0);
         loss_sum += torch::nn::functional::cross_entropy(
                         logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                         .to(torch::kDouble);
@@ -384,10 +419,11 @@ EvalResult TrainingRun::evaluate() {
     }
   }
   model_->train();
-  r.samples = test_set_->size();
-  r.loss = loss_sum.item<double>() / r.samples;  // a sync, once per evaluation
-  r.top1 = static_cast<double>(correct1.item<int64_t>()) / r.samples;
-  r.top5 = static_cast<double>(correct5.item<int64_t>()) / r.samples;
+  // Per sample for images, per token for language models.
+  r.samples = targets;
+  r.loss = loss_sum.item<double>() / targets;  // a sync, once per evaluation
+  r.top1 = static_cast<double>(correct1.item<int64_t>()) / targets;
+  r.top5 = static_cast<double>(correct5.item<int64_t>()) / targets;
   return r;
 }
 
@@ -426,12 +462,15 @@ void TrainingRun::log_step(const StepResult& r, double step_time) {
                       {"batch_hash", batch_hash_},
                       {"updated", r.updated}};
   if (scaler_->is_enabled()) j["loss_scale"] = scaler_->get_scale();
+  if (tokens_) j["tokens_per_s"] = sps * cfg_.model.context;
+  j["model_flops_per_s"] = 3.0 * flops_per_sample_ * sps;  // forward + backward (2x forward)
   metrics_.write(j);
   if (step_ % cfg_.log.every == 0 || step_ == total_steps_ || step_ == 1) {
     double window_sps = cfg_.train.global_batch * window_steps_ / window_time_;
     double eta = (total_steps_ - step_) * (window_time_ / window_steps_);
-    spdlog::info("step {}/{} (epoch {:.2f}) loss {:.4f} lr {:.4g} | {:.1f} samples/s | mb {}x{} | mem peak {} | ETA {}",
-                 step_, total_steps_, static_cast<double>(step_) / steps_per_epoch_, r.loss, r.lr, window_sps,
+    spdlog::info("step {}/{} (epoch {:.2f}) loss {:.4f} lr {:.4g} | {:.1f} {}/s | mb {}x{} | mem peak {} | ETA {}",
+                 step_, total_steps_, static_cast<double>(step_) / steps_per_epoch_, r.loss, r.lr,
+                 tokens_ ? window_sps * cfg_.model.context : window_sps, tokens_ ? "tokens" : "samples",
                  r.micro_batch, r.accum_steps, format_bytes(memory_->peak_bytes()), format_duration(eta));
     window_time_ = 0;
     window_steps_ = 0;
@@ -482,7 +521,7 @@ int TrainingRun::run() {
 
       bool epoch_end = step_ % steps_per_epoch_ == 0;
       bool eval_now = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;
-      if (eval_now && step_ < total_steps_ && test_set_) {
+      if (eval_now && step_ < total_steps_ && has_eval()) {
         auto t = std::chrono::steady_clock::now();
         auto e = evaluate();
         spdlog::info("eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", step_, e.loss, 100 * e.top1,
@@ -522,7 +561,7 @@ int TrainingRun::run() {
   }
 
   auto e = evaluate();
-  if (test_set_) {
+  if (has_eval()) {
     spdlog::info("final eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}%", step_, e.loss, 100 * e.top1, 100 * e.top5);
     metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
                             {"samples", e.samples}, {"final", true}});

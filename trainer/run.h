@@ -12,6 +12,7 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/tokens.h"
 #include "models/model.h"
 #include "trainer/amp.h"
 #include "trainer/checkpoint.h"
@@ -24,6 +25,26 @@
 #include "trainer/train.h"
 
 namespace trainer {
+
+/// The training stream, image or token loader, behind one face: both return data::Batch and keep
+/// their place in samples, so resume and OOM retries do not care which it is.
+struct BatchStream {
+  virtual ~BatchStream() = default;
+  virtual data::Batch next() = 0;
+  virtual void seek(int64_t epoch, int64_t position) = 0;
+  virtual data::LoaderState state() const = 0;
+  virtual int64_t steps_per_epoch() const = 0;
+};
+
+template <typename Loader>
+struct StreamOf : BatchStream {
+  explicit StreamOf(std::unique_ptr<Loader> l) : loader(std::move(l)) {}
+  data::Batch next() override { return loader->next(); }
+  void seek(int64_t epoch, int64_t position) override { loader->seek(epoch, position); }
+  data::LoaderState state() const override { return loader->state(); }
+  int64_t steps_per_epoch() const override { return loader->steps_per_epoch(); }
+  std::unique_ptr<Loader> loader;
+};
 
 /// Thrown when the OOM ladder has nothing left to try.
 struct OomGaveUp : std::runtime_error {
@@ -79,8 +100,14 @@ class TrainingRun {
   torch::Device device_{torch::kCPU};
   at::ScalarType amp_dtype_ = at::kBFloat16;
 
-  std::shared_ptr<data::ImageDataset> train_set_, test_set_;
-  std::unique_ptr<data::Loader> loader_;
+  bool has_eval() const { return tokens_ ? test_tokens_ != nullptr : test_images_ != nullptr; }
+
+  bool tokens_ = false;  // a language model on a token stream (else image classification)
+  std::shared_ptr<data::ImageDataset> train_images_, test_images_;
+  std::shared_ptr<data::TokenDataset> train_tokens_, test_tokens_;
+  std::unique_ptr<BatchStream> loader_;
+  std::vector<int64_t> sample_shape_;  // (C, H, W) or (T)
+  double flops_per_sample_ = 0;        // forward
   models::Model model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradScaler> scaler_;

@@ -12,16 +12,16 @@ namespace F = torch::nn::functional;
 
 torch::Tensor TrainingRun::micro_batch_loss(const torch::Tensor& images, const torch::Tensor& labels, double normalizer) {
   auto x = images.to(device_, /*non_blocking=*/true);
-  if (cfg_.model.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-  auto y = labels.to(device_, /*non_blocking=*/true);
+  if (cfg_.model.channels_last && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  auto y = labels.to(device_, /*non_blocking=*/true).reshape({-1});  // (B) classes or (B*T) next tokens
   torch::Tensor logits;
   {
     AutocastGuard autocast(device_.type(), amp_dtype_, cfg_.amp.enabled);
     logits = model_->forward(x);
   }
-  // Summed, then divided by the samples of the whole optimizer step: micro-batches of any sizes add up
-  // to the mean over the global batch (no "mean of means").
-  auto loss = F::cross_entropy(logits.to(torch::kFloat), y,
+  // Summed, then divided by the targets (samples, or tokens) of the whole optimizer step: micro-batches
+  // of any sizes add up to the mean over the global batch (no "mean of means").
+  auto loss = F::cross_entropy(logits.to(torch::kFloat).reshape({y.size(0), -1}), y,
                                F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(cfg_.train.label_smoothing));
   return loss / normalizer;
 }
@@ -29,7 +29,7 @@ torch::Tensor TrainingRun::micro_batch_loss(const torch::Tensor& images, const t
 void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& r) {
   optimizer_->zero_grad();
   const auto sizes = controller_->micro_batch_sizes();
-  const double normalizer = static_cast<double>(batch.images.size(0));
+  const double normalizer = static_cast<double>(batch.labels.numel());
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device_));
   int64_t offset = 0;
   for (int64_t n : sizes) {
@@ -133,7 +133,7 @@ int64_t TrainingRun::find_auto_micro_batch(const data::Batch& batch) {
   optimizer_->zero_grad();
   auto fits = [&](int64_t mb) {
     try {
-      auto loss = micro_batch_loss(batch.images.narrow(0, 0, mb), batch.labels.narrow(0, 0, mb), mb);
+      auto loss = micro_batch_loss(batch.images.narrow(0, 0, mb), batch.labels.narrow(0, 0, mb), 1.0);
       loss.backward();
       optimizer_->zero_grad();
       return true;

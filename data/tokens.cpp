@@ -1,0 +1,649 @@
+#include "data/tokens.h"
+
+#include "data/hdf5_lock.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <type_traits>
+
+// The header stores handles as int64_t to keep hdf5.h out of it.
+static_assert(std::is_same<hid_t, int64_t>::value, "hid_t must be int64_t (HDF5 >= 1.10)");
+
+namespace data {
+namespace {
+
+namespace fs = std::filesystem;
+using Lock = std::lock_guard<std::mutex>;
+
+// ---- HDF5 helpers (call with hdf5_lock() held) ---------------------------------------------------------
+
+// Owns an hid_t. Destroy it while the lock is held: declare the Lock before any Handle.
+class Handle {
+ public:
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~Handle() {
+    if (id_ >= 0) close_(id_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+  hid_t release() {
+    hid_t r = id_;
+    id_ = -1;
+    return r;
+  }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+// HDF5 prints an error stack to stderr on every failure by default; we report one line of our own, so
+// printing is off while we work and restored after (someone else may want it).
+class Quiet {
+ public:
+  Quiet() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// A problem found while holding the lock; public entry points prefix the class and path.
+struct H5Problem : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(herr_t status, const std::string& what) {
+  if (status < 0) throw H5Problem(what + " failed");
+}
+hid_t check_id(hid_t id, const std::string& what) {
+  if (id < 0) throw H5Problem(what + " failed");
+  return id;
+}
+
+void write_string_attr(hid_t loc, const char* name, const std::string& value) {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  check(H5Tset_size(type.get(), H5T_VARIABLE), "string type");
+  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "string type");
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(check_id(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       std::string("creating attribute '") + name + "'"),
+              H5Aclose);
+  const char* p = value.c_str();
+  check(H5Awrite(attr.get(), type.get(), &p), std::string("writing attribute '") + name + "'");
+}
+
+void write_int64_attr(hid_t loc, const char* name, int64_t value) {
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(check_id(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       std::string("creating attribute '") + name + "'"),
+              H5Aclose);
+  check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
+}
+
+bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
+
+// A scalar string attribute, variable or fixed length (h5py writes the former, some tools the latter).
+std::string read_string_attr(hid_t loc, const char* name) {
+  Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING) throw H5Problem(std::string("attribute '") + name + "' is not a string");
+  Handle space(H5Aget_space(attr.get()), H5Sclose);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) {
+    throw H5Problem(std::string("attribute '") + name + "' is not a single string");
+  }
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    check(H5Tset_size(mem.get(), H5T_VARIABLE), "string type");
+    check(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), "string type");
+    char* s = nullptr;
+    check(H5Aread(attr.get(), mem.get(), &s), std::string("reading attribute '") + name + "'");
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t n = H5Tget_size(type.get());
+  std::string buf(n, '\0');
+  Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  check(H5Tset_size(mem.get(), n), "string type");
+  check(H5Aread(attr.get(), mem.get(), buf.data()), std::string("reading attribute '") + name + "'");
+  return buf.substr(0, buf.find('\0'));
+}
+
+int64_t read_int_attr(hid_t loc, const char* name) {
+  Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_INTEGER) throw H5Problem(std::string("attribute '") + name + "' is not an integer");
+  int64_t v = 0;
+  check(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), std::string("reading attribute '") + name + "'");
+  return v;
+}
+
+// ---- random numbers -------------------------------------------------------------------------------------
+// splitmix64 (Steele, Lea, Flood 2014): the window order depends only on (seed, epoch), not on torch's
+// global generator, the thread, or the library version.
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t state) : state_(state) {}
+  uint64_t next() { return mix64(state_ += 0x9e3779b97f4a7c15ULL); }
+  // Uniform in [0, n) without modulo bias: reject the top partial copy of [0, n).
+  uint64_t below(uint64_t n) {
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t r;
+    do r = next();
+    while (r >= limit);
+    return r % n;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+std::string bytes_text(int64_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); }
+
+bool skipped_in_directory(const fs::path& p) { return p.extension() == ".dat" || p.extension() == ".u8"; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Writer
+
+TokenWriter::TokenWriter(std::string path, int64_t vocab_size, std::string source)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), source_(std::move(source)), vocab_(vocab_size) {
+  if (vocab_ < 1 || vocab_ > INT32_MAX) {
+    throw std::invalid_argument("TokenWriter '" + path_ + "': vocab_size must be in [1, 2^31), got " +
+                                std::to_string(vocab_));
+  }
+  Lock lock(hdf5_lock());
+  Quiet quiet;
+  Handle file(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) {
+    throw std::runtime_error("TokenWriter '" + path_ + "': cannot create '" + tmp_ +
+                             "' (does the folder exist and is it writable?)");
+  }
+  const hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = kTokensChunk;
+  Handle space(H5Screate_simple(1, &dims, &maxdims), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.get(), 1, &chunk);
+  const hid_t type = vocab_ <= 65536 ? H5T_STD_U16LE : H5T_STD_I32LE;
+  Handle dset(H5Dcreate2(file.get(), "tokens", type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+  if (!dset.ok()) throw std::runtime_error("TokenWriter '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
+  dset_ = dset.release();
+  file_ = file.release();
+}
+
+TokenWriter::~TokenWriter() {
+  if (finished_) return;
+  {
+    Lock lock(hdf5_lock());
+    if (dset_ >= 0) H5Dclose(dset_);
+    if (file_ >= 0) H5Fclose(file_);
+  }
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+}
+
+void TokenWriter::append(const int64_t* tokens, int64_t n) {
+  TORCH_CHECK(!finished_, "TokenWriter '", path_, "': append after finish");
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_) {
+      throw std::invalid_argument("TokenWriter '" + path_ + "': token " + std::to_string(tokens[i]) +
+                                  " at position " + std::to_string(written_ + buffer_.size() + i) +
+                                  " is outside [0, vocab_size = " + std::to_string(vocab_) + ")");
+    }
+  }
+  buffer_.insert(buffer_.end(), tokens, tokens + n);
+  if (static_cast<int64_t>(buffer_.size()) >= 16 * kTokensChunk) flush();
+}
+
+void TokenWriter::flush() {
+  if (buffer_.empty()) return;
+  // Narrowed here rather than by HDF5's conversion, which would clip out-of-range values silently (they
+  // cannot occur: append() checked them).
+  std::vector<uint16_t> u16;
+  std::vector<int32_t> i32;
+  const bool small = vocab_ <= 65536;
+  if (small) u16.assign(buffer_.begin(), buffer_.end());
+  else i32.assign(buffer_.begin(), buffer_.end());
+
+  Lock lock(hdf5_lock());
+  Quiet quiet;
+  const hsize_t start = written_, count = buffer_.size(), size = start + count;
+  try {
+    check(H5Dset_extent(dset_, &size), "extending /tokens");
+    Handle fspace(H5Dget_space(dset_), H5Sclose);
+    check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "selecting tokens");
+    Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    check(H5Dwrite(dset_, small ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, mspace.get(), fspace.get(), H5P_DEFAULT,
+                   small ? static_cast<const void*>(u16.data()) : static_cast<const void*>(i32.data())),
+          "writing tokens");
+  } catch (const H5Problem& e) {
+    throw std::runtime_error("TokenWriter '" + path_ + "': " + e.what() + " (disk full?)");
+  }
+  written_ += static_cast<int64_t>(count);
+  buffer_.clear();
+}
+
+int64_t TokenWriter::finish() {
+  TORCH_CHECK(!finished_, "TokenWriter '", path_, "': finish called twice");
+  flush();
+  {
+    Lock lock(hdf5_lock());
+    Quiet quiet;
+    try {
+      write_string_attr(file_, "format", kTokensFormat);
+      write_int64_attr(file_, "format_version", kTokensVersion);
+      write_int64_attr(file_, "vocab_size", vocab_);
+      write_string_attr(file_, "source", source_);
+    } catch (const H5Problem& e) {
+      throw std::runtime_error("TokenWriter '" + path_ + "': " + e.what());
+    }
+    H5Dclose(dset_);
+    dset_ = -1;
+    const herr_t closed = H5Fclose(file_);
+    file_ = -1;
+    if (closed < 0) throw std::runtime_error("TokenWriter '" + path_ + "': closing '" + tmp_ + "' failed (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp_, path_, ec);
+  if (ec) throw std::runtime_error("TokenWriter: cannot rename '" + tmp_ + "' to '" + path_ + "': " + ec.message());
+  finished_ = true;
+  return written_;
+}
+
+int64_t write_tokens(const std::string& path, const std::vector<int64_t>& tokens, int64_t vocab_size,
+                     const std::string& source) {
+  TokenWriter w(path, vocab_size, source);
+  w.append(tokens);
+  return w.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Converters
+
+std::string TokenConversion::summary() const {
+  std::ostringstream s;
+  s << files.size() << (files.size() == 1 ? " file, " : " files, ") << bytes_text(train_tokens + val_tokens) << ": "
+    << train_path << " " << train_tokens << " tokens";
+  if (!val_path.empty()) s << ", " << val_path << " " << val_tokens << " tokens";
+  s << " (vocab 256)";
+  return s.str();
+}
+
+TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
+                             double val_fraction) {
+  if (!(val_fraction >= 0 && val_fraction < 1)) {
+    std::ostringstream got;
+    got << val_fraction;
+    throw std::invalid_argument("convert_text: val_fraction must be in [0, 1), got " + got.str());
+  }
+  TokenConversion r;
+  int64_t total = 0;
+  for (const auto& entry : files_or_dirs) {
+    const fs::path p(entry);
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::recursive_directory_iterator(p)) {
+        if (e.is_regular_file() && !skipped_in_directory(e.path())) found.push_back(e.path().string());
+      }
+      std::sort(found.begin(), found.end());
+      r.files.insert(r.files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(p, ec)) {
+      r.files.push_back(entry);
+    } else {
+      throw std::invalid_argument("convert_text: '" + entry + "' is neither a file nor a directory");
+    }
+  }
+  if (r.files.empty()) throw std::invalid_argument("convert_text: no text files found in the given paths");
+  for (const auto& f : r.files) total += static_cast<int64_t>(fs::file_size(f));
+  if (total == 0) throw std::invalid_argument("convert_text: the input files are all empty");
+
+  // The split point is known before reading (file sizes), so the bytes stream through once.
+  const int64_t val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(total)));
+  const int64_t train = total - val;
+  fs::create_directories(out_dir);
+  r.train_path = (fs::path(out_dir) / "train.h5").string();
+  if (val_fraction > 0) r.val_path = (fs::path(out_dir) / "val.h5").string();
+  const std::string source = "bytes of " + std::to_string(r.files.size()) + " text files (" + r.files.front() +
+                             (r.files.size() > 1 ? " ... " + r.files.back() : std::string()) + ")";
+  TokenWriter train_w(r.train_path, 256, source + ", first " + std::to_string(train) + " bytes");
+  std::unique_ptr<TokenWriter> val_w;
+  if (!r.val_path.empty()) val_w = std::make_unique<TokenWriter>(r.val_path, 256, source + ", last " + std::to_string(val) + " bytes");
+
+  int64_t seen = 0;
+  std::vector<char> buf(1 << 20);
+  std::vector<int64_t> tokens;
+  for (const auto& f : r.files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw std::runtime_error("convert_text: cannot read '" + f + "'");
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      const int64_t n = in.gcount();
+      tokens.resize(n);
+      for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<unsigned char>(buf[i]);
+      const int64_t to_train = std::clamp<int64_t>(train - seen, 0, n);
+      train_w.append(tokens.data(), to_train);
+      if (n > to_train) val_w->append(tokens.data() + to_train, n - to_train);
+      seen += n;
+    }
+    if (in.bad()) throw std::runtime_error("convert_text: reading '" + f + "' failed");
+  }
+  if (seen != total) {
+    throw std::runtime_error("convert_text: the input files changed while being read (expected " +
+                             bytes_text(total) + ", read " + bytes_text(seen) + ")");
+  }
+  r.train_tokens = train_w.finish();
+  if (val_w) r.val_tokens = val_w->finish();
+  return r;
+}
+
+int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const std::string& out) {
+  std::error_code ec;
+  const auto bytes = fs::file_size(path, ec);
+  if (ec) throw std::invalid_argument("convert_uint16_bin: cannot read '" + path + "': " + ec.message());
+  if (bytes % 2 != 0) {
+    throw std::invalid_argument("convert_uint16_bin: '" + path + "' has an odd size (" +
+                                bytes_text(static_cast<int64_t>(bytes)) + "); expected raw uint16 tokens");
+  }
+  if (vocab_size < 1 || vocab_size > 65536) {
+    throw std::invalid_argument("convert_uint16_bin: vocab_size must be in [1, 65536], got " + std::to_string(vocab_size));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("convert_uint16_bin: cannot open '" + path + "'");
+  TokenWriter w(out, vocab_size, "uint16 tokens of " + path);
+  std::vector<unsigned char> buf(2 << 20);
+  std::vector<int64_t> tokens;
+  int64_t seen = 0;
+  while (in) {
+    in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    const int64_t n = in.gcount() / 2;
+    tokens.resize(n);
+    for (int64_t i = 0; i < n; ++i) tokens[i] = buf[2 * i] | (buf[2 * i + 1] << 8);  // little-endian
+    for (int64_t i = 0; i < n; ++i) {
+      if (tokens[i] >= vocab_size) {
+        throw std::invalid_argument("convert_uint16_bin: token " + std::to_string(tokens[i]) + " at position " +
+                                    std::to_string(seen + i) + " of '" + path + "' is >= vocab_size " +
+                                    std::to_string(vocab_size));
+      }
+    }
+    w.append(tokens.data(), n);
+    seen += n;
+  }
+  return w.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Reader
+
+TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path), in_memory_(in_memory) {
+  const std::string where = "TokenDataset '" + path + "': ";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw std::runtime_error(where + "no such file (make one with data::convert_text or data::convert_uint16_bin; "
+                                     "docs/TRANSFORMERS.md)");
+  }
+  Lock lock(hdf5_lock());
+  Quiet quiet;
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw std::runtime_error(where + "not an HDF5 file");
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) throw std::runtime_error(where + "cannot open the HDF5 file");
+  try {
+    if (!has_attr(file.get(), "format")) {
+      throw H5Problem("no root attribute 'format'; expected a trainer.tokens file (docs/TRANSFORMERS.md)");
+    }
+    const std::string format = read_string_attr(file.get(), "format");
+    if (format != kTokensFormat) {
+      throw H5Problem("format is '" + format + "', expected '" + kTokensFormat + "' (docs/TRANSFORMERS.md)");
+    }
+    if (!has_attr(file.get(), "format_version")) throw H5Problem("no root attribute 'format_version'");
+    const int64_t version = read_int_attr(file.get(), "format_version");
+    if (version != kTokensVersion) {
+      throw H5Problem("format_version " + std::to_string(version) + " is not supported (this build reads " +
+                      std::to_string(kTokensVersion) + ")");
+    }
+    if (!has_attr(file.get(), "vocab_size")) throw H5Problem("no root attribute 'vocab_size'");
+    vocab_ = read_int_attr(file.get(), "vocab_size");
+    if (vocab_ < 1 || vocab_ > INT32_MAX) throw H5Problem("vocab_size " + std::to_string(vocab_) + " is not in [1, 2^31)");
+    if (has_attr(file.get(), "source")) source_ = read_string_attr(file.get(), "source");
+
+    if (H5Lexists(file.get(), "tokens", H5P_DEFAULT) <= 0) throw H5Problem("no dataset /tokens");
+    Handle dset(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);
+    if (!dset.ok()) throw H5Problem("/tokens is not a dataset");
+    Handle type(H5Dget_type(dset.get()), H5Tclose);
+    Handle space(H5Dget_space(dset.get()), H5Sclose);
+    const bool is_u16 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 2 &&
+                        H5Tget_sign(type.get()) == H5T_SGN_NONE;
+    const bool is_i32 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 4 &&
+                        H5Tget_sign(type.get()) == H5T_SGN_2;
+    if (H5Sget_simple_extent_ndims(space.get()) != 1 || !(is_u16 || is_i32)) {
+      throw H5Problem("/tokens must be a 1-D uint16 or int32 dataset");
+    }
+    uint16_ = is_u16;
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+    size_ = static_cast<int64_t>(n);
+    if (in_memory_) {
+      if (uint16_) u16_.resize(n);
+      else i32_.resize(n);
+      void* dst = uint16_ ? static_cast<void*>(u16_.data()) : static_cast<void*>(i32_.data());
+      if (n > 0) check(H5Dread(dset.get(), uint16_ ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, H5S_ALL, H5S_ALL,
+                               H5P_DEFAULT, dst),
+                       "reading /tokens");
+    } else {
+      dset_ = dset.release();
+      file_ = file.release();
+    }
+  } catch (const H5Problem& e) {
+    throw std::runtime_error(where + e.what());
+  }
+  if (in_memory_) {
+    // Checked once here, so read() from memory needs no check.
+    for (int64_t i = 0; i < size_; ++i) {
+      const int64_t t = uint16_ ? u16_[i] : i32_[i];
+      if (t < 0 || t >= vocab_) {
+        throw std::runtime_error(where + "token " + std::to_string(t) + " at position " + std::to_string(i) +
+                                 " is outside [0, vocab_size = " + std::to_string(vocab_) + ")");
+      }
+    }
+  }
+}
+
+TokenDataset::~TokenDataset() {
+  if (dset_ < 0 && file_ < 0) return;
+  Lock lock(hdf5_lock());
+  if (dset_ >= 0) H5Dclose(dset_);
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
+  if (begin < 0 || n < 0 || begin + n > size_) {
+    throw std::out_of_range("TokenDataset '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
+                            std::to_string(begin + n) + ") are outside [0, " + std::to_string(size_) + ")");
+  }
+  if (n == 0) return;
+  if (in_memory_) {
+    if (uint16_) std::copy(u16_.begin() + begin, u16_.begin() + begin + n, out);
+    else std::copy(i32_.begin() + begin, i32_.begin() + begin + n, out);
+    return;
+  }
+  {
+    Lock lock(hdf5_lock());
+    Quiet quiet;
+    const hsize_t start = begin, count = n;
+    Handle fspace(H5Dget_space(dset_), H5Sclose);
+    Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
+        H5Dread(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+      throw std::runtime_error("TokenDataset '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
+                               std::to_string(begin + n) + ") failed");
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (out[i] < 0 || out[i] >= vocab_) {
+      throw std::runtime_error("TokenDataset '" + path_ + "': token " + std::to_string(out[i]) + " at position " +
+                               std::to_string(begin + i) + " is outside [0, vocab_size = " + std::to_string(vocab_) +
+                               ")");
+    }
+  }
+}
+
+torch::Tensor TokenDataset::slice(int64_t begin, int64_t n) const {
+  auto t = torch::empty({n}, torch::kLong);
+  read(begin, n, t.data_ptr<int64_t>());
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Loaders
+
+namespace {
+
+// Reads the windows starting at `starts` into a batch: inputs (B, T) and targets (B, T) shifted by one.
+void fill_windows(const TokenDataset& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b) {
+  const int64_t B = static_cast<int64_t>(starts.size());
+  auto w = torch::empty({B, T + 1}, torch::kLong);  // (B, T + 1)
+  int64_t* p = w.data_ptr<int64_t>();
+  for (int64_t i = 0; i < B; ++i) ds.read(starts[i], T + 1, p + i * (T + 1));
+  b.images = w.slice(1, 0, T).contiguous();      // (B, T)
+  b.labels = w.slice(1, 1, T + 1).contiguous();  // (B, T)
+  b.indices = starts;
+}
+
+// Rank r's slice [r*g/W, (r+1)*g/W) of a global batch of g samples.
+std::pair<int64_t, int64_t> rank_slice(int64_t g, int64_t rank, int64_t world) {
+  return {rank * g / world, (rank + 1) * g / world};
+}
+
+void check_rank(const char* who, int64_t rank, int64_t world) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw std::invalid_argument(std::string(who) + ": rank must be in [0, world_size) with world_size >= 1, got rank " +
+                                std::to_string(rank) + ", world_size " + std::to_string(world));
+  }
+}
+
+void check_context(const char* who, const TokenDataset& ds, int64_t T) {
+  if (T < 1) throw std::invalid_argument(std::string(who) + ": context must be >= 1, got " + std::to_string(T));
+  if (ds.size() < T + 1) {
+    throw std::invalid_argument(std::string(who) + ": '" + ds.path() + "' has " + std::to_string(ds.size()) +
+                                " tokens, fewer than context + 1 = " + std::to_string(T + 1));
+  }
+}
+
+}  // namespace
+
+TokenLoader::TokenLoader(std::shared_ptr<const TokenDataset> dataset, TokenLoaderOptions options)
+    : dataset_(std::move(dataset)), opt_(options) {
+  TORCH_CHECK(dataset_, "TokenLoader: no dataset");
+  check_context("TokenLoader", *dataset_, opt_.context);
+  check_rank("TokenLoader", opt_.rank, opt_.world_size);
+  const int64_t full = (dataset_->size() - 1) / opt_.context;
+  // One slot fewer than fit at offset 0 leaves at least T tokens of slack, so every epoch's offset can
+  // shift the windows anywhere within a context length.
+  slots_ = full >= 2 ? full - 1 : 1;
+  const int64_t G = opt_.global_batch;
+  if (G < 1 || G > slots_ || G < opt_.world_size) {
+    throw std::invalid_argument("TokenLoader: global_batch must be in [max(1, world_size), windows per epoch], got " +
+                                std::to_string(G) + " with world_size " + std::to_string(opt_.world_size) + " and " +
+                                std::to_string(slots_) + " windows of " + std::to_string(opt_.context) + " tokens in '" +
+                                dataset_->path() + "'");
+  }
+}
+
+std::vector<int64_t> TokenLoader::epoch_windows(int64_t epoch) const {
+  const int64_t T = opt_.context, S = slots_;
+  Rng rng(mix64(mix64(opt_.seed) + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(epoch) + 1)) ^ 0x746f6b656e73ULL);
+  const int64_t max_offset = dataset_->size() - 1 - S * T;
+  const int64_t offset = static_cast<int64_t>(rng.below(static_cast<uint64_t>(max_offset) + 1));
+  std::vector<int64_t> starts(S);
+  for (int64_t s = 0; s < S; ++s) starts[s] = s;
+  for (int64_t i = S - 1; i > 0; --i) std::swap(starts[i], starts[rng.below(static_cast<uint64_t>(i) + 1)]);  // Fisher-Yates
+  for (auto& s : starts) s = offset + s * T;
+  return starts;
+}
+
+const std::vector<int64_t>& TokenLoader::cached_windows(int64_t epoch) const {
+  if (cached_epoch_ != epoch) {
+    cached_ = epoch_windows(epoch);
+    cached_epoch_ = epoch;
+  }
+  return cached_;
+}
+
+LoaderState TokenLoader::normalized(LoaderState s) const {
+  if (s.position + opt_.global_batch > slots_) return {s.epoch + 1, 0};
+  return s;
+}
+
+Batch TokenLoader::batch_at(int64_t epoch, int64_t position) const {
+  const auto s = normalized({epoch, position});
+  const auto& order = cached_windows(s.epoch);
+  const auto [lo, hi] = rank_slice(opt_.global_batch, opt_.rank, opt_.world_size);
+  std::vector<int64_t> starts(order.begin() + s.position + lo, order.begin() + s.position + hi);
+  Batch b;
+  fill_windows(*dataset_, starts, opt_.context, b);
+  b.epoch = s.epoch;
+  b.position = s.position;
+  b.global_size = opt_.global_batch;
+  return b;
+}
+
+Batch TokenLoader::next() {
+  Batch b = batch_at(consumed_.epoch, consumed_.position);
+  consumed_ = normalized({b.epoch, b.position + opt_.global_batch});
+  return b;
+}
+
+void TokenLoader::seek(int64_t epoch, int64_t position) {
+  if (epoch < 0 || position < 0 || position > slots_) {
+    throw std::invalid_argument("TokenLoader::seek: need epoch >= 0 and position in [0, " + std::to_string(slots_) +
+                                "], got epoch " + std::to_string(epoch) + ", position " + std::to_string(position));
+  }
+  consumed_ = normalized({epoch, position});
+}
+
+TokenEvalLoader::TokenEvalLoader(std::shared_ptr<const TokenDataset> dataset, TokenEvalOptions options)
+    : dataset_(std::move(dataset)), opt_(options) {
+  TORCH_CHECK(dataset_, "TokenEvalLoader: no dataset");
+  check_context("TokenEvalLoader", *dataset_, opt_.context);
+  check_rank("TokenEvalLoader", opt_.rank, opt_.world_size);
+  if (opt_.batch < 1) throw std::invalid_argument("TokenEvalLoader: batch must be >= 1, got " + std::to_string(opt_.batch));
+  windows_ = (dataset_->size() - 1) / opt_.context;
+}
+
+std::optional<Batch> TokenEvalLoader::next() {
+  if (next_window_ >= windows_) return std::nullopt;
+  const int64_t g = std::min(opt_.batch, windows_ - next_window_);
+  const auto [lo, hi] = rank_slice(g, opt_.rank, opt_.world_size);
+  std::vector<int64_t> starts;
+  for (int64_t j = next_window_ + lo; j < next_window_ + hi; ++j) starts.push_back(j * opt_.context);
+  Batch b;
+  fill_windows(*dataset_, starts, opt_.context, b);
+  b.epoch = 0;
+  b.position = next_window_;
+  b.global_size = g;
+  next_window_ += g;
+  return b;
+}
+
+}  // namespace data

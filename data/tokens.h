@@ -1,0 +1,226 @@
+// Token streams for language models: the project's HDF5 token format ("trainer.tokens", version 1;
+// docs/TRANSFORMERS.md), converters from text (byte-level tokens) and from nanoGPT's uint16 .bin files,
+// a reader, and the training and evaluation loaders.
+//
+// Layout of a file:
+//   /tokens  uint16 (vocab_size <= 65536) or int32, 1-D (N), chunked (65536 tokens a chunk)
+//   root attributes: format = "trainer.tokens", format_version = 1 (int64), vocab_size (int64),
+//                    source (string: what the tokens came from)
+// Every token is in [0, vocab_size). Strings are variable-length UTF-8 (h5py reads them as str).
+//
+// Every HDF5 call is made while holding data::hdf5_lock() (data/hdf5_lock.h).
+//
+// Training windows. A split of N tokens and a context T hold S = floor((N - 1) / T) - 1 non-overlapping
+// window slots (S = 1 when floor((N - 1) / T) = 1). Epoch e draws, from (seed, e) alone, an offset o_e
+// uniform in [0, N - 1 - S*T] and a permutation pi_e of the slots; the sample at position p of epoch e
+// is the window of T + 1 tokens starting at o_e + pi_e(p) * T: inputs are its first T tokens, targets its
+// last T (the inputs shifted by one). An epoch is one pass over the S slots; positions count windows.
+// Global batch k covers positions [p, p + G); an epoch ends when fewer than G slots remain (those are
+// skipped), so steps_per_epoch() = S / G. With world_size W, rank r takes the contiguous slice
+// [r*G/W, (r+1)*G/W) of each global batch.
+#pragma once
+
+#include "data/batch.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace data {
+
+/// The format's name and version, written as root attributes `format` and `format_version`.
+inline constexpr const char* kTokensFormat = "trainer.tokens";
+inline constexpr int64_t kTokensVersion = 1;
+/// Tokens per chunk of /tokens.
+inline constexpr int64_t kTokensChunk = 65536;
+
+/// Writes a trainer.tokens file token by token (for streams that do not fit in memory). The file is
+/// written as `path + ".tmp"` and renamed to `path` by finish(), so an interrupted conversion never
+/// leaves a file that looks complete. The dataset is uint16 when vocab_size <= 65536, else int32.
+class TokenWriter {
+ public:
+  /// Creates "<path>.tmp". Throws std::invalid_argument for vocab_size outside [1, 2^31) and
+  /// std::runtime_error naming the path if the file cannot be created.
+  TokenWriter(std::string path, int64_t vocab_size, std::string source);
+  /// Closes the file; without finish() the partial "<path>.tmp" is removed.
+  ~TokenWriter();
+  TokenWriter(const TokenWriter&) = delete;
+  TokenWriter& operator=(const TokenWriter&) = delete;
+
+  /// Appends n tokens. Throws std::invalid_argument "... token X at position P is outside
+  /// [0, vocab_size = V)" (P counted from the start of the file) and writes nothing of this call.
+  void append(const int64_t* tokens, int64_t n);
+  void append(const std::vector<int64_t>& tokens) { append(tokens.data(), static_cast<int64_t>(tokens.size())); }
+  /// Writes the attributes, closes and renames the file. Returns the number of tokens.
+  int64_t finish();
+
+ private:
+  void flush();
+  std::string path_, tmp_, source_;
+  int64_t vocab_;
+  int64_t written_ = 0;  // in the file
+  std::vector<int64_t> buffer_;
+  int64_t file_ = -1, dset_ = -1;  // hid_t
+  bool finished_ = false;
+};
+
+/// Writes `tokens` as one trainer.tokens file (TokenWriter in one call). Returns tokens.size().
+int64_t write_tokens(const std::string& path, const std::vector<int64_t>& tokens, int64_t vocab_size,
+                     const std::string& source);
+
+/// What a conversion wrote.
+struct TokenConversion {
+  /// The input files, in the order their bytes were concatenated.
+  std::vector<std::string> files;
+  /// Paths written ("" for a split that was not written).
+  std::string train_path, val_path;
+  int64_t train_tokens = 0, val_tokens = 0;
+  /// One line: "N files, X bytes: train.h5 A tokens, val.h5 B tokens (vocab 256)".
+  std::string summary() const;
+};
+
+/// Byte-level tokens (vocabulary 256: token = byte value) from text files. Each entry of
+/// `files_or_dirs` is a file (taken as given) or a directory (every file below it, recursively, except
+/// the fortunes package's `.dat` index files and `.u8` links). All files are concatenated in that order
+/// (directory contents sorted by path) with nothing in between, and the stream is split at its end:
+/// the last round(val_fraction * total) bytes go to out_dir/val.h5, the rest to out_dir/train.h5.
+/// val_fraction in [0, 1); 0 writes no val.h5. Creates out_dir. Throws std::invalid_argument for a
+/// missing input, no files, or a bad val_fraction; std::runtime_error for I/O failures, naming the path.
+TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
+                             double val_fraction);
+
+/// A nanoGPT train.bin / val.bin (raw little-endian uint16 tokens, e.g. GPT-2 BPE with vocab 50257) as
+/// a trainer.tokens file `out` (uint16). Throws std::invalid_argument for an odd file size or a token
+/// >= vocab_size (naming its position), std::runtime_error for I/O failures. Returns the tokens written.
+int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const std::string& out);
+
+/// A trainer.tokens file, read from disk on demand (hyperslab reads under hdf5_lock(); the file stays
+/// open) or held in memory. Thread-safe for concurrent read() calls.
+class TokenDataset {
+ public:
+  /// Opens and checks the file: it exists, is HDF5, has format "trainer.tokens", format_version 1, a
+  /// positive vocab_size and a 1-D uint16 or int32 /tokens. With in_memory, reads every token and checks
+  /// each is in [0, vocab_size). Throws std::runtime_error with one line "TokenDataset 'PATH': ..." that
+  /// says what is wrong.
+  TokenDataset(const std::string& path, bool in_memory);
+  ~TokenDataset();
+  TokenDataset(const TokenDataset&) = delete;
+  TokenDataset& operator=(const TokenDataset&) = delete;
+
+  /// Tokens in the file, N.
+  int64_t size() const { return size_; }
+  int64_t vocab_size() const { return vocab_; }
+  /// The `source` attribute ("" if absent).
+  const std::string& source() const { return source_; }
+  const std::string& path() const { return path_; }
+  bool in_memory() const { return in_memory_; }
+
+  /// Copies tokens [begin, begin + n) to out. Throws std::out_of_range outside [0, N), and
+  /// std::runtime_error "TokenDataset 'PATH': token X at position P is outside [0, vocab_size = V)".
+  void read(int64_t begin, int64_t n, int64_t* out) const;
+  /// Tokens [begin, begin + n) as an int64 tensor (n).
+  torch::Tensor slice(int64_t begin, int64_t n) const;
+
+ private:
+  std::string path_, source_;
+  int64_t size_ = 0, vocab_ = 0;
+  bool in_memory_ = false;
+  bool uint16_ = true;
+  std::vector<uint16_t> u16_;
+  std::vector<int32_t> i32_;
+  int64_t file_ = -1, dset_ = -1;  // hid_t, open when !in_memory
+};
+
+struct TokenLoaderOptions {
+  /// Windows (sequences) per global batch over all ranks, G.
+  int64_t global_batch = 32;
+  /// Tokens per input sequence, T (each window holds T + 1 tokens).
+  int64_t context = 128;
+  /// Seeds every epoch's offset and permutation.
+  uint64_t seed = 0;
+  /// This process's rank and the number of data-parallel processes.
+  int64_t rank = 0;
+  int64_t world_size = 1;
+};
+
+/// The training loader over one split (the windows of the file comment). Reading a window is a copy of
+/// T + 1 tokens, so batches are built in next()'s thread (no workers). Call from one thread.
+class TokenLoader {
+ public:
+  /// Validates the options (context >= 1, N >= context + 1, 1 <= G <= S, G >= world_size,
+  /// 0 <= rank < world_size) and starts at epoch 0, position 0. Throws std::invalid_argument naming the
+  /// option and the numbers.
+  TokenLoader(std::shared_ptr<const TokenDataset> dataset, TokenLoaderOptions options);
+
+  /// The next batch: images = inputs (B, T) int64, labels = targets (B, T) int64, indices = each
+  /// window's first token offset, B = this rank's slice.
+  Batch next();
+  /// Restarts the stream at window `position` (0 <= position <= S) of epoch `epoch` (>= 0): the
+  /// following batches equal those an uninterrupted stream returns from there. A position where no
+  /// full batch fits means the next epoch's start. Throws std::invalid_argument outside those ranges.
+  void seek(int64_t epoch, int64_t position);
+  void seek(const LoaderState& state) { seek(state.epoch, state.position); }
+  /// Where the next call to next() starts (normalized: a finished epoch reads as {epoch + 1, 0}).
+  LoaderState state() const { return consumed_; }
+  /// Global batches in an epoch: S / G.
+  int64_t steps_per_epoch() const { return slots_ / opt_.global_batch; }
+
+  /// The batch that starts at (epoch, position); the stream does not move.
+  Batch batch_at(int64_t epoch, int64_t position) const;
+  /// Window slots per epoch, S.
+  int64_t windows_per_epoch() const { return slots_; }
+  /// The first token offset of each window of epoch `epoch`, in the epoch's order (size S).
+  std::vector<int64_t> epoch_windows(int64_t epoch) const;
+
+  const TokenLoaderOptions& options() const { return opt_; }
+  const TokenDataset& dataset() const { return *dataset_; }
+
+ private:
+  LoaderState normalized(LoaderState s) const;
+  const std::vector<int64_t>& cached_windows(int64_t epoch) const;
+
+  std::shared_ptr<const TokenDataset> dataset_;
+  TokenLoaderOptions opt_;
+  int64_t slots_ = 0;
+  LoaderState consumed_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> cached_;
+};
+
+struct TokenEvalOptions {
+  /// Windows per global batch over all ranks.
+  int64_t batch = 32;
+  /// Tokens per input sequence, T.
+  int64_t context = 128;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+};
+
+/// One pass over a split in order: the floor((N - 1) / T) consecutive non-overlapping windows starting at
+/// 0, T, 2T, ... (every token but the last up to T - 1 is a target exactly once), the last global batch
+/// partial. With world_size > 1 each rank gets its slice of each global batch (possibly empty near the
+/// end); the union over ranks is every window once.
+class TokenEvalLoader {
+ public:
+  /// Throws std::invalid_argument for batch < 1, context < 1, N < context + 1 or a bad rank.
+  TokenEvalLoader(std::shared_ptr<const TokenDataset> dataset, TokenEvalOptions options);
+  /// The next batch of the pass (fields as TokenLoader's; epoch 0, position = windows before it), or
+  /// nullopt once the pass is over (until reset()).
+  std::optional<Batch> next();
+  /// Starts a new pass at window 0.
+  void reset() { next_window_ = 0; }
+  /// Global batches in a pass: ceil(windows / batch).
+  int64_t num_batches() const { return (windows_ + opt_.batch - 1) / opt_.batch; }
+  /// Windows in a pass: floor((N - 1) / T).
+  int64_t num_windows() const { return windows_; }
+
+ private:
+  std::shared_ptr<const TokenDataset> dataset_;
+  TokenEvalOptions opt_;
+  int64_t windows_ = 0;
+  int64_t next_window_ = 0;
+};
+
+}  // namespace data
