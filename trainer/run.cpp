@@ -488,6 +488,10 @@ int TrainingRun::run() {
                              {"global_batch", cfg_.train.global_batch}, {"device", device_.str()},
                              {"torch", compat::torch_version()}, {"limit", limit_bytes_}});
   }
+  if (resumed && step_ >= total_steps_) {
+    spdlog::info("the run is complete: step {} of {} (raise train.steps or train.epochs to train on)", step_, total_steps_);
+    return kExitOk;
+  }
   spdlog::info("training {} steps ({} per epoch) at global batch {} on {}; memory limit {}", total_steps_,
                steps_per_epoch_, cfg_.train.global_batch, device_.str(),
                limit_bytes_ ? format_bytes(limit_bytes_) : "none");
