@@ -69,6 +69,12 @@ std::string utc_now_iso() {
   return buf;
 }
 
+// c10::Error's what() carries a C++ backtrace after the message; the report keeps the message.
+std::string without_backtrace(const std::string& error) {
+  const auto cut = error.find("\nException raised from");
+  return cut == std::string::npos ? error : error.substr(0, cut);
+}
+
 nlohmann::json bytes_or_null(int64_t v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); }
 
 std::string show_bytes(const nlohmann::json& v) {
@@ -162,7 +168,7 @@ nlohmann::json MemoryReporter::build(int64_t step, const MemoryBackend& backend,
     }
   }
   j["phase_peaks"] = peaks;
-  j["error"] = error;
+  j["error"] = without_backtrace(error);
   return j;
 }
 

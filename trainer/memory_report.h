@@ -80,7 +80,8 @@ class MemoryReporter {
   /// "reserved_bytes", "active_bytes", "peak_bytes", "limit_bytes", "total_bytes", "free_bytes",
   /// "fragmentation_bytes", "largest_free_block_bytes", "segments", "ooms", "allocator_ooms",
   /// "alloc_retries", "allocation_refusals", "note", "phase_peaks": [{"step", "<phase>": bytes, ...}],
-  /// "error"}. Values the backend cannot tell are null.
+  /// "error"}. Values the backend cannot tell are null. `error` (an exception's what()) is kept up to the
+  /// C++ backtrace that c10::Error appends.
   nlohmann::json build(int64_t step, const MemoryBackend& backend, const std::string& reason,
                        const std::string& error = "") const;
   /// Builds the report and writes it atomically (a .tmp file, then rename) to

@@ -124,7 +124,8 @@ void Telemetry::observe(const nlohmann::json& r) {
     // The step writes one "oom" line per failed attempt, with the ladder's answer as "kind" (the
     // controller's own event for it is not written separately).
     ++counters_.ooms;
-    const std::string answer = r.value("kind", std::string());
+    auto k = r.find("kind");
+    const std::string answer = k != r.end() && k->is_string() ? k->get<std::string>() : "";
     if (answer == "backoff" || answer == "checkpointing_on") ++counters_.backoffs;
     else if (answer == "probe_failed") ++counters_.probes_failed;
   } else if (kind == "backoff" || kind == "checkpointing_on") {
