@@ -795,6 +795,48 @@ TEST(OpsTensorboard, EventFileReadsBackWithValidFramingAndFields) {
   EXPECT_EQ(scalars[0].wall_time, 1700000000.25);
   EXPECT_EQ(scalars[1].wall_time, 1700000001.5);
 
+  // The same records through Google's protobuf decoder, with the Event / Summary schema (the fields
+  // of tensorflow/core/util/event.proto and summary.proto that the writer uses) built at run time.
+  auto has_pb = testutil::run(testutil::python() + " -c 'import google.protobuf'");
+  if (has_pb.exit_code != 0) {
+    std::printf("[ info ] cross-check with Google's protobuf skipped: %s has no google.protobuf "
+                "(scripts/install-deps.sh installs python3-protobuf)\n", testutil::python().c_str());
+  } else {
+    const std::string pb_script =
+        "import sys, struct\n"
+        "from google.protobuf import descriptor_pb2, descriptor_pool, message_factory\n"
+        "fdp = descriptor_pb2.FileDescriptorProto(name='event_subset.proto', package='tensorflow', syntax='proto3')\n"
+        "m = fdp.message_type.add(name='Value')\n"
+        "m.field.add(name='tag', number=1, type=9, label=1)\n"                // string
+        "m.field.add(name='simple_value', number=2, type=2, label=1)\n"       // float
+        "m = fdp.message_type.add(name='Summary')\n"
+        "m.field.add(name='value', number=1, type=11, label=3, type_name='.tensorflow.Value')\n"
+        "m = fdp.message_type.add(name='Event')\n"
+        "m.field.add(name='wall_time', number=1, type=1, label=1)\n"          // double
+        "m.field.add(name='step', number=2, type=3, label=1)\n"               // int64
+        "m.field.add(name='file_version', number=3, type=9, label=1)\n"
+        "m.field.add(name='summary', number=5, type=11, label=1, type_name='.tensorflow.Summary')\n"
+        "pool = descriptor_pool.DescriptorPool(); pool.Add(fdp)\n"
+        "d = pool.FindMessageTypeByName('tensorflow.Event')\n"
+        "Event = message_factory.GetMessageClass(d) if hasattr(message_factory, 'GetMessageClass') "
+        "else message_factory.MessageFactory(pool).GetPrototype(d)\n"
+        "data = open(sys.argv[1], 'rb').read(); p = 0\n"
+        "while p < len(data):\n"
+        "    (n,) = struct.unpack_from('<Q', data, p); ev = Event.FromString(data[p + 12:p + 12 + n]); p += 16 + n\n"
+        "    if ev.file_version: print('version', ev.file_version)\n"
+        "    for v in ev.summary.value: print(ev.step, v.tag, repr(v.simple_value), repr(ev.wall_time))\n";
+    testutil::write_file(dir / "read_pb.py", pb_script);
+    auto r = testutil::run(testutil::python() + " " + (dir / "read_pb.py").string() + " " + path);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("version brain.Event:2\n"
+                             "1 train/loss 2.5 1700000000.25\n"
+                             "2 train/loss 1.25 1700000001.5\n"
+                             "300000000000 train/lr 0.10000000149011612 1700000002.0\n"
+                             "3 train/loss 0.75 ", 0), 0u)
+        << r.output;
+    EXPECT_NE(r.output.find("3 eval/top1 0.9375 "), std::string::npos) << r.output;
+  }
+
   // The same file through TensorBoard's own reader, where Python has it.
   auto probe = testutil::run(testutil::python() + " -c 'import tensorboard'");
   if (probe.exit_code != 0) {
