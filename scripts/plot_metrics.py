@@ -104,28 +104,30 @@ def plot(path, steps, evals, events, title):
     ax.set_ylim(bottom=0)
 
     ax = axes[2]
-    gib = 1024.0 ** 3
     x, y = column(steps, "mem_peak_bytes")
-    ax.plot(x, [v / gib for v in y], color="#1f77b4", lw=1, label="peak (step)")
     lx, ly = column(steps, "mem_limit_bytes")
+    top = max(y + ly + [1])
+    unit, scale = next((u, s) for u, s in (("GiB", 1024.0 ** 3), ("MiB", 1024.0 ** 2), ("KiB", 1024.0), ("B", 1.0))
+                       if top >= s)
+    ax.plot(x, [v / scale for v in y], color="#1f77b4", lw=1, label="peak (step)")
     if any(v > 0 for v in ly):
         # 0 means "no limit": drawn as a gap, not as a limit of zero.
-        ax.step(lx, [v / gib if v > 0 else float("nan") for v in ly], where="post", color="#d62728", lw=1.5,
+        ax.step(lx, [v / scale if v > 0 else float("nan") for v in ly], where="post", color="#d62728", lw=1.5,
                 label="limit")
-    ax.set_ylabel("memory (GiB)")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_ylim(0, 1.12 * top / scale)
+    ax.legend(loc="lower right", fontsize=8)
 
     ax = axes[3]
     x, y = column(steps, "micro_batch")
     ax.step(x, y, where="post", color="#1f77b4", lw=1.5, label="micro-batch")
     ax.set_ylabel("micro-batch")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.15 * max(y + [1]))
     ax2 = ax.twinx()
     sx, sy = column(steps, "accum_steps")
     ax2.step(sx, sy, where="post", color="#9467bd", lw=1, ls="--", label="accumulation steps")
     ax2.set_ylabel("accumulation steps")
-    ax2.set_ylim(bottom=0)
+    ax2.set_ylim(0, 1.15 * max(sy + [1]))
     axes[3].legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     axes[3].set_xlabel("optimizer step")
