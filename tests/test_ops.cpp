@@ -489,6 +489,15 @@ TEST(OpsMemoryReport, WrittenOnARealCappedCpuOom) {
   EXPECT_EQ(json::parse(testutil::read_file(rep2.path))["ooms"], 1) << "a requested report is not an OOM";
   for (const auto& f : fs::directory_iterator(dir.path)) EXPECT_NE(f.path().extension(), ".tmp") << f.path();
   EXPECT_THROW(trainer::MemoryReporter(dir.str(), nullptr, 0), std::invalid_argument);
+
+  // A report that cannot be written (the "run folder" is a file) still gives its text, and says why.
+  testutil::write_file(dir / "not_a_folder", "x");
+  trainer::MemoryReporter broken((dir / "not_a_folder").string());
+  auto rep3 = broken.write(8, backend, "oom", "boom");
+  EXPECT_TRUE(rep3.path.empty());
+  EXPECT_NE(rep3.write_error.find("memory report: cannot write " + (dir / "not_a_folder").string() +
+                                  "/memory_report_8.json.tmp"), std::string::npos) << rep3.write_error;
+  EXPECT_NE(rep3.text.find("error: boom"), std::string::npos) << rep3.text;
 }
 
 // ---- the resource line ----------------------------------------------------------------------------------

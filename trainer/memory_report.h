@@ -59,7 +59,8 @@ MemoryStats collect_memory_stats(const MemoryBackend& backend);
 struct MemoryReport {
   nlohmann::json json;  ///< the fields of the file (see MemoryReporter::build)
   std::string text;     ///< the log block (MemoryReporter::format)
-  std::string path;     ///< the file written
+  std::string path;     ///< the file written; "" if it could not be written
+  std::string write_error;  ///< why the file could not be written ("" if it was)
 };
 
 /// Collects phase peaks and OOM counts during the run and writes reports. Thread-safe.
@@ -86,8 +87,9 @@ class MemoryReporter {
                        const std::string& error = "") const;
   /// Builds the report and writes it atomically (a .tmp file, then rename) to
   /// <run_dir>/memory_report_<step>.json, or memory_report_<step>_<n>.json (n = 2, 3, ...) when that
-  /// step already has one (several OOMs in one step). reason "oom" counts an OOM first. Throws
-  /// std::runtime_error naming the path if the file cannot be written.
+  /// step already has one (several OOMs in one step). reason "oom" counts an OOM first. Never throws
+  /// for the file: a report must not fail the run it describes; when the file cannot be written,
+  /// `path` is empty and `write_error` names the file and the cause (log it with the text).
   MemoryReport write(int64_t step, const MemoryBackend& backend, const std::string& reason,
                      const std::string& error = "");
 

@@ -461,7 +461,11 @@ ResourceSample ResourceMonitor::sample(const MemoryBackend* backend) {
   if (cpu >= 0 && last_cpu_s_ >= 0 && wall > 0) s.cpu_percent = 100.0 * (cpu - last_cpu_s_) / wall;
   last_cpu_s_ = cpu;
   last_wall_ = now;
-  s.usable_cpus = usable_cpus(root_);
+  try {
+    s.usable_cpus = usable_cpus(root_);
+  } catch (const std::exception&) {
+    s.usable_cpus = 0;  // a malformed cgroup file: the loop's own thread handling reports it
+  }
   s.rss_bytes = host_rss_bytes(root_);
   if (backend) s.device = device_memory_of(*backend);
   if (gpu_index_ < 0) {
@@ -476,7 +480,8 @@ ResourceSample ResourceMonitor::sample(const MemoryBackend* backend) {
 }
 
 std::string ResourceMonitor::format(const ResourceSample& s) {
-  std::string line = fmt::format("resources: cpu {:.0f}% of {} CPU{} | rss {}", s.cpu_percent, s.usable_cpus,
+  std::string line = fmt::format("resources: cpu {:.0f}% of {} CPU{} | rss {}", s.cpu_percent,
+                                 s.usable_cpus > 0 ? std::to_string(s.usable_cpus) : "?",
                                  s.usable_cpus == 1 ? "" : "s", format_bytes(s.rss_bytes));
   if (!s.device.device.empty()) {
     line += fmt::format(" | {} mem {} (peak {}, reserved {}, limit {})", s.device.device, format_bytes(s.device.allocated),

@@ -182,7 +182,7 @@ class Nvml {
 /// One sample of the resource line.
 struct ResourceSample {
   double cpu_percent = 0;      ///< process CPU time / wall time since the previous sample, in percent of one CPU
-  int usable_cpus = 1;         ///< CPUs this process may use (affinity, cgroup quota)
+  int usable_cpus = 1;         ///< CPUs this process may use (affinity, cgroup quota); 0 = unreadable
   int64_t rss_bytes = 0;       ///< resident set size
   DeviceMemoryTelemetry device;  ///< empty device name when no backend was given
   double gpu_percent = -1;     ///< NVML utilisation; -1 = n/a

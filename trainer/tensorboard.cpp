@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 
 #include <array>
 #include <chrono>
@@ -175,8 +176,14 @@ void TensorboardWriter::observe(const nlohmann::json& r) {
     take("top5", "eval/top5");
   }
   if (values.empty()) return;
-  add_scalars(step, values);
-  flush();
+  try {
+    add_scalars(step, values);
+    flush();
+  } catch (const std::exception& e) {
+    // TensorBoard is a view of metrics.jsonl: losing it must not stop the run.
+    if (!warned_) spdlog::warn("{} (TensorBoard scalars are lost from here; metrics.jsonl has them)", e.what());
+    warned_ = true;
+  }
 }
 
 void TensorboardWriter::flush() {

@@ -49,7 +49,8 @@ class TensorboardWriter {
   /// Writes a metrics.jsonl record as scalars and flushes: a step line gives train/loss, train/lr,
   /// train/samples_per_s, train/step_time_s, train/data_wait_s, train/micro_batch, train/accum_steps,
   /// memory/peak_bytes, memory/limit_bytes (and train/loss_scale, train/grad_norm when present); an
-  /// "eval" event gives eval/loss, eval/top1, eval/top5 at its step. Other records are ignored.
+  /// "eval" event gives eval/loss, eval/top1, eval/top5 at its step. Other records are ignored. Never
+  /// throws: a write error (disk full) is logged once as a warning and training goes on.
   void observe(const nlohmann::json& record);
   /// Pushes buffered records to the file. Throws std::runtime_error naming the path on a write error.
   void flush();
@@ -61,6 +62,7 @@ class TensorboardWriter {
   std::string path_;
   std::ofstream out_;
   std::mutex mu_;
+  bool warned_ = false;
 };
 
 }  // namespace trainer
