@@ -304,6 +304,11 @@ TEST(OpsTelemetry, ObserveCountsTheRecordsOfMetricsJsonl) {
   EXPECT_DOUBLE_EQ(s.eval_top1, 0.9);
   EXPECT_EQ(s.nonfinite_steps, 1);
   EXPECT_FALSE(s.stopping);
+  // A resumed run has no start event: the loop says how many steps there are.
+  t.set_total_steps(900);
+  t.observe({{"event", "resume"}, {"step", 12}});
+  EXPECT_EQ(t.snapshot().step.total_steps, 900);
+  EXPECT_EQ(t.snapshot().step.step, 12);
   t.observe({{"event", "stop"}, {"step", 13}, {"signal", "SIGTERM"}});
   EXPECT_TRUE(t.snapshot().stopping);
   EXPECT_EQ(t.snapshot().phase, "stopping");

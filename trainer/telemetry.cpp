@@ -95,6 +95,11 @@ void Telemetry::set_memory(const DeviceMemoryTelemetry& m) {
   memory_ = m;
 }
 
+void Telemetry::set_total_steps(int64_t total_steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_.total_steps = total_steps;
+}
+
 void Telemetry::observe(const nlohmann::json& r) {
   if (!r.is_object()) return;
   const auto now = Clock::now();

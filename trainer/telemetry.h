@@ -84,6 +84,8 @@ class Telemetry {
   void on_step(const StepTelemetry& s);
   /// Device memory after a step.
   void set_memory(const DeviceMemoryTelemetry& m);
+  /// Steps the run will do (a resumed run writes no "start" event that observe() could read it from).
+  void set_total_steps(int64_t total_steps);
   /// Feeds one metrics.jsonl record: a step line ({"step", "loss", ...} without "event") updates the step
   /// gauges (and mem_peak_bytes / mem_limit_bytes); an event updates the counters: "oom" (+ its "kind":
   /// backoff / checkpointing_on count as a backoff, probe_failed as a failed probe), "probe", "backoff",
