@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ libtorch-dev libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev zlib1g-dev
       libgtest-dev libgmock-dev libcpp-httplib-dev nlohmann-json3-dev
-      python3-torch python3-torchvision dataset-fashion-mnist fortunes)
+      python3-torch python3-torchvision python3-matplotlib python3-protobuf
+      dataset-fashion-mnist fortunes)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")

@@ -27,6 +27,24 @@ target_include_directories(trainer_deps SYSTEM INTERFACE
   ${HDF5_C_INCLUDE_DIRS} ${CXXOPTS_INCLUDE_DIR} ${NLOHMANN_JSON_INCLUDE_DIR} ${YAML_CPP_INCLUDE_DIR})
 target_compile_options(trainer_deps INTERFACE ${TORCH_CXX_FLAGS})
 
+# cpp-httplib (the metrics endpoint, trainer/http.cpp). Debian splits it into a declarations-only header
+# and a shared library built with OpenSSL, zlib and brotli; its pkg-config file carries the matching
+# CPPHTTPLIB_*_SUPPORT defines, which http.cpp must see or the header's classes (httplib::Request)
+# differ from the library's. They are set on that one file only. Elsewhere (the container) the
+# single-file header is used as it is: no defines, no library, no OpenSSL.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(CPP_HTTPLIB QUIET cpp-httplib)
+endif()
+find_path(HTTPLIB_INCLUDE_DIR httplib.h HINTS ${CPP_HTTPLIB_INCLUDE_DIRS} REQUIRED)
+target_include_directories(trainer_deps SYSTEM INTERFACE ${HTTPLIB_INCLUDE_DIR})
+if(CPP_HTTPLIB_FOUND)
+  target_link_directories(trainer_deps INTERFACE ${CPP_HTTPLIB_LIBRARY_DIRS})
+  target_link_libraries(trainer_deps INTERFACE ${CPP_HTTPLIB_LIBRARIES})
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/http.cpp PROPERTIES
+    COMPILE_OPTIONS "${CPP_HTTPLIB_CFLAGS_OTHER}")
+endif()
+
 # Where LibTorch was built with CUDA, the trainer compiles its CUDA seams (memory statistics, caps).
 if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
   target_compile_definitions(trainer_deps INTERFACE TRAINER_WITH_CUDA=1)

@@ -12,6 +12,7 @@
 #include "data/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
+#include "trainer/compare.h"
 #include "trainer/compat.h"
 #include "trainer/config.h"
 #include "trainer/signals.h"
@@ -105,6 +106,7 @@ int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
                                 "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer export --help");

@@ -1,0 +1,253 @@
+#include "trainer/memory_report.h"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <type_traits>
+
+#include "trainer/memory.h"
+#include "trainer/telemetry.h"
+
+#ifdef TRAINER_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+#ifdef TRAINER_WITH_CUDA
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+// snapshot() returns the segment list itself in 1.13 and a SnapshotInfo holding it as `.segments` in
+// 2.x. Telling them apart by type, not by version number, keeps this out of compat.h's version checks.
+template <typename T, typename = void>
+struct HasSegments : std::false_type {};
+template <typename T>
+struct HasSegments<T, std::void_t<decltype(std::declval<const T&>().segments)>> : std::true_type {};
+
+template <typename Snapshot>
+const auto& segments_of(const Snapshot& s) {
+  if constexpr (HasSegments<Snapshot>::value) return s.segments;
+  else return s;
+}
+
+void fill_cuda_stats(MemoryStats& m, c10::DeviceIndex index) {
+  // StatArrays are indexed by StatType; AGGREGATE (all pools) is index 0 in every release (as memory.cpp).
+  constexpr size_t kAggregate = 0;
+  const auto stats = cca::getDeviceStats(index);
+  m.active = stats.active_bytes[kAggregate].current;
+  m.allocator_ooms = stats.num_ooms;
+  m.alloc_retries = stats.num_alloc_retries;
+  const auto snap = cca::snapshot();
+  int64_t largest = 0, segments = 0;
+  for (const auto& seg : segments_of(snap)) {
+    if (seg.device != index) continue;
+    ++segments;
+    for (const auto& b : seg.blocks)
+      if (!b.allocated && !b.active) largest = std::max<int64_t>(largest, b.size);
+  }
+  m.largest_free_block = largest;
+  m.segments = segments;
+  m.note = "largest free block: inside the caching allocator's reserved segments; a larger tensor needs new "
+           "memory from the driver (free_bytes)";
+}
+#endif
+
+std::string utc_now_iso() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// c10::Error's what() carries a C++ backtrace after the message; the report keeps the message.
+std::string without_backtrace(const std::string& error) {
+  const auto cut = error.find("\nException raised from");
+  return cut == std::string::npos ? error : error.substr(0, cut);
+}
+
+nlohmann::json bytes_or_null(int64_t v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); }
+
+std::string show_bytes(const nlohmann::json& v) {
+  if (!v.is_number()) return "n/a";
+  return fmt::format("{} ({} B)", format_bytes(v.get<int64_t>()), v.get<int64_t>());
+}
+
+std::string show_count(const nlohmann::json& v) { return v.is_number() ? std::to_string(v.get<int64_t>()) : "n/a"; }
+
+}  // namespace
+
+MemoryStats collect_memory_stats(const MemoryBackend& backend) {
+  MemoryStats m;
+  m.device = backend.name();
+  m.allocated = backend.current_bytes();
+  m.reserved = backend.reserved_bytes();
+  m.active = m.allocated;
+  m.peak = backend.peak_bytes();
+  m.limit = backend.limit();
+  m.total = backend.total_bytes();
+  m.free = backend.free_bytes();
+  m.fragmentation = std::max<int64_t>(0, m.reserved - m.allocated);
+  const c10::Device d = backend.device();
+  if (d.is_cpu()) {
+    m.allocation_refusals = cpu_allocator::installed() ? cpu_allocator::refused_allocations() : 0;
+    m.note = "cpu: fragmentation and largest free block are not applicable: the capped CPU allocator caches "
+             "nothing (every free returns memory to malloc), so reserved = allocated";
+  }
+#ifdef TRAINER_WITH_CUDA
+  if (d.is_cuda()) fill_cuda_stats(m, d.index());
+#endif
+  return m;
+}
+
+MemoryReporter::MemoryReporter(std::string run_dir, Telemetry* telemetry, int keep_steps)
+    : run_dir_(std::move(run_dir)), telemetry_(telemetry), keep_steps_(static_cast<size_t>(keep_steps)) {
+  if (keep_steps < 1)
+    throw std::invalid_argument("memory report: keep_steps must be >= 1, got " + std::to_string(keep_steps));
+}
+
+void MemoryReporter::record_phase_peak(int64_t step, const std::string& phase, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phases_.empty() || phases_.back().first != step) {
+    phases_.emplace_back(step, std::map<std::string, int64_t>{});
+    while (phases_.size() > keep_steps_) phases_.pop_front();
+  }
+  auto& slot = phases_.back().second[phase];
+  slot = std::max(slot, bytes);
+}
+
+void MemoryReporter::count_oom() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++ooms_;
+}
+
+int64_t MemoryReporter::ooms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ooms_;
+}
+
+nlohmann::json MemoryReporter::build(int64_t step, const MemoryBackend& backend, const std::string& reason,
+                                     const std::string& error) const {
+  const MemoryStats m = collect_memory_stats(backend);
+  nlohmann::json j;
+  j["step"] = step;
+  j["reason"] = reason;
+  j["time"] = utc_now_iso();
+  j["device"] = m.device;
+  j["allocated_bytes"] = m.allocated;
+  j["reserved_bytes"] = m.reserved;
+  j["active_bytes"] = m.active;
+  j["peak_bytes"] = m.peak;
+  j["limit_bytes"] = m.limit;
+  j["total_bytes"] = m.total;
+  j["free_bytes"] = m.free;
+  j["fragmentation_bytes"] = m.fragmentation;
+  j["largest_free_block_bytes"] = bytes_or_null(m.largest_free_block);
+  j["segments"] = bytes_or_null(m.segments);
+  j["allocator_ooms"] = bytes_or_null(m.allocator_ooms);
+  j["alloc_retries"] = bytes_or_null(m.alloc_retries);
+  j["allocation_refusals"] = bytes_or_null(m.allocation_refusals);
+  j["note"] = m.note;
+  nlohmann::json peaks = nlohmann::json::array();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    j["ooms"] = ooms_;
+    for (const auto& [s, phases] : phases_) {
+      nlohmann::json p = {{"step", s}};
+      for (const auto& [name, bytes] : phases) p[name] = bytes;
+      peaks.push_back(p);
+    }
+  }
+  j["phase_peaks"] = peaks;
+  j["error"] = without_backtrace(error);
+  return j;
+}
+
+MemoryReport MemoryReporter::write(int64_t step, const MemoryBackend& backend, const std::string& reason,
+                                   const std::string& error) {
+  if (reason == "oom") count_oom();
+  MemoryReport r;
+  r.json = build(step, backend, reason, error);
+  r.text = format(r.json);
+  fs::path path = fs::path(run_dir_) / fmt::format("memory_report_{}.json", step);
+  for (int n = 2; fs::exists(path); ++n) path = fs::path(run_dir_) / fmt::format("memory_report_{}_{}.json", step, n);
+  if (telemetry_) telemetry_->set_memory_report(r.json.dump(2));
+  // A reader (a person, a log shipper) never sees half a file: write aside, then rename over.
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << r.json.dump(2) << "\n";
+    if (!out.flush()) {
+      r.write_error = "memory report: cannot write " + tmp.string() + " (disk full or run folder not writable)";
+      return r;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    r.write_error = "memory report: cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message();
+    fs::remove(tmp, ec);
+    return r;
+  }
+  r.path = path.string();
+  return r;
+}
+
+std::string MemoryReporter::format(const nlohmann::json& j) {
+  const std::string rule(72, '=');
+  std::string o;
+  o += rule + "\n";
+  o += fmt::format("memory report: step {}, {} on {} at {}\n", j.value("step", int64_t{0}), j.value("reason", std::string()),
+                   j.value("device", std::string()), j.value("time", std::string()));
+  o += std::string(72, '-') + "\n";
+  auto line = [&](const char* name, const std::string& value) { o += fmt::format("  {:<28}{}\n", name, value); };
+  line("allocated", show_bytes(j["allocated_bytes"]));
+  line("reserved", show_bytes(j["reserved_bytes"]));
+  line("active", show_bytes(j["active_bytes"]));
+  line("peak (this step)", show_bytes(j["peak_bytes"]));
+  const auto& limit = j["limit_bytes"];
+  line("limit", limit.is_number() && limit.get<int64_t>() == 0 ? "none" : show_bytes(limit));
+  line("total", show_bytes(j["total_bytes"]));
+  line("free (system)", show_bytes(j["free_bytes"]));
+  line("fragmentation", j["largest_free_block_bytes"].is_null() ? "n/a" : show_bytes(j["fragmentation_bytes"]));
+  line("largest free block", show_bytes(j["largest_free_block_bytes"]));
+  line("segments", show_count(j["segments"]));
+  line("OOMs (this run)", show_count(j["ooms"]));
+  line("allocator OOMs", show_count(j["allocator_ooms"]));
+  line("alloc retries", show_count(j["alloc_retries"]));
+  line("allocation refusals", show_count(j["allocation_refusals"]));
+  if (!j.value("note", std::string()).empty()) o += "  note: " + j["note"].get<std::string>() + "\n";
+  const auto& peaks = j["phase_peaks"];
+  if (peaks.is_array() && !peaks.empty()) {
+    // One column per phase seen, in a stable order: the usual three first, then any others.
+    std::vector<std::string> cols = {"forward", "backward", "optimizer"};
+    for (const auto& p : peaks)
+      for (const auto& [k, v] : p.items())
+        if (k != "step" && std::find(cols.begin(), cols.end(), k) == cols.end()) cols.push_back(k);
+    o += "  phase peaks (recent steps):\n";
+    o += fmt::format("    {:>8}", "step");
+    for (const auto& c : cols) o += fmt::format("  {:>14}", c);
+    o += "\n";
+    for (const auto& p : peaks) {
+      o += fmt::format("    {:>8}", p.value("step", int64_t{0}));
+      for (const auto& c : cols) o += fmt::format("  {:>14}", p.contains(c) ? format_bytes(p[c].get<int64_t>()) : "-");
+      o += "\n";
+    }
+  } else {
+    o += "  phase peaks: none recorded (the loop did not report per-phase peaks)\n";
+  }
+  if (!j.value("error", std::string()).empty()) o += "  error: " + j["error"].get<std::string>() + "\n";
+  o += rule;
+  return o;
+}
+
+}  // namespace trainer
