@@ -28,10 +28,13 @@ void MetricsLog::open(const std::string& path) {
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!out_.is_open()) return;
-  out_ << record.dump() << '\n';
-  out_.flush();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!out_.is_open()) return;
+    out_ << record.dump() << '\n';
+    out_.flush();
+  }
+  if (observer_) observer_(record);
 }
 
 void MetricsLog::event(const std::string& kind, nlohmann::json fields) {

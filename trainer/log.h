@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -24,10 +25,13 @@ class MetricsLog {
   void write(const nlohmann::json& record);
   /// Writes {"event": kind, ...fields}; also used for evaluations.
   void event(const std::string& kind, nlohmann::json fields);
+  /// Called with every record after it is written (telemetry, TensorBoard).
+  void set_observer(std::function<void(const nlohmann::json&)> observer) { observer_ = std::move(observer); }
 
  private:
   std::ofstream out_;
   std::mutex mu_;
+  std::function<void(const nlohmann::json&)> observer_;
 };
 
 /// "1h02m03s" / "4m05s" / "12.3s".

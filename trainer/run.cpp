@@ -60,6 +60,16 @@ void TrainingRun::setup() {
   store_->check_writable();
   setup_logging(opts_.run_dir, cfg_.log.level);
   metrics_.open((fs::path(opts_.run_dir) / "metrics.jsonl").string());
+  if (cfg_.log.tensorboard) tensorboard_ = std::make_unique<TensorboardWriter>(opts_.run_dir);
+  metrics_.set_observer([this](const nlohmann::json& j) {
+    telemetry_.observe(j);
+    if (tensorboard_) tensorboard_->observe(j);
+  });
+  memory_report_ = std::make_unique<MemoryReporter>(opts_.run_dir, &telemetry_);
+  if (cfg_.log.http_port > 0) {
+    http_ = std::make_unique<HttpServer>(telemetry_, cfg_.log.http_host, static_cast<int>(cfg_.log.http_port));
+    spdlog::info("http: serving /metrics /healthz /readyz /memory on {}", http_->url());
+  }
   {
     std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
     out << to_yaml(cfg_);
@@ -79,6 +89,10 @@ void TrainingRun::setup() {
 
   // Memory: the cap is installed before the model exists so every tensor is counted.
   memory_ = make_memory_backend(device_);
+  resources_ = std::make_unique<ResourceMonitor>(device_.is_cuda() ? std::max<int>(0, device_.index()) : -1);
+  telemetry_.set_info("device", device_.str());
+  telemetry_.set_info("model", cfg_.model.name);
+  telemetry_.set_info("version", TRAINER_VERSION);
   limit_spec_ = cfg_.memory.limit;
   limit_bytes_ = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
   cgroup_limit_ = read_cgroup_memory().limit_bytes;
@@ -382,7 +396,9 @@ EvalResult TrainingRun::evaluate() {
   torch::Tensor correct1 = torch::zeros({}, torch::dtype(torch::kLong).device(device_));
   torch::Tensor correct5 = torch::zeros({}, torch::dtype(torch::kLong).device(device_));
   int64_t targets = 0, batches = 0;
+  telemetry_.set_phase("eval");
   while (auto b = next_eval()) {
+    telemetry_.heartbeat();
     if (cfg_.train.eval_batches > 0 && batches++ >= cfg_.train.eval_batches) break;
     // Evaluation backs off on its own: an OOM halves the evaluation micro-batch and redoes that chunk,
     // without touching the training micro-batch.
@@ -497,6 +513,9 @@ int TrainingRun::run() {
                limit_bytes_ ? format_bytes(limit_bytes_) : "none");
   model_->train();
   start_time_ = last_ckpt_time_ = std::chrono::steady_clock::now();
+  telemetry_.set_memory(device_memory_of(*memory_));
+  telemetry_.set_total_steps(total_steps_);
+  telemetry_.set_ready(true);
   int exit_code = kExitOk;
   bool need_micro_batch_search = cfg_.train.micro_batch == -1 && !resumed;
 
@@ -522,6 +541,16 @@ int TrainingRun::run() {
       epoch_ = loader_->state().epoch;
       position_ = loader_->state().position;
       log_step(r, dt);
+      telemetry_.set_memory(device_memory_of(*memory_));
+      if (step_ % cfg_.log.every == 0) {
+        ResourceSample rs = resources_->sample(memory_.get());
+        telemetry_.set_gpu_utilization(rs.gpu_percent);
+        spdlog::info("{}", ResourceMonitor::format(rs));
+      }
+      if (take_memory_report_request() || telemetry_.take_memory_report_request()) {
+        MemoryReport rep = memory_report_->write(step_, *memory_, "request");
+        spdlog::info("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
+      }
 
       bool epoch_end = step_ % steps_per_epoch_ == 0;
       bool eval_now = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;
@@ -545,6 +574,7 @@ int TrainingRun::run() {
         // scheduler restarts the job, which then resumes from this checkpoint.
         const std::string sig = stop_signal() == SIGINT ? "SIGINT" : "SIGTERM";
         spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", sig, step_);
+        telemetry_.set_stopping();
         save_checkpoint(sig, true);
         metrics_.event("stop", {{"step", step_}, {"signal", sig}});
         return exit_code_for_signal(stop_signal());

@@ -17,6 +17,10 @@
 #include "trainer/amp.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/http.h"
+#include "trainer/memory_report.h"
+#include "trainer/telemetry.h"
+#include "trainer/tensorboard.h"
 #include "trainer/log.h"
 #include "trainer/memory.h"
 #include "trainer/oom.h"
@@ -116,6 +120,11 @@ class TrainingRun {
   std::unique_ptr<ControlFile> control_;
   std::unique_ptr<CheckpointStore> store_;
   MetricsLog metrics_;
+  Telemetry telemetry_;  // before http_: the server reads it until destroyed
+  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<MemoryReporter> memory_report_;
+  std::unique_ptr<ResourceMonitor> resources_;
+  std::unique_ptr<TensorboardWriter> tensorboard_;
 
   int64_t step_ = 0;          // optimizer steps completed
   int64_t total_steps_ = 0;

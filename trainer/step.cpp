@@ -84,6 +84,8 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
       break;
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
+      MemoryReport rep = memory_report_->write(step_ + 1, *memory_, "oom", e.what());
+      spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
       drop_failed_attempt();
       {
         torch::NoGradGuard ng;
