@@ -473,6 +473,7 @@ void TrainingRun::log_step(const StepResult& r, double step_time) {
                       {"step_time_s", step_time},
                       {"data_wait_s", data_wait_s_},
                       {"mem_peak_bytes", memory_->peak_bytes()},
+                      {"mem_start_bytes", r.mem_start_bytes},
                       {"mem_limit_bytes", limit_bytes_},
                       {"oom_retries", r.oom_retries},
                       {"batch_hash", batch_hash_},

@@ -64,6 +64,7 @@ struct StepResult {
   int64_t accum_steps = 0;
   int64_t oom_retries = 0;  ///< attempts that ran out of memory before it completed
   double lr = 0;
+  int64_t mem_start_bytes = 0;  ///< tensor memory held when the step began (weights, optimizer state, batch)
 };
 
 struct EvalResult {

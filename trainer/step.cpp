@@ -68,6 +68,7 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
   StepResult r;
   r.lr = learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_, warmup_steps_);
   memory_->reset_peak();
+  r.mem_start_bytes = memory_->current_bytes();
 
   // A retried step must start from the same state: BatchNorm running statistics (updated by the failed
   // attempt's forwards) and the RNG (dropout) are restored; the samples are the same batch tensors.
