@@ -6,7 +6,7 @@ metrics.jsonl and reports, per workload: the activation peak (mem_peak_bytes - m
 step allocated on top of weights, optimizer state and the batch), the median step time, and the ratios.
 Targets (issue 4): activation peak cut by >= 40% at <= 35% extra step time.
 
-    /usr/bin/python3 bench/act_ckpt.py --trainer build/trainer --out act_ckpt.json [--steps 6]
+    /usr/bin/python3 bench/act_ckpt.py --trainer build/trainer --out act_ckpt.json [--steps 6] [--threads 1]
 """
 import argparse
 import json
@@ -27,11 +27,11 @@ WORKLOADS = {
 }
 
 
-def run(trainer, args, policy, steps, workdir):
+def run(trainer, args, policy, steps, workdir, threads):
     run_dir = os.path.join(workdir, policy)
     cmd = [trainer, "--run-dir", run_dir, *args, "--set", f"train.steps={steps}", "--set", "train.epochs=0",
            "--set", f"memory.activation_checkpointing={policy}", "--set", "checkpoint.every_steps=0",
-           "--set", "checkpoint.every_seconds=0", "--set", "log.every=1000"]
+           "--set", "checkpoint.every_seconds=0", "--set", "log.every=1000", "--set", f"train.threads={threads}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     lines = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
     steps_ = [l for l in lines if "event" not in l][1:]  # the first step allocates optimizer state
@@ -50,14 +50,15 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--out", default="act_ckpt.json")
+    ap.add_argument("--threads", type=int, default=0, help="train.threads (0 = the CPUs the process may use)")
     a = ap.parse_args()
     out = {"workloads": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name, args in WORKLOADS.items():
             if a.only and name not in a.only.split(","):
                 continue
-            plain = run(a.trainer, args, "none", a.steps, os.path.join(tmp, name))
-            ckpt = run(a.trainer, args, "all", a.steps, os.path.join(tmp, name))
+            plain = run(a.trainer, args, "none", a.steps, os.path.join(tmp, name), a.threads)
+            ckpt = run(a.trainer, args, "all", a.steps, os.path.join(tmp, name), a.threads)
             cut = 1 - ckpt["activation_peak_bytes"] / plain["activation_peak_bytes"]
             slower = ckpt["step_time_s_median"] / plain["step_time_s_median"] - 1
             out["workloads"][name] = {"none": plain, "all": ckpt, "activation_peak_cut": cut,
