@@ -10,6 +10,7 @@
 #include "data/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
+#include "trainer/bench.h"
 #include "trainer/compat.h"
 #include "trainer/config.h"
 #include "trainer/signals.h"
@@ -75,6 +76,7 @@ void dry_run(const Config& cfg) {
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
                                 "Subcommands: trainer convert-idx --help, trainer export --help");
