@@ -8,9 +8,10 @@
 
 It reads the trainer's YAML config (defaults < file < --set, as trainer/config.h) and mirrors what bears
 on speed:
-  model      torchvision resnet18/34/50/101/152 (conv1 rebuilt for data.shape[0] != 3), or the CIFAR
-             ResNet-20/32/56 below, which has models/resnet.cpp's structure (option A shortcuts) and
-             parameter names; model.num_classes, zero_init_residual, channels_last (weights and inputs).
+  model      torchvision resnet18/34/50/101/152 (conv1 rebuilt for data.shape[0] != 3; without torchvision,
+             or with --models builtin, this file's copy of them), or the CIFAR ResNet-20/32/56 below, which
+             has models/resnet.cpp's structure (option A shortcuts); all with the trainer's parameter
+             names. model.num_classes, zero_init_residual, channels_last (weights and inputs).
   data       data.kind synthetic only: a pool of 4 pre-generated batches of data.shape, uint8 noise
              normalized as the trainer's synthetic dataset (mean 0.5, std of uniform bytes), float32
              NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's
@@ -69,6 +70,7 @@ DEFAULTS = {
 
 SCHEMA = "trainer-bench/1"
 POOL_BATCHES = 4
+MODELS = "auto"  # --models: auto (torchvision when importable) | builtin
 
 
 class ConfigError(Exception):
@@ -313,17 +315,110 @@ def build_model(cfg, torch, nn, F):
             h = F.adaptive_avg_pool2d(h, 1).flatten(1)
             return self.fc(h)
 
+    class Basic(nn.Module):
+        expansion = 1
+
+        def __init__(self, inp, planes, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inp, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = projection(inp, planes, stride)
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, inp, planes, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inp, planes, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)  # v1.5: stride on the 3x3
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(planes * 4)
+            self.downsample = projection(inp, planes * 4, stride)
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = F.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+    def projection(inp, out, stride):
+        if stride == 1 and inp == out:
+            return None
+        return nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+    class ImageNetResNet(nn.Module):
+        """torchvision's ResNet (v1.5), for hosts without torchvision: the same structure, names and init."""
+
+        def __init__(self, block, layers):
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            inp = 64
+            for s, (n, width) in enumerate(zip(layers, (64, 128, 256, 512))):
+                blocks = []
+                for b in range(n):
+                    blocks.append(block(inp, width, 2 if s > 0 and b == 0 else 1))
+                    inp = width * block.expansion
+                setattr(self, "layer%d" % (s + 1), nn.Sequential(*blocks))
+            self.fc = nn.Linear(inp, classes)
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, nn.BatchNorm2d):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+            if zero_init:
+                for m in self.modules():
+                    if isinstance(m, Basic):
+                        nn.init.zeros_(m.bn2.weight)
+                    elif isinstance(m, Bottleneck):
+                        nn.init.zeros_(m.bn3.weight)
+
+        def forward(self, x):
+            h = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+            h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
+            return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
     cifar = {"resnet20": 3, "resnet32": 5, "resnet56": 9}
+    imagenet = {"resnet18": (Basic, [2, 2, 2, 2]), "resnet34": (Basic, [3, 4, 6, 3]),
+                "resnet50": (Bottleneck, [3, 4, 6, 3]), "resnet101": (Bottleneck, [3, 4, 23, 3]),
+                "resnet152": (Bottleneck, [3, 8, 36, 3])}
     if name in cifar:
         return CifarResNet(cifar[name])
-    if name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
-        import torchvision
+    if name in imagenet:
+        try:
+            if MODELS == "builtin":
+                raise ImportError("--models builtin")
+            import torchvision
+        except ImportError:
+            return ImageNetResNet(*imagenet[name])
         model = getattr(torchvision.models, name)(weights=None, num_classes=classes, zero_init_residual=zero_init)
         if channels != 3:
             model.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
             nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
         return model
     raise ConfigError("config: key 'model.name': the Python reference has no model '%s'" % name)
+
+
+def models_source():
+    """Where the ImageNet ResNets come from: torchvision when importable (and not --models builtin)."""
+    if MODELS == "builtin":
+        return "builtin"
+    try:
+        import torchvision
+        return "torchvision " + torchvision.__version__
+    except ImportError:
+        return "builtin (no torchvision)"
 
 
 def forward_flops(model, shape, torch, nn):
@@ -523,8 +618,7 @@ def run(cfg, args, torch):
 
 
 def environment(torch, device, name):
-    import torchvision
-    versions = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+    versions = {"torch": torch.__version__, "models": models_source(),
                 "python": platform.python_version(), "cuda": torch.version.cuda or "",
                 "cudnn": str(torch.backends.cudnn.version() or "") if device.type == "cuda" else ""}
     env = {
@@ -558,6 +652,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     ap.add_argument("--out", default="", help="write the JSON here (default: stdout)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak TFLOP/s, for MFU")
+    ap.add_argument("--models", choices=("auto", "builtin"), default="auto",
+                    help="ImageNet ResNets from torchvision when importable (auto), or this file's copy")
     ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
     ap.add_argument("--print-defaults", action="store_true", help="print this script's copy of the defaults")
     args = ap.parse_args()
@@ -566,6 +662,8 @@ def main():
         return 0
     if args.warmup < 0 or args.steps < 1:
         raise ConfigError("command line: --warmup must be >= 0 and --steps >= 1")
+    global MODELS
+    MODELS = args.models
     cfg = load_config(args.config, args.set)
     if not args.describe:
         check_mirrored(cfg)  # before the slow import of torch

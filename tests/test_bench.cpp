@@ -325,13 +325,16 @@ TEST(BenchReference, ModelsHaveTheTrainersStructureAndFlops) {
   struct Case {
     std::string name;
     std::vector<int64_t> shape;
+    std::string models;  // reference.py --models: torchvision's ResNets (auto) or the script's own copy
   };
-  // ResNet-50 on one channel: bottleneck blocks, and torchvision's conv1 rebuilt for the channels.
-  for (const auto& c : {Case{"resnet20", {1, 16, 16}}, Case{"resnet50", {1, 32, 32}}}) {
+  // ResNet-50 on one channel: bottleneck blocks, and torchvision's conv1 rebuilt for the channels; the
+  // script's own ImageNet ResNets (for hosts without torchvision) both ways.
+  for (const auto& c : {Case{"resnet20", {1, 16, 16}, "auto"}, Case{"resnet50", {1, 32, 32}, "auto"},
+                        Case{"resnet50", {3, 32, 32}, "builtin"}, Case{"resnet18", {1, 32, 32}, "builtin"}}) {
     std::string shape = "[" + std::to_string(c.shape[0]) + "," + std::to_string(c.shape[1]) + "," +
                         std::to_string(c.shape[2]) + "]";
-    auto r = testutil::run(reference_py() + " --describe --set model.name=" + c.name + " --set data.shape=" + shape +
-                           " --set model.num_classes=7");
+    auto r = testutil::run(reference_py() + " --describe --models " + c.models + " --set model.name=" + c.name +
+                           " --set data.shape=" + shape + " --set model.num_classes=7");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     json py = json::parse(r.output);
     auto model = models::create_model(c.name, models::ModelOptions().num_classes(7).in_channels(c.shape[0]));
@@ -340,8 +343,8 @@ TEST(BenchReference, ModelsHaveTheTrainersStructureAndFlops) {
     for (const auto& b : model->named_buffers()) cpp[b.key()] = b.value().sizes().vec();
     std::map<std::string, std::vector<int64_t>> pys;
     for (auto& [k, v] : py["state"].items()) pys[k] = v.get<std::vector<int64_t>>();
-    EXPECT_EQ(pys, cpp) << c.name;
-    EXPECT_EQ(py["flops_per_sample_forward"].get<double>(), model->forward_flops(c.shape)) << c.name;
+    EXPECT_EQ(pys, cpp) << c.name << " " << c.models;
+    EXPECT_EQ(py["flops_per_sample_forward"].get<double>(), model->forward_flops(c.shape)) << c.name << " " << c.models;
   }
 }
 
