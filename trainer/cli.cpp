@@ -12,6 +12,7 @@
 #include "data/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
+#include "trainer/bench.h"
 #include "trainer/compare.h"
 #include "trainer/compat.h"
 #include "trainer/config.h"
@@ -107,10 +108,11 @@ int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
                                 "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer export --help,\n"
-                                "trainer compare --help");
+                                "trainer compare --help, trainer bench --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(

@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""Runs `trainer bench` and bench/reference.py on the same config in alternating rounds and compares them.
+
+    compare.py --config FILE [--set key=value ...] [--rounds 3] [--warmup 5] [--steps 20]
+               [--trainer build/trainer] [--python /usr/bin/python3] [--out summary.json]
+               [--workdir DIR] [--loader-steps 20 | --no-loader] [--peak-tflops X]
+
+Each round runs the trainer, then Python (trainer, python, trainer, python, ...), so a change in the
+machine's load touches both sides alike. Per round it prints ratio = trainer step_time_s_p50 / python
+step_time_s_p50 (below 1.0: the trainer is faster), the same with the data wait included and of the
+fastest steps (the least disturbed on a shared machine), and at the end the medians over the rounds. When the
+trainer chose its micro-batch itself (train.micro_batch: auto), Python is given the same one.
+Unless --no-loader, it then measures the loader alone (`trainer bench --loader-only`) and reports
+loader_headroom = loader samples/s / the trainer's median samples/s (the target is >= 3).
+
+The summary JSON (schema "trainer-bench-compare/1") holds every round's figures, the medians, the exact
+commands and the result files' paths (in --workdir, kept). Needs only the standard library.
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCHEMA = "trainer-bench-compare/1"
+
+
+def run_json(cmd, out_path, what):
+    t = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+        raise RuntimeError("%s failed (exit %d): %s\n%s" % (what, p.returncode, " ".join(map(shlex.quote, cmd)), tail))
+    with open(out_path) as f:
+        res = json.load(f)
+    res["_seconds"] = time.time() - t
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="the trainer's YAML config")
+    ap.add_argument("--set", action="append", default=[], help="key=value for both sides (repeatable)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--trainer", default=os.environ.get("TRAINER_BIN", "build/trainer"), help="the trainer executable")
+    ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter with torch and torchvision")
+    ap.add_argument("--out", default="", help="write the summary JSON here")
+    ap.add_argument("--workdir", default="", help="where the per-run JSON files go (default: a new temp folder)")
+    ap.add_argument("--loader-steps", type=int, default=20, help="batches timed by the loader-only run")
+    ap.add_argument("--no-loader", action="store_true", help="skip the loader-only run")
+    ap.add_argument("--peak-tflops", type=float, default=0.0, help="passed to both sides, for MFU")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="trainer-compare-")
+    os.makedirs(workdir, exist_ok=True)
+    sets = []
+    for s in args.set:
+        sets += ["--set", s]
+    common = ["--config", args.config] + sets + ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    if args.peak_tflops > 0:
+        common += ["--peak-tflops", str(args.peak_tflops)]
+
+    rounds, commands = [], []
+    python_extra = []
+    for r in range(1, args.rounds + 1):
+        load = os.getloadavg()[0]
+        t_out = os.path.join(workdir, "round%d_trainer.json" % r)
+        t_cmd = [args.trainer, "bench"] + common + ["--out", t_out]
+        tr = run_json(t_cmd, t_out, "trainer bench")
+        if r == 1 and tr["micro_batch"] != tr["global_batch"]:
+            python_extra = ["--set", "train.micro_batch=%d" % tr["micro_batch"]]
+        p_out = os.path.join(workdir, "round%d_python.json" % r)
+        p_cmd = [args.python, os.path.join(HERE, "reference.py")] + common + python_extra + ["--out", p_out]
+        py = run_json(p_cmd, p_out, "bench/reference.py")
+        if r == 1:
+            commands = [" ".join(map(shlex.quote, t_cmd)), " ".join(map(shlex.quote, p_cmd))]
+        ratio = tr["step_time_s_p50"] / py["step_time_s_p50"]
+        ratio_total = tr["step_total_s_p50"] / py["step_total_s_p50"]
+        # The fastest step of each side: the least disturbed by other processes on a shared machine.
+        ratio_min = tr["step_time_s_min"] / py["step_time_s_min"]
+        row = {
+            "round": r, "load_avg_1m_before": load,
+            "trainer": {k: tr.get(k) for k in ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "step_total_s_p50",
+                                               "data_wait_share", "samples_per_s_median", "samples_per_s_aggregate",
+                                               "mem_peak_bytes", "rss_peak_bytes", "micro_batch", "timed_steps")},
+            "python": {k: py.get(k) for k in ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "step_total_s_p50",
+                                              "data_wait_share", "samples_per_s_median", "samples_per_s_aggregate",
+                                              "mem_peak_bytes", "rss_peak_bytes", "micro_batch", "timed_steps")},
+            "ratio_step_time_p50": ratio,
+            "ratio_step_total_p50": ratio_total,
+            "ratio_step_time_min": ratio_min,
+            "trainer_file": t_out, "python_file": p_out,
+        }
+        rounds.append(row)
+        print("round %d (load %.2f): trainer step p50 %.4f s (p90 %.4f, min %.4f), python %.4f s (p90 %.4f, min %.4f): "
+              "ratio %.3f; with data wait %.3f; of the minima %.3f"
+              % (r, load, tr["step_time_s_p50"], tr["step_time_s_p90"], tr["step_time_s_min"], py["step_time_s_p50"],
+                 py["step_time_s_p90"], py["step_time_s_min"], ratio, ratio_total, ratio_min), flush=True)
+
+    summary = {
+        "schema": SCHEMA,
+        "config_file": args.config, "overrides": args.set, "warmup": args.warmup, "steps": args.steps,
+        "rounds": rounds,
+        "median_ratio_step_time_p50": statistics.median(r["ratio_step_time_p50"] for r in rounds),
+        "median_ratio_step_total_p50": statistics.median(r["ratio_step_total_p50"] for r in rounds),
+        "median_ratio_step_time_min": statistics.median(r["ratio_step_time_min"] for r in rounds),
+        "trainer_samples_per_s_median": statistics.median(r["trainer"]["samples_per_s_median"] for r in rounds),
+        "python_samples_per_s_median": statistics.median(r["python"]["samples_per_s_median"] for r in rounds),
+        "commands": commands,
+        "workdir": workdir,
+    }
+    first_t = json.load(open(rounds[0]["trainer_file"]))
+    first_p = json.load(open(rounds[0]["python_file"]))
+    summary["model"] = first_t["model"]
+    summary["global_batch"] = first_t["global_batch"]
+    summary["precision"] = first_t["precision"]
+    summary["device"] = first_t["device"]
+    summary["device_name"] = first_t["device_name"]
+    summary["host"] = first_t["host"]
+    summary["versions"] = {"trainer": first_t["versions"], "python": first_p["versions"]}
+    summary["date"] = first_t["date"]
+    print("median ratio trainer/python step time p50 over %d rounds: %.3f (with data wait %.3f; of the minima %.3f)"
+          % (len(rounds), summary["median_ratio_step_time_p50"], summary["median_ratio_step_total_p50"],
+             summary["median_ratio_step_time_min"]))
+
+    if not args.no_loader:
+        l_out = os.path.join(workdir, "loader.json")
+        l_cmd = [args.trainer, "bench", "--loader-only", "--config", args.config] + sets + \
+                ["--warmup", "2", "--steps", str(args.loader_steps), "--out", l_out]
+        lo = run_json(l_cmd, l_out, "trainer bench --loader-only")
+        summary["loader"] = {"samples_per_s": lo["samples_per_s"], "workers": lo["workers"], "file": l_out,
+                             "command": " ".join(map(shlex.quote, l_cmd))}
+        summary["loader_headroom"] = lo["samples_per_s"] / summary["trainer_samples_per_s_median"]
+        print("loader alone: %.1f samples/s with %d workers = %.1fx what the trainer consumes (%.1f samples/s)"
+              % (lo["samples_per_s"], lo["workers"], summary["loader_headroom"], summary["trainer_samples_per_s_median"]))
+
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+        print("summary -> %s (runs in %s)" % (args.out, workdir))
+    else:
+        print("runs in %s" % workdir)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except RuntimeError as e:
+        print("error: %s" % e, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,690 @@
+#!/usr/bin/python3
+"""The Python PyTorch reference for `trainer bench`: the same job, trained the plain PyTorch way.
+
+    reference.py --config FILE [--set key=value ...] [--warmup N] [--steps N] [--out FILE.json]
+                 [--peak-tflops X]
+    reference.py --describe --config FILE [--set ...]   # the model's state shapes and FLOPs, as JSON
+    reference.py --print-defaults                       # this script's copy of the trainer's defaults
+
+It reads the trainer's YAML config (defaults < file < --set, as trainer/config.h) and mirrors what bears
+on speed:
+  model      torchvision resnet18/34/50/101/152 (conv1 rebuilt for data.shape[0] != 3; without torchvision,
+             or with --models builtin, this file's copy of them), or the CIFAR ResNet-20/32/56 below, which
+             has models/resnet.cpp's structure (option A shortcuts); all with the trainer's parameter
+             names. model.num_classes, zero_init_residual, channels_last (weights and inputs).
+  data       data.kind synthetic only: a pool of 4 pre-generated batches of data.shape, uint8 noise
+             normalized as the trainer's synthetic dataset (mean 0.5, std of uniform bytes), float32
+             NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's
+             loader makes its batches in background threads instead.
+  step       zero_grad(set_to_none) -> per micro-batch: (copy to the device, channels_last) forward under
+             torch.autocast when amp.enabled, cross entropy in fp32 (summed / global batch, label
+             smoothing), backward (GradScaler for fp16) -> clip_grad_norm_ if optim.grad_clip > 0 ->
+             optimizer step -> loss.item(): the one host sync per step, as the trainer.
+  optimizer  torch.optim.SGD (momentum, nesterov, weight decay) or AdamW, no weight decay on tensors with
+             fewer than 2 dims unless optim.decay_norm_and_bias; the trainer's LR schedule per step.
+  threads    torch.set_num_threads(train.threads, or the CPUs this process may use: affinity and cgroup
+             quota, as trainer/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
+Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
+
+The result JSON has the schema of `trainer bench` (docs/BENCHMARKS.md), with implementation "pytorch".
+Works with Debian's torch 1.13 / torchvision 0.14 and with PyTorch 2.x on a GPU host.
+"""
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import socket
+import statistics
+import sys
+import time
+
+import yaml
+
+# The trainer's defaults (trainer/config.h, Config{}), every key. tests/test_bench.cpp checks that this
+# copy equals the trainer's, key for key.
+DEFAULTS = {
+    "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
+              "init_from": ""},
+    "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
+             "in_memory": True, "shape": [3, 224, 224], "synthetic_size": 10000, "workers": 0, "prefetch": 2,
+             "crop_padding": 0, "hflip": False, "normalize": True},
+    "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
+              "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0},
+    "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0, "min_lr": 0.0, "milestones": [],
+                 "gamma": 0.1},
+    "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,
+              "eval_batch": 500, "label_smoothing": 0.0, "device": "auto", "threads": 0,
+              "deterministic": False},
+    "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
+            "backoff_factor": 0.5, "growth_interval": 2000},
+    "memory": {"limit": "none", "auto_margin": 0.1, "min_micro_batch": 1, "activation_checkpointing": "none",
+               "checkpoint_every_k": 2, "ladder_checkpointing": True, "grow_after": 50, "headroom": 0.25},
+    "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True},
+    "log": {"every": 20, "level": "info", "http_port": 0, "http_host": "127.0.0.1", "tensorboard": False},
+    "seed": 0,
+}
+
+SCHEMA = "trainer-bench/1"
+POOL_BATCHES = 4
+MODELS = "auto"  # --models: auto (torchvision when importable) | builtin
+
+
+class ConfigError(Exception):
+    pass
+
+
+# ---- config ---------------------------------------------------------------------------------------
+
+def coerce(value, default, key, source):
+    """`value` as the type of the trainer's default for `key`. PyYAML reads YAML 1.1 (where `1e-4` is a
+    string and `yes` a bool) and yaml-cpp YAML 1.2, so numbers written as text are converted here."""
+    def bad(what):
+        raise ConfigError("%s: key '%s': expected %s, got %r" % (source, key, what, value))
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        bad("true or false")
+    if isinstance(default, int):
+        if key == "train.micro_batch" and value == "auto":
+            return -1
+        if isinstance(value, bool):
+            bad("an integer")
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value), 10)
+        except ValueError:
+            bad("an integer")
+    if isinstance(default, float):
+        if isinstance(value, bool):
+            bad("a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            bad("a number")
+    if isinstance(default, list):
+        if not isinstance(value, list):
+            bad("a list of integers")
+        return [coerce(v, 0, key, source) for v in value]
+    return "" if value is None else str(value)  # strings
+
+
+def apply_tree(cfg, node, prefix, source):
+    if not isinstance(node, dict):
+        raise ConfigError("%s: expected a mapping%s, got %r" % (source, " at '%s'" % prefix if prefix else "", node))
+    for k, v in node.items():
+        key = "%s.%s" % (prefix, k) if prefix else str(k)
+        section = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            section = section.get(p) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or parts[-1] not in section:
+            raise ConfigError("%s: key '%s': unknown key" % (source, key))
+        if isinstance(section[parts[-1]], dict):
+            apply_tree(cfg, v, key, source)
+        else:
+            section[parts[-1]] = coerce(v, section[parts[-1]], key, source)
+
+
+def load_config(path, sets):
+    """defaults < YAML file < --set key=value (value parsed as YAML), as trainer::load_config."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if path:
+        try:
+            with open(path) as f:
+                node = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError("%s: cannot read the config file (%s)" % (path, e.strerror))
+        if node is not None:
+            apply_tree(cfg, node, "", path)
+    for s in sets:
+        key, eq, value = s.partition("=")
+        if not eq or not key:
+            raise ConfigError("--set %s: expected key=value" % s)
+        node = {}
+        leaf = node
+        parts = key.split(".")
+        for p in parts[:-1]:
+            leaf = leaf.setdefault(p, {})
+        leaf[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+        apply_tree(cfg, node, "", "--set " + s)
+    return cfg
+
+
+def check_mirrored(cfg):
+    if cfg["data"]["kind"] != "synthetic":
+        raise ConfigError("config: key 'data.kind': the Python reference runs on synthetic data only; "
+                          "set data.kind: synthetic (got '%s')" % cfg["data"]["kind"])
+    if cfg["memory"]["activation_checkpointing"] != "none":
+        raise ConfigError("config: key 'memory.activation_checkpointing': not mirrored by the Python reference; "
+                          "benchmark with none")
+    if len(cfg["data"]["shape"]) != 3:
+        raise ConfigError("config: key 'data.shape': expected (C, H, W), got %r" % cfg["data"]["shape"])
+
+
+# ---- the machine ----------------------------------------------------------------------------------
+
+def cgroup_cpu_quota():
+    """CPUs allowed by this process's cgroup (v2 cpu.max, smallest over the ancestors; v1 cfs quota);
+    0 = no quota. Mirrors trainer/resources.cpp's read_cgroup_cpu."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0.0
+    best = 0.0
+    for line in lines:
+        hid, ctrls, path = line.split(":", 2)
+        if hid == "0" and ctrls == "":  # v2
+            p = path
+            while True:
+                try:
+                    with open(os.path.join("/sys/fs/cgroup", p.lstrip("/"), "cpu.max")) as f:
+                        quota, period = f.read().split()
+                    if quota != "max":
+                        q = float(quota) / float(period)
+                        best = q if best == 0 else min(best, q)
+                except (OSError, ValueError):
+                    pass
+                if p in ("/", ""):
+                    break
+                p = os.path.dirname(p)
+        elif "cpu" in ctrls.split(","):  # v1
+            base = os.path.join("/sys/fs/cgroup", ctrls, path.lstrip("/"))
+            try:
+                with open(os.path.join(base, "cpu.cfs_quota_us")) as f:
+                    quota = int(f.read())
+                with open(os.path.join(base, "cpu.cfs_period_us")) as f:
+                    period = int(f.read())
+                if quota > 0 and period > 0:
+                    best = quota / period if best == 0 else min(best, quota / period)
+            except (OSError, ValueError):
+                pass
+    return best
+
+
+def usable_cpus():
+    n = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota > 0:
+        n = min(n, math.ceil(quota - 1e-9))
+    return max(1, n)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def known_peak_tflops(name, precision):
+    """Dense tensor-core TFLOP/s; the same table as trainer/bench.cpp's known_peak_tflops."""
+    if precision not in ("bf16", "fp16"):
+        return 0.0
+    if "H200" in name and "NVL" not in name:
+        return 989.4
+    if "H100" in name and ("HBM3" in name or "SXM" in name):
+        return 989.4
+    if "H100" in name and "PCIe" in name:
+        return 756.0
+    if "A100" in name:
+        return 312.0
+    return 0.0
+
+
+def percentile(values, q):
+    """numpy.percentile's default (linear interpolation), as trainer/bench.cpp's percentile."""
+    v = sorted(values)
+    rank = q / 100.0 * (len(v) - 1)
+    lo = int(math.floor(rank))
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (rank - lo) * (v[hi] - v[lo])
+
+
+# ---- the model ------------------------------------------------------------------------------------
+
+def build_model(cfg, torch, nn, F):
+    name = cfg["model"]["name"]
+    classes = cfg["model"]["num_classes"]
+    channels = cfg["data"]["shape"][0]
+    zero_init = cfg["model"]["zero_init_residual"]
+
+    class CifarBlock(nn.Module):
+        """models/resnet.cpp's BasicBlock with an option A shortcut: subsample x[:, :, ::s, ::s] and append
+        zero channels."""
+
+        def __init__(self, inp, planes, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inp, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.stride, self.extra = stride, planes - inp
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            sc = x
+            if self.stride != 1 or self.extra != 0:
+                sc = x[:, :, ::self.stride, ::self.stride] if self.stride != 1 else x
+                sc = F.pad(sc, (0, 0, 0, 0, 0, self.extra))
+            return F.relu(out + sc)
+
+    class CifarResNet(nn.Module):
+        """He et al. 2016 section 4.2: 3x3 stem, three stages of n blocks at 16/32/64 channels."""
+
+        def __init__(self, n):
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, 16, 3, 1, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(16)
+            inp = 16
+            for s, width in enumerate((16, 32, 64)):
+                blocks = []
+                for b in range(n):
+                    blocks.append(CifarBlock(inp, width, 2 if s > 0 and b == 0 else 1))
+                    inp = width
+                setattr(self, "layer%d" % (s + 1), nn.ModuleList(blocks))
+            self.fc = nn.Linear(64, classes)
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, nn.BatchNorm2d):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+            if zero_init:
+                for m in self.modules():
+                    if isinstance(m, CifarBlock):
+                        nn.init.zeros_(m.bn2.weight)
+
+        def forward(self, x):
+            h = F.relu(self.bn1(self.conv1(x)))
+            for layer in (self.layer1, self.layer2, self.layer3):
+                for block in layer:
+                    h = block(h)
+            h = F.adaptive_avg_pool2d(h, 1).flatten(1)
+            return self.fc(h)
+
+    class Basic(nn.Module):
+        expansion = 1
+
+        def __init__(self, inp, planes, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inp, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = projection(inp, planes, stride)
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, inp, planes, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inp, planes, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)  # v1.5: stride on the 3x3
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(planes * 4)
+            self.downsample = projection(inp, planes * 4, stride)
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = F.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+    def projection(inp, out, stride):
+        if stride == 1 and inp == out:
+            return None
+        return nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+    class ImageNetResNet(nn.Module):
+        """torchvision's ResNet (v1.5), for hosts without torchvision: the same structure, names and init."""
+
+        def __init__(self, block, layers):
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            inp = 64
+            for s, (n, width) in enumerate(zip(layers, (64, 128, 256, 512))):
+                blocks = []
+                for b in range(n):
+                    blocks.append(block(inp, width, 2 if s > 0 and b == 0 else 1))
+                    inp = width * block.expansion
+                setattr(self, "layer%d" % (s + 1), nn.Sequential(*blocks))
+            self.fc = nn.Linear(inp, classes)
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, nn.BatchNorm2d):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+            if zero_init:
+                for m in self.modules():
+                    if isinstance(m, Basic):
+                        nn.init.zeros_(m.bn2.weight)
+                    elif isinstance(m, Bottleneck):
+                        nn.init.zeros_(m.bn3.weight)
+
+        def forward(self, x):
+            h = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+            h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
+            return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+    cifar = {"resnet20": 3, "resnet32": 5, "resnet56": 9}
+    imagenet = {"resnet18": (Basic, [2, 2, 2, 2]), "resnet34": (Basic, [3, 4, 6, 3]),
+                "resnet50": (Bottleneck, [3, 4, 6, 3]), "resnet101": (Bottleneck, [3, 4, 23, 3]),
+                "resnet152": (Bottleneck, [3, 8, 36, 3])}
+    if name in cifar:
+        return CifarResNet(cifar[name])
+    if name in imagenet:
+        try:
+            if MODELS == "builtin":
+                raise ImportError("--models builtin")
+            import torchvision
+        except ImportError:
+            return ImageNetResNet(*imagenet[name])
+        model = getattr(torchvision.models, name)(weights=None, num_classes=classes, zero_init_residual=zero_init)
+        if channels != 3:
+            model.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+            nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+        return model
+    raise ConfigError("config: key 'model.name': the Python reference has no model '%s'" % name)
+
+
+def models_source():
+    """Where the ImageNet ResNets come from: torchvision when importable (and not --models builtin)."""
+    if MODELS == "builtin":
+        return "builtin"
+    try:
+        import torchvision
+        return "torchvision " + torchvision.__version__
+    except ImportError:
+        return "builtin (no torchvision)"
+
+
+def forward_flops(model, shape, torch, nn):
+    """Conv2d and Linear FLOPs (2 x multiply-adds) for one sample, counted by forward hooks: the
+    convention of models::ModelImpl::forward_flops."""
+    macs = [0]
+
+    def conv_hook(m, inputs, out):
+        kh, kw = m.kernel_size
+        macs[0] += (out.numel() // out.shape[0]) * (m.in_channels // m.groups) * kh * kw
+
+    def linear_hook(m, inputs, out):
+        macs[0] += (out.numel() // out.shape[0]) * m.in_features
+
+    handles = []
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            handles.append(m.register_forward_hook(conv_hook))
+        elif isinstance(m, nn.Linear):
+            handles.append(m.register_forward_hook(linear_hook))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, *shape))
+    model.train(was_training)
+    for h in handles:
+        h.remove()
+    return 2.0 * macs[0]
+
+
+def learning_rate(cfg, step, total_steps, warmup_steps):
+    """trainer/optim.cpp's learning_rate for the 0-based optimizer step `step`."""
+    peak, s = cfg["optim"]["lr"], cfg["schedule"]
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    if s["name"] == "cosine":
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return s["min_lr"] + (peak - s["min_lr"]) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if s["name"] == "step":
+        return peak * s["gamma"] ** sum(1 for m in s["milestones"] if step >= m)
+    return peak
+
+
+# ---- the measurement ------------------------------------------------------------------------------
+
+def run(cfg, args, torch):
+    nn, F = torch.nn, torch.nn.functional
+    check_mirrored(cfg)
+    threads = cfg["train"]["threads"] or usable_cpus()
+    try:
+        torch.set_num_interop_threads(threads)  # only before any parallel work, as the trainer
+    except RuntimeError:
+        pass
+    torch.set_num_threads(threads)
+    torch.manual_seed(cfg["seed"])
+    dev_spec = cfg["train"]["device"]
+    if dev_spec == "auto":
+        dev_spec = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(dev_spec)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    cuda = device.type == "cuda"
+    if cfg["train"]["deterministic"]:
+        torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = not cfg["train"]["deterministic"]
+
+    shape = cfg["data"]["shape"]
+    G = cfg["train"]["global_batch"]
+    mb = cfg["train"]["micro_batch"]
+    mb = G if mb <= 0 else min(mb, G)  # `auto` (-1): the whole batch; compare.py passes the trainer's choice
+    channels_last = cfg["model"]["channels_last"]
+    amp = cfg["amp"]
+    precision = amp["dtype"] if amp["enabled"] else "fp32"
+    amp_dtype = torch.float16 if amp["dtype"] == "fp16" else torch.bfloat16
+    if amp["enabled"] and amp["dtype"] == "fp16" and not cuda:
+        raise ConfigError("config: key 'amp.dtype': fp16 autocast needs a CUDA device (use bf16 on the CPU)")
+    use_scaler = amp["enabled"] and amp["dtype"] == "fp16" and amp["scaler"] != "false"
+
+    model = build_model(cfg, torch, nn, F)
+    fwd_flops = forward_flops(model, shape, torch, nn)
+    model.to(device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+
+    o = cfg["optim"]
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if o["decay_norm_and_bias"] or p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    if o["name"] == "sgd":
+        opt = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"] and o["momentum"] > 0)
+    else:
+        opt = torch.optim.AdamW(groups, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # 2.3+
+        scaler = torch.amp.GradScaler("cuda", init_scale=amp["init_scale"], growth_factor=amp["growth_factor"],
+                                      backoff_factor=amp["backoff_factor"], growth_interval=amp["growth_interval"],
+                                      enabled=use_scaler)
+    else:
+        scaler = torch.cuda.amp.GradScaler(init_scale=amp["init_scale"], growth_factor=amp["growth_factor"],
+                                           backoff_factor=amp["backoff_factor"],
+                                           growth_interval=amp["growth_interval"], enabled=use_scaler)
+
+    # The data: a pool of pre-generated batches, uint8 noise normalized as the trainer's synthetic dataset.
+    gen = torch.Generator().manual_seed(cfg["seed"])
+    std = math.sqrt((256.0 ** 2 - 1) / 12.0) / 255.0
+    pool = []
+    for _ in range(POOL_BATCHES):
+        img = torch.randint(0, 256, (G, *shape), dtype=torch.uint8, generator=gen)
+        x = (img.float() / 255.0 - 0.5) / std if cfg["data"]["normalize"] else img.float() / 255.0
+        y = torch.randint(0, cfg["model"]["num_classes"], (G,), generator=gen)
+        if cuda:
+            x, y = x.pin_memory(), y.pin_memory()
+        pool.append((x, y))
+
+    total = args.warmup + args.steps
+    warmup_sched = cfg["schedule"]["warmup_steps"]  # warmup_epochs has no meaning for a synthetic pool
+    records, t_end = [], {}
+    model.train()
+    for step in range(total):
+        t0 = time.perf_counter()
+        images, labels = pool[step % POOL_BATCHES]
+        t1 = time.perf_counter()
+        lr = learning_rate(cfg, step, total, warmup_sched)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        opt.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        for start in range(0, G, mb):
+            x = images[start:start + mb].to(device, non_blocking=True)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            y = labels[start:start + mb].to(device, non_blocking=True)
+            with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp["enabled"]):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y, reduction="sum",
+                                   label_smoothing=cfg["train"]["label_smoothing"]) / G
+            scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        if o["grad_clip"] > 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+        scaler.step(opt)
+        scaler.update()
+        loss_value = loss_sum.item()  # the one host sync per step
+        t2 = time.perf_counter()
+        t_end[step + 1] = t2
+        records.append({"step": step + 1, "step_time_s": t2 - t1, "data_wait_s": t1 - t0, "loss": loss_value,
+                        "mem_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None})
+
+    timed = records[args.warmup:]
+    step_time = [r["step_time_s"] for r in timed]
+    tot = [r["step_time_s"] + r["data_wait_s"] for r in timed]
+    wait_sum = sum(r["data_wait_s"] for r in timed)
+    res = {
+        "schema": SCHEMA, "implementation": "pytorch", "mode": "train",
+        "model": cfg["model"]["name"], "sample_shape": list(shape), "global_batch": G,
+        "config_file": args.config, "overrides": args.set, "command_line": " ".join([sys.executable] + sys.argv),
+        "timed_steps": len(timed), "warmup_steps": args.warmup,
+        "step_time_s_p50": percentile(step_time, 50), "step_time_s_p90": percentile(step_time, 90),
+        "step_time_s_mean": statistics.fmean(step_time), "step_time_s_min": min(step_time),
+        "step_time_s_max": max(step_time),
+        "step_total_s_p50": percentile(tot, 50), "step_total_s_p90": percentile(tot, 90),
+        "data_wait_s_sum": wait_sum, "data_wait_share": wait_sum / sum(tot),
+        "samples_per_s_median": percentile([G / t for t in tot], 50),
+    }
+    if args.warmup > 0:
+        res["wall_s"] = t_end[total] - t_end[args.warmup]
+        res["wall_source"] = "perf_counter after each step"
+    else:
+        res["wall_s"] = sum(tot)
+        res["wall_source"] = "sum of step_time + data_wait"
+    res["samples_per_s_aggregate"] = len(timed) * G / res["wall_s"]
+    peaks = [r["mem_peak_bytes"] for r in timed if r["mem_peak_bytes"] is not None]
+    res.update({
+        "mem_peak_bytes": max(peaks) if peaks else None, "micro_batch": mb, "oom_retries": 0, "skipped_updates": 0,
+        "loss_first": timed[0]["loss"], "loss_last": timed[-1]["loss"],
+        "precision": precision, "channels_last": channels_last, "threads": threads, "loader_workers": 0,
+        "data": "pool of %d pre-generated batches, cycled" % POOL_BATCHES,
+        "flops_per_sample_forward": fwd_flops, "flops_per_sample_train": 3 * fwd_flops,
+    })
+    achieved = 3 * fwd_flops * res["samples_per_s_median"] / 1e12
+    name = torch.cuda.get_device_name(device) if cuda else ""
+    peak, source = args.peak_tflops, "--peak-tflops"
+    if peak <= 0:
+        peak, source = known_peak_tflops(name, precision), "table: %s %s" % (name, precision)
+    res.update({
+        "achieved_tflops": achieved, "peak_tflops": peak if peak > 0 else None,
+        "peak_tflops_source": source if peak > 0 else None, "mfu": achieved / peak if peak > 0 else None,
+        "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "config_yaml": yaml.safe_dump(cfg, sort_keys=False),
+    })
+    res.update(environment(torch, device, name))
+    return res
+
+
+def environment(torch, device, name):
+    versions = {"torch": torch.__version__, "models": models_source(),
+                "python": platform.python_version(), "cuda": torch.version.cuda or "",
+                "cudnn": str(torch.backends.cudnn.version() or "") if device.type == "cuda" else ""}
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "nproc": os.cpu_count(),
+                 "usable_cpus": usable_cpus(), "load_avg": list(os.getloadavg())},
+        "versions": versions, "device": str(device), "device_name": name,
+    }
+    if device.type == "cuda":
+        try:
+            import subprocess
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.splitlines()[0].strip()
+        except (OSError, IndexError, subprocess.SubprocessError):
+            pass
+    return env
+
+
+def describe(cfg, torch):
+    """The model's state (name -> shape) and its forward FLOPs per sample, for tests/test_bench.cpp."""
+    model = build_model(cfg, torch, torch.nn, torch.nn.functional)
+    return {"state": {k: list(v.shape) for k, v in model.state_dict().items()},
+            "flops_per_sample_forward": forward_flops(model, cfg["data"]["shape"], torch, torch.nn)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="", help="the trainer's YAML config")
+    ap.add_argument("--set", action="append", default=[], help="key=value, as the trainer's --set (repeatable)")
+    ap.add_argument("--warmup", type=int, default=5, help="optimizer steps run first, not measured")
+    ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
+    ap.add_argument("--out", default="", help="write the JSON here (default: stdout)")
+    ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak TFLOP/s, for MFU")
+    ap.add_argument("--models", choices=("auto", "builtin"), default="auto",
+                    help="ImageNet ResNets from torchvision when importable (auto), or this file's copy")
+    ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
+    ap.add_argument("--print-defaults", action="store_true", help="print this script's copy of the defaults")
+    args = ap.parse_args()
+    if args.print_defaults:
+        print(json.dumps(DEFAULTS, indent=2))
+        return 0
+    if args.warmup < 0 or args.steps < 1:
+        raise ConfigError("command line: --warmup must be >= 0 and --steps >= 1")
+    global MODELS
+    MODELS = args.models
+    cfg = load_config(args.config, args.set)
+    if not args.describe:
+        check_mirrored(cfg)  # before the slow import of torch
+    import torch
+    res = describe(cfg, torch) if args.describe else run(cfg, args, torch)
+    text = json.dumps(res, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    if not args.describe:
+        print("reference: %s batch %d on %s: step p50 %.4f s, p90 %.4f s, %.1f samples/s (median)%s"
+              % (res["model"], res["global_batch"], res["device"], res["step_time_s_p50"], res["step_time_s_p90"],
+                 res["samples_per_s_median"], " -> " + args.out if args.out else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ConfigError as e:
+        print("error: %s" % e, file=sys.stderr)
+        sys.exit(2)

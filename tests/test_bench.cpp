@@ -1,0 +1,413 @@
+// The speed harness: the statistics against hand-computed values; `trainer bench` (training and
+// --loader-only) and bench/compare.py on a tiny job, whose JSON must be complete and consistent (counts,
+// orderings, FLOPs against the model's own count, figures against the run's metrics.jsonl), never fast;
+// and the Python reference's config defaults and models against the trainer's.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "models/registry.h"
+#include "test_util.h"
+#include "trainer/bench.h"
+#include "trainer/compat.h"
+#include "trainer/config.h"
+#include "trainer/resources.h"
+
+using nlohmann::json;
+using testutil::TempDir;
+
+namespace {
+
+// ResNet-20 on 1x16x16 synthetic samples, batch 8: a second or two for 5 steps on 2 cores. On the CPU on
+// any host (a GPU host too): the tests check the CPU fields.
+const char* kTinyJob = R"(model: {name: resnet20, num_classes: 10}
+data: {kind: synthetic, shape: [1, 16, 16], synthetic_size: 64, test: ""}
+optim: {lr: 0.01}
+schedule: {name: constant}
+train: {global_batch: 8, device: cpu}
+log: {every: 1}
+)";
+
+std::string tiny_config(const TempDir& dir) {
+  auto path = (dir / "tiny.yaml").string();
+  testutil::write_file(path, kTinyJob);
+  return path;
+}
+
+std::string bench_cmd(const std::string& args) { return testutil::trainer_bin() + " bench " + args; }
+
+std::string reference_py() { return testutil::python() + " " + testutil::source_dir() + "/bench/reference.py"; }
+
+json read_json(const std::string& path) { return json::parse(testutil::read_file(path)); }
+
+// The last line of a failed command's output, which must be its one "error: ..." line.
+std::string last_line(std::string out) {
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  auto nl = out.rfind('\n');
+  return nl == std::string::npos ? out : out.substr(nl + 1);
+}
+
+// The fields every training result has, trainer's and Python's alike (docs/BENCHMARKS.md).
+const std::vector<std::string> kTrainFields = {
+    "schema", "implementation", "mode", "model", "sample_shape", "global_batch", "timed_steps", "warmup_steps",
+    "step_time_s_p50", "step_time_s_p90", "step_time_s_mean", "step_time_s_min", "step_time_s_max",
+    "step_total_s_p50", "step_total_s_p90", "data_wait_s_sum", "data_wait_share", "samples_per_s_median",
+    "samples_per_s_aggregate", "wall_s", "wall_source", "mem_peak_bytes", "rss_peak_bytes", "micro_batch",
+    "precision", "channels_last", "threads", "flops_per_sample_forward", "flops_per_sample_train",
+    "achieved_tflops", "peak_tflops", "mfu", "versions", "device", "device_name", "host", "date",
+    "command_line", "config_yaml", "loss_first", "loss_last"};
+
+double model_forward_flops(const std::string& name, const std::vector<int64_t>& shape, int64_t classes) {
+  auto m = models::create_model(name, models::ModelOptions().num_classes(classes).in_channels(shape[0]));
+  return m->forward_flops(shape);
+}
+
+}  // namespace
+
+// ---- statistics -----------------------------------------------------------------------------------
+
+TEST(BenchStats, PercentileInterpolatesLikeNumpy) {
+  // numpy.percentile([4, 1, 3, 2], q): sorted 1 2 3 4, rank q/100 * 3.
+  std::vector<double> v = {4, 1, 3, 2};
+  EXPECT_DOUBLE_EQ(trainer::percentile(v, 0), 1.0);
+  EXPECT_DOUBLE_EQ(trainer::percentile(v, 50), 2.5);
+  EXPECT_DOUBLE_EQ(trainer::percentile(v, 90), 3.7);
+  EXPECT_DOUBLE_EQ(trainer::percentile(v, 100), 4.0);
+  EXPECT_DOUBLE_EQ(trainer::percentile({7}, 90), 7.0);
+  try {
+    trainer::percentile({}, 50);
+    FAIL() << "no values accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "percentile: no values");
+  }
+  try {
+    trainer::percentile(v, 101);
+    FAIL() << "q = 101 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("q must lie in [0, 100]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BenchStats, SummarizesTheTimedStepsOfAMetricsFile) {
+  TempDir dir;
+  auto path = (dir / "metrics.jsonl").string();
+  // Two warmup steps, three timed ones, events in between (skipped by the reader).
+  testutil::write_file(path,
+                       R"({"event":"start","total_steps":5}
+{"step":1,"step_time_s":9.0,"data_wait_s":1.0,"mem_peak_bytes":999,"micro_batch":8,"oom_retries":0,"updated":true,"loss":3.0}
+{"step":2,"step_time_s":0.5,"data_wait_s":0.0,"mem_peak_bytes":100,"micro_batch":8,"oom_retries":0,"updated":true,"loss":2.5}
+{"step":3,"step_time_s":0.2,"data_wait_s":0.1,"mem_peak_bytes":300,"micro_batch":8,"oom_retries":1,"updated":true,"loss":2.0}
+{"event":"oom","step":4}
+{"step":4,"step_time_s":0.4,"data_wait_s":0.0,"mem_peak_bytes":500,"micro_batch":4,"oom_retries":2,"updated":false,"loss":1.5}
+{"step":5,"step_time_s":0.3,"data_wait_s":0.1,"mem_peak_bytes":200,"micro_batch":4,"oom_retries":0,"updated":true,"loss":1.0}
+{"event":"checkpoint","step":5}
+)");
+  auto records = trainer::read_step_records(path);
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_EQ(records[3].step, 4);
+  EXPECT_FALSE(records[3].updated);
+
+  json s = trainer::summarize_steps(records, /*warmup=*/2, /*steps=*/3, /*global_batch=*/8, /*wall_s=*/1.0);
+  // Timed step times 0.2, 0.4, 0.3; with data wait 0.3, 0.4, 0.4.
+  EXPECT_EQ(s["timed_steps"], 3);
+  EXPECT_NEAR(s["step_time_s_p50"].get<double>(), 0.3, 1e-12);
+  EXPECT_NEAR(s["step_time_s_p90"].get<double>(), 0.3 + 0.8 * 0.1, 1e-12);  // rank 1.8
+  EXPECT_NEAR(s["step_time_s_mean"].get<double>(), 0.3, 1e-12);
+  EXPECT_NEAR(s["step_time_s_min"].get<double>(), 0.2, 1e-12);
+  EXPECT_NEAR(s["step_time_s_max"].get<double>(), 0.4, 1e-12);
+  EXPECT_NEAR(s["step_total_s_p50"].get<double>(), 0.4, 1e-12);
+  EXPECT_NEAR(s["data_wait_s_sum"].get<double>(), 0.2, 1e-12);
+  EXPECT_NEAR(s["data_wait_share"].get<double>(), 0.2 / 1.1, 1e-12);
+  EXPECT_NEAR(s["samples_per_s_median"].get<double>(), 8 / 0.4, 1e-9);  // of 8/0.3, 8/0.4, 8/0.4
+  EXPECT_NEAR(s["samples_per_s_aggregate"].get<double>(), 24.0, 1e-12);  // 3 x 8 samples in 1 s
+  EXPECT_EQ(s["mem_peak_bytes"], 500);  // step 1's 999 is warmup
+  EXPECT_EQ(s["micro_batch"], 4);
+  EXPECT_EQ(s["oom_retries"], 3);
+  EXPECT_EQ(s["skipped_updates"], 1);
+  EXPECT_EQ(s["loss_first"], 2.0);
+  EXPECT_EQ(s["loss_last"], 1.0);
+
+  // Without a wall time, the sum of the timed steps stands in, and says so.
+  json t = trainer::summarize_steps(records, 2, 3, 8, 0.0);
+  EXPECT_NEAR(t["wall_s"].get<double>(), 1.1, 1e-12);
+  EXPECT_EQ(t["wall_source"], "sum of step_time + data_wait");
+
+  try {
+    trainer::summarize_steps(records, 2, 4, 8, 1.0);
+    FAIL() << "a missing step was not noticed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "bench: expected 4 timed steps after 2 warmup steps in metrics.jsonl, found 3");
+  }
+  testutil::write_file(path, "{\"step\":1,\"step_time_s\":0.1}\nnot json\n");
+  try {
+    trainer::read_step_records(path);
+    FAIL() << "a malformed line was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path + ":2: not a metrics line", 0), 0u) << e.what();
+  }
+}
+
+TEST(BenchStats, KnownPeaksAgreeWithThePythonTable) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"NVIDIA H100 80GB HBM3", "bf16"}, {"NVIDIA H100 PCIe", "fp16"}, {"NVIDIA H200", "bf16"},
+      {"NVIDIA H200 NVL", "bf16"},       {"NVIDIA A100-SXM4-80GB", "bf16"}, {"NVIDIA H100 80GB HBM3", "fp32"},
+      {"NVIDIA GeForce RTX 4090", "bf16"}, {"", "bf16"}};
+  EXPECT_DOUBLE_EQ(trainer::known_peak_tflops(cases[0].first, "bf16"), 989.4);
+  EXPECT_DOUBLE_EQ(trainer::known_peak_tflops(cases[1].first, "fp16"), 756.0);
+  EXPECT_DOUBLE_EQ(trainer::known_peak_tflops(cases[3].first, "bf16"), 0.0);
+  EXPECT_DOUBLE_EQ(trainer::known_peak_tflops(cases[5].first, "fp32"), 0.0);
+  std::string py = "import sys; sys.path.insert(0, '" + testutil::source_dir() +
+                   "/bench'); import reference, json; print(json.dumps([";
+  for (const auto& [name, prec] : cases) py += "reference.known_peak_tflops('" + name + "', '" + prec + "'),";
+  py += "]))";
+  auto r = testutil::run(testutil::python() + " -c \"" + py + "\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json got = json::parse(r.output);
+  ASSERT_EQ(got.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_DOUBLE_EQ(got[i].get<double>(), trainer::known_peak_tflops(cases[i].first, cases[i].second))
+        << cases[i].first << " " << cases[i].second;
+}
+
+// ---- trainer bench --------------------------------------------------------------------------------
+
+TEST(BenchHarness, TrainingResultIsCompleteAndMatchesTheRunsMetrics) {
+  TempDir dir;
+  auto cfg = tiny_config(dir);
+  auto out = (dir / "r.json").string();
+  auto run_dir = (dir / "run").string();
+  auto r = testutil::run(bench_cmd("--config " + cfg + " --set seed=3 --warmup 2 --steps 3 --peak-tflops 0.5 --out " +
+                                   out + " --run-dir " + run_dir));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("bench: resnet20 batch 8 on cpu: step p50"), std::string::npos) << r.output;
+  json j = read_json(out);
+  for (const auto& f : kTrainFields) EXPECT_TRUE(j.contains(f)) << "missing " << f;
+  EXPECT_EQ(j["schema"], trainer::kBenchSchema);
+  EXPECT_EQ(j["implementation"], "trainer");
+  EXPECT_EQ(j["mode"], "train");
+  EXPECT_EQ(j["model"], "resnet20");
+  EXPECT_EQ(j["sample_shape"], json({1, 16, 16}));
+  EXPECT_EQ(j["global_batch"], 8);
+  EXPECT_EQ(j["micro_batch"], 8);
+  EXPECT_EQ(j["warmup_steps"], 2);
+  EXPECT_EQ(j["timed_steps"], 3);
+  EXPECT_EQ(j["precision"], "fp32");
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["threads"], trainer::usable_cpus());
+  EXPECT_EQ(j["overrides"], json({"seed=3"}));
+  EXPECT_NE(j["config_yaml"].get<std::string>().find("seed: 3"), std::string::npos);
+  EXPECT_NE(j["config_yaml"].get<std::string>().find("steps: 5"), std::string::npos);  // warmup + timed
+  EXPECT_NE(j["command_line"].get<std::string>().find("bench --config"), std::string::npos);
+  EXPECT_EQ(j["versions"]["torch"], trainer::compat::torch_version());
+  EXPECT_EQ(j["versions"]["trainer"], TRAINER_VERSION);
+  EXPECT_GE(j["host"]["nproc"].get<int>(), 1);
+  EXPECT_EQ(j["date"].get<std::string>().size(), 20u);  // 2026-11-22T03:04:05Z
+
+  // Orderings and positivity (no speed is asserted).
+  const double p50 = j["step_time_s_p50"], p90 = j["step_time_s_p90"];
+  EXPECT_GT(p50, 0);
+  EXPECT_GE(p90, p50);
+  EXPECT_LE(j["step_time_s_min"].get<double>(), p50);
+  EXPECT_GE(j["step_time_s_max"].get<double>(), p90);
+  EXPECT_GE(j["step_total_s_p50"].get<double>(), p50);
+  EXPECT_GE(j["data_wait_share"].get<double>(), 0.0);
+  EXPECT_LT(j["data_wait_share"].get<double>(), 1.0);
+  EXPECT_GT(j["mem_peak_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(j["rss_peak_bytes"].get<int64_t>(), j["mem_peak_bytes"].get<int64_t>());
+  // With an odd number of steps the median rate is the rate of the median step.
+  EXPECT_NEAR(j["samples_per_s_median"].get<double>(), 8 / j["step_total_s_p50"].get<double>(), 1e-9);
+  // The wall time spans the three timed steps, seen as their metrics lines appeared.
+  EXPECT_EQ(j["wall_source"], "metrics lines (inotify)");
+  EXPECT_GE(j["wall_s"].get<double>(), 0.9 * 3 * j["step_time_s_mean"].get<double>());
+  EXPECT_NEAR(j["samples_per_s_aggregate"].get<double>(), 24 / j["wall_s"].get<double>(), 1e-9);
+
+  // FLOPs: the model's own count, x3 for training; MFU against the given peak.
+  const double fwd = model_forward_flops("resnet20", {1, 16, 16}, 10);
+  EXPECT_EQ(j["flops_per_sample_forward"].get<double>(), fwd);
+  EXPECT_EQ(j["flops_per_sample_train"].get<double>(), 3 * fwd);
+  const double achieved = 3 * fwd * j["samples_per_s_median"].get<double>() / 1e12;
+  EXPECT_NEAR(j["achieved_tflops"].get<double>(), achieved, 1e-12 * achieved);
+  EXPECT_EQ(j["peak_tflops"], 0.5);
+  EXPECT_EQ(j["peak_tflops_source"], "--peak-tflops");
+  EXPECT_NEAR(j["mfu"].get<double>(), achieved / 0.5, 1e-12);
+
+  // The figures are those of the run's own metrics.jsonl: steps 3..5, computed here the plain way.
+  std::vector<double> times;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line;
+  int64_t lines = 0;
+  while (std::getline(in, line)) {
+    json l = json::parse(line);
+    if (l.contains("event")) continue;
+    ++lines;
+    if (l["step"].get<int64_t>() > 2) times.push_back(l["step_time_s"].get<double>());
+  }
+  EXPECT_EQ(lines, 5);
+  ASSERT_EQ(times.size(), 3u);
+  std::sort(times.begin(), times.end());
+  EXPECT_EQ(j["step_time_s_p50"].get<double>(), times[1]);
+  EXPECT_EQ(j["step_time_s_max"].get<double>(), times[2]);
+  EXPECT_EQ(j["run_dir"], run_dir);
+
+  // A run folder that already has metrics is refused before anything runs.
+  auto again = testutil::run(bench_cmd("--config " + cfg + " --steps 1 --run-dir " + run_dir));
+  EXPECT_EQ(again.exit_code, 2) << again.output;
+  EXPECT_EQ(last_line(again.output), "error: bench: " + run_dir + "/metrics.jsonl exists; give --run-dir a new folder "
+                                     "(the bench reads back every step line)");
+}
+
+TEST(BenchHarness, LoaderOnlyMeasuresThePipeline) {
+  TempDir dir;
+  auto cfg = tiny_config(dir);
+  // Without --out the JSON goes to stdout (test_util's run() merges the summary line from stderr in).
+  auto r = testutil::run(bench_cmd("--loader-only --config " + cfg +
+                                   " --set data.hflip=true --set data.crop_padding=2 --warmup 1 --steps 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto begin = r.output.find("{\n"), end = r.output.rfind("\n}");
+  ASSERT_NE(begin, std::string::npos) << r.output;
+  json j = json::parse(r.output.substr(begin, end + 2 - begin));
+  EXPECT_EQ(j["schema"], trainer::kBenchSchema);
+  EXPECT_EQ(j["mode"], "loader");
+  EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["batches"], 4);
+  EXPECT_EQ(j["global_batch"], 8);
+  EXPECT_EQ(j["workers"], trainer::usable_cpus());  // data.workers: 0 = usable CPUs, as the loop
+  EXPECT_EQ(j["augment"]["crop_padding"], 2);
+  EXPECT_EQ(j["augment"]["hflip"], true);
+  EXPECT_FALSE(j["augment"]["pin_memory"].get<bool>());
+}
+
+TEST(BenchHarness, BadArgumentsAreOneLineErrors) {
+  TempDir dir;
+  auto cfg = tiny_config(dir);
+  auto r = testutil::run(bench_cmd("--config " + cfg + " --steps 0"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: bench: --steps must be >= 1, got 0");
+  r = testutil::run(bench_cmd("--config " + cfg + " --warmup -1"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: bench: --warmup must be >= 0, got -1");
+  r = testutil::run(bench_cmd("--config " + cfg + " --set train.global_bach=4"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(last_line(r.output).find("key 'train.global_bach': unknown key"), std::string::npos) << r.output;
+  r = testutil::run(bench_cmd("--config " + cfg + " stray"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: command line: unexpected argument 'stray' (see trainer bench --help)");
+}
+
+// ---- the Python reference -------------------------------------------------------------------------
+
+TEST(BenchReference, DefaultsAreTheTrainers) {
+  auto r = testutil::run(reference_py() + " --print-defaults");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json py = json::parse(r.output);
+  YAML::Node cpp = YAML::Load(trainer::to_yaml(trainer::Config{}));
+  size_t py_keys = 0;
+  for (auto& [section, v] : py.items()) py_keys += v.is_object() ? v.size() : 1;
+  EXPECT_EQ(py_keys, trainer::config_keys().size());
+  for (const auto& key : trainer::config_keys()) {
+    auto dot = key.find('.');
+    json pv = dot == std::string::npos ? py.value(key, json()) : py.value(key.substr(0, dot), json::object())
+                                                                     .value(key.substr(dot + 1), json());
+    YAML::Node cv = dot == std::string::npos ? cpp[key] : cpp[key.substr(0, dot)][key.substr(dot + 1)];
+    ASSERT_FALSE(pv.is_null()) << key << " is missing in bench/reference.py's DEFAULTS";
+    if (pv.is_boolean()) EXPECT_EQ(pv.get<bool>(), cv.as<bool>()) << key;
+    else if (pv.is_number_integer()) EXPECT_EQ(pv.get<int64_t>(), cv.as<int64_t>()) << key;
+    else if (pv.is_number_float()) EXPECT_EQ(pv.get<double>(), cv.as<double>()) << key;
+    else if (pv.is_string()) EXPECT_EQ(pv.get<std::string>(), cv.as<std::string>()) << key;
+    else if (pv.is_array()) EXPECT_EQ(pv.get<std::vector<int64_t>>(), cv.as<std::vector<int64_t>>()) << key;
+    else ADD_FAILURE() << key << ": unexpected type in bench/reference.py's DEFAULTS";
+  }
+}
+
+TEST(BenchReference, ModelsHaveTheTrainersStructureAndFlops) {
+  struct Case {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::string models;  // reference.py --models: torchvision's ResNets (auto) or the script's own copy
+  };
+  // ResNet-50 on one channel: bottleneck blocks, and torchvision's conv1 rebuilt for the channels; the
+  // script's own ImageNet ResNets (for hosts without torchvision) both ways.
+  for (const auto& c : {Case{"resnet20", {1, 16, 16}, "auto"}, Case{"resnet50", {1, 32, 32}, "auto"},
+                        Case{"resnet50", {3, 32, 32}, "builtin"}, Case{"resnet18", {1, 32, 32}, "builtin"}}) {
+    std::string shape = "[" + std::to_string(c.shape[0]) + "," + std::to_string(c.shape[1]) + "," +
+                        std::to_string(c.shape[2]) + "]";
+    auto r = testutil::run(reference_py() + " --describe --models " + c.models + " --set model.name=" + c.name +
+                           " --set data.shape=" + shape + " --set model.num_classes=7");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    json py = json::parse(r.output);
+    auto model = models::create_model(c.name, models::ModelOptions().num_classes(7).in_channels(c.shape[0]));
+    std::map<std::string, std::vector<int64_t>> cpp;
+    for (const auto& p : model->named_parameters()) cpp[p.key()] = p.value().sizes().vec();
+    for (const auto& b : model->named_buffers()) cpp[b.key()] = b.value().sizes().vec();
+    std::map<std::string, std::vector<int64_t>> pys;
+    for (auto& [k, v] : py["state"].items()) pys[k] = v.get<std::vector<int64_t>>();
+    EXPECT_EQ(pys, cpp) << c.name << " " << c.models;
+    EXPECT_EQ(py["flops_per_sample_forward"].get<double>(), model->forward_flops(c.shape)) << c.name << " " << c.models;
+  }
+}
+
+TEST(BenchReference, RefusesWhatItDoesNotMirror) {
+  auto r = testutil::run(reference_py() + " --set data.kind=hdf5 --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: config: key 'data.kind': the Python reference runs on synthetic data only; "
+                                 "set data.kind: synthetic (got 'hdf5')");
+  r = testutil::run(reference_py() + " --set train.bogus=1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: --set train.bogus=1: key 'train.bogus': unknown key");
+  r = testutil::run(reference_py() + " --set optim.lr=fast");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: --set optim.lr=fast: key 'optim.lr': expected a number, got 'fast'");
+}
+
+// ---- bench/compare.py -----------------------------------------------------------------------------
+
+TEST(BenchCompare, AlternatingRoundsOnATinyJob) {
+  TempDir dir;
+  auto cfg = tiny_config(dir);
+  auto out = (dir / "summary.json").string();
+  auto bench_folders = [] {
+    int n = 0;
+    for (const auto& e : testutil::fs::directory_iterator(testutil::fs::temp_directory_path()))
+      n += e.path().filename().string().rfind("trainer-bench-", 0) == 0;
+    return n;
+  };
+  const int folders_before = bench_folders();
+  auto r = testutil::run(testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " + cfg +
+                         " --rounds 2 --warmup 2 --steps 3 --loader-steps 3 --trainer " + testutil::trainer_bin() +
+                         " --python " + testutil::python() + " --workdir " + (dir / "runs").string() + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("median ratio trainer/python step time p50 over 2 rounds"), std::string::npos) << r.output;
+  json s = read_json(out);
+  EXPECT_EQ(s["schema"], "trainer-bench-compare/1");
+  ASSERT_EQ(s["rounds"].size(), 2u);
+  std::vector<double> ratios;
+  for (const auto& round : s["rounds"]) {
+    json t = read_json(round["trainer_file"]), p = read_json(round["python_file"]);
+    for (const auto& f : kTrainFields) EXPECT_TRUE(p.contains(f)) << "python result misses " << f;
+    EXPECT_EQ(t["implementation"], "trainer");
+    EXPECT_EQ(p["implementation"], "pytorch");
+    EXPECT_EQ(t["timed_steps"], 3);
+    EXPECT_EQ(p["timed_steps"], 3);
+    EXPECT_EQ(p["micro_batch"], 8);
+    EXPECT_GE(p["step_time_s_p90"].get<double>(), p["step_time_s_p50"].get<double>());
+    EXPECT_EQ(p["threads"], t["threads"]);
+    EXPECT_TRUE(t["run_dir"].is_null());     // a temporary run folder (removed: see below)
+    EXPECT_TRUE(t["peak_tflops"].is_null());  // a CPU: no known peak, so no MFU
+    EXPECT_TRUE(t["mfu"].is_null());
+    EXPECT_TRUE(p["mfu"].is_null());
+    // Both count the same FLOPs for the same model, each its own way.
+    EXPECT_EQ(p["flops_per_sample_forward"].get<double>(), t["flops_per_sample_forward"].get<double>());
+    double ratio = t["step_time_s_p50"].get<double>() / p["step_time_s_p50"].get<double>();
+    EXPECT_DOUBLE_EQ(round["ratio_step_time_p50"].get<double>(), ratio);
+    ratios.push_back(ratio);
+  }
+  EXPECT_DOUBLE_EQ(s["median_ratio_step_time_p50"].get<double>(), (ratios[0] + ratios[1]) / 2);
+  ASSERT_TRUE(s.contains("loader"));
+  EXPECT_NEAR(s["loader_headroom"].get<double>(),
+              s["loader"]["samples_per_s"].get<double>() / s["trainer_samples_per_s_median"].get<double>(), 1e-9);
+  EXPECT_EQ(s["commands"].size(), 2u);
+  EXPECT_EQ(bench_folders(), folders_before) << "a temporary run folder was left behind";
+}

@@ -1,0 +1,111 @@
+// The speed-measurement harness (`trainer bench`): runs a configured job through the real training loop
+// (trainer::train) for warmup + timed optimizer steps, reads the steps back from metrics.jsonl and
+// writes one JSON result; or, with --loader-only, measures the data pipeline alone. bench/reference.py
+// writes the same schema for the same job in Python PyTorch, and bench/compare.py runs both in turn.
+// docs/BENCHMARKS.md describes every field.
+//
+// What a timed step is: the optimizer steps after the first `warmup` ones. Per step, metrics.jsonl gives
+// step_time_s (the compute of the step: train_step() from batch in hand to the update done, including
+// the one host sync) and data_wait_s (time the loop waited for the loader). The wall time of the timed
+// steps is taken from when their metrics lines appear in the file (watched with inotify), so it also
+// counts what the loop does between steps; the final checkpoint train() writes is after the last timed
+// line and is not measured.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+
+namespace trainer {
+
+/// The name and version of the result schema, written as "schema" in every result.
+inline constexpr const char* kBenchSchema = "trainer-bench/1";
+
+struct BenchOptions {
+  int64_t warmup = 5;         ///< optimizer steps (loader-only: batches) run first and not measured; >= 0
+  int64_t steps = 20;         ///< timed optimizer steps (loader-only: timed batches); >= 1
+  double peak_tflops = 0;     ///< the device's peak in TFLOP/s for MFU; 0 = known_peak_tflops() or none
+  std::string run_dir;        ///< where train() writes; "" = a temporary folder, removed afterwards
+  std::string config_path;    ///< recorded in the result ("" = the built-in job)
+  std::vector<std::string> overrides;  ///< the --set assignments, recorded in the result
+  std::string command_line;   ///< recorded in the result
+};
+
+/// One optimizer step's line of metrics.jsonl, as the harness reads it.
+struct StepRecord {
+  int64_t step = 0;            ///< 1-based optimizer step
+  double step_time_s = 0;      ///< compute time of the step (seconds)
+  double data_wait_s = 0;      ///< time waiting for the loader before the step (seconds)
+  int64_t mem_peak_bytes = 0;  ///< the memory backend's peak during the step (bytes)
+  int64_t micro_batch = 0;     ///< micro-batch the step completed with
+  int64_t oom_retries = 0;     ///< attempts of the step that ran out of memory
+  bool updated = true;         ///< false: the update was skipped (non-finite values)
+  double loss = 0;
+};
+
+/// Reads the step lines (those without an "event" field) of a metrics.jsonl, in file order. Throws
+/// std::runtime_error naming the path and line number for a missing file or a malformed line.
+std::vector<StepRecord> read_step_records(const std::string& metrics_path);
+
+/// The q-th percentile (q in [0, 100]) of `values`, interpolating linearly between the two nearest
+/// order statistics (numpy.percentile's default): rank = q/100 * (n-1). Throws std::invalid_argument
+/// for no values or q outside [0, 100].
+double percentile(std::vector<double> values, double q);
+
+/// Statistics of the timed steps, i.e. the records with step > warmup (exactly `steps` of them, or
+/// std::runtime_error naming what is missing). `wall_s` is the wall time of those steps (<= 0: use the
+/// sum of step_time + data_wait). Fields (seconds, bytes, samples per second):
+///   timed_steps, step_time_s_{p50,p90,mean,min,max}, step_total_s_{p50,p90} (step_time + data_wait),
+///   data_wait_s_sum, data_wait_share = sum data_wait / sum (step_time + data_wait),
+///   samples_per_s_median = median over steps of global_batch / (step_time + data_wait),
+///   samples_per_s_aggregate = steps * global_batch / wall_s, wall_s, wall_source,
+///   mem_peak_bytes = max over the timed steps, micro_batch (of the last step), oom_retries (sum),
+///   skipped_updates, loss_first, loss_last.
+nlohmann::json summarize_steps(const std::vector<StepRecord>& records, int64_t warmup, int64_t steps,
+                               int64_t global_batch, double wall_s);
+
+/// Dense peak TFLOP/s of a known GPU (by its CUDA device name) for `precision` "bf16" or "fp16" (tensor
+/// cores, no sparsity): H100 SXM (name has "H100" and "HBM3" or "SXM") and H200 (not NVL) 989.4,
+/// H100 PCIe 756.0, A100 312.0. 0 for anything else, fp32 and CPUs: give --peak-tflops then.
+/// bench/reference.py holds the same table.
+double known_peak_tflops(const std::string& device_name, const std::string& precision);
+
+/// Where and with what a measurement ran: date (UTC, ISO 8601), host {hostname, cpu_model (from
+/// /proc/cpuinfo), nproc (online CPUs), usable_cpus, load_avg [1, 5, 15 min]}, versions {trainer, torch,
+/// cuda, cudnn ("" without CUDA)}, and for a CUDA `device` its device_name ("" for the CPU).
+nlohmann::json bench_environment(const std::string& device);
+
+/// What the bench sets on top of the job: train.steps = warmup + steps, train.epochs = 0, data.test = ""
+/// (no evaluation), checkpoint.every_steps = 0 and every_seconds = 0 (no periodic checkpoints), as
+/// `--set` assignments.
+std::vector<std::string> bench_overrides(const BenchOptions& opts);
+
+/// Runs `cfg`, with bench_overrides(opts) applied (listed under "bench_overrides"), through
+/// trainer::train() for opts.warmup + opts.steps optimizer steps, and returns the result: summarize_steps()
+/// plus mode "train", implementation "trainer", model, sample_shape, global_batch, precision (fp32 | bf16 |
+/// fp16), channels_last, device, threads, loader_workers, warmup_steps, flops_per_sample_forward
+/// (models::ModelImpl::forward_flops), flops_per_sample_train (3x forward), achieved_tflops (train FLOPs x
+/// samples_per_s_median / 1e12), peak_tflops, peak_tflops_source, mfu (achieved / peak; null when no
+/// peak is known), rss_peak_bytes, config_yaml (resolved, with the bench overrides), config_file,
+/// overrides, command_line, and bench_environment()'s fields. Throws std::runtime_error when training
+/// fails (the message names the run folder, which is then kept) and ConfigError for a bad config.
+nlohmann::json bench_training(Config cfg, const BenchOptions& opts);
+
+/// Measures the training data pipeline alone: a data::Loader over the config's training split with its
+/// augmentation, workers (data.workers, 0 = usable CPUs) and prefetch; opts.warmup batches untimed, then
+/// data::measure_loader_throughput over opts.steps batches. Returns mode "loader", samples_per_s,
+/// batches, global_batch, sample_shape, workers, prefetch, the augmentation, config_yaml, and
+/// bench_environment()'s fields.
+nlohmann::json bench_loader(const Config& cfg, const BenchOptions& opts);
+
+/// `trainer bench --config FILE [--set k=v ...] [--warmup N] [--steps N] [--out FILE.json] [--loader-only]
+/// [--peak-tflops X] [--run-dir DIR]`: argv[0] is "bench". Prints a one-line summary to stderr and the
+/// JSON to --out (or stdout). Returns the exit code; throws std::exception with a one-line message for
+/// bad input.
+int bench_main(int argc, char** argv);
+
+}  // namespace trainer
