@@ -48,7 +48,7 @@ import yaml
 # copy equals the trainer's, key for key.
 DEFAULTS = {
     "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
-              "init_from": ""},
+              "init_from": "", "context": 0, "dropout": 0.0},
     "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
              "in_memory": True, "shape": [3, 224, 224], "synthetic_size": 10000, "workers": 0, "prefetch": 2,
              "crop_padding": 0, "hflip": False, "normalize": True},
@@ -57,7 +57,7 @@ DEFAULTS = {
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0, "min_lr": 0.0, "milestones": [],
                  "gamma": 0.1},
     "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,
-              "eval_batch": 500, "label_smoothing": 0.0, "device": "auto", "threads": 0,
+              "eval_batch": 500, "eval_batches": 0, "label_smoothing": 0.0, "device": "auto", "threads": 0,
               "deterministic": False},
     "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
             "backoff_factor": 0.5, "growth_interval": 2000},
