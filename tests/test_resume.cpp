@@ -107,10 +107,14 @@ TEST(Resume, ChangedModelIsRefusedNamingTheKey) {
   auto r2 = testutil::run(testutil::trainer_cmd(run_dir, job(6)));
   EXPECT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_EQ(testutil::step_lines(run_dir).back()["step"].get<int64_t>(), 6);
-  // --no-resume refuses a folder with checkpoints.
+  // --no-resume refuses a non-empty folder, and starts fresh in a new one.
   auto r3 = testutil::run(testutil::trainer_cmd(run_dir, job(8, "--no-resume")));
   EXPECT_EQ(r3.exit_code, 2) << r3.output;
   EXPECT_NE(r3.output.find("--no-resume"), std::string::npos) << r3.output;
+  auto fresh = (dir / "fresh").string();
+  auto r4 = testutil::run(testutil::trainer_cmd(fresh, job(2, "--no-resume")));
+  EXPECT_EQ(r4.exit_code, 0) << r4.output;
+  EXPECT_TRUE(testutil::events(fresh, "resume").empty());
 }
 
 TEST(Resume, CorruptLatestFallsBackToThePreviousCheckpoint) {

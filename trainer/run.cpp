@@ -53,6 +53,10 @@ TrainingRun::~TrainingRun() {
 void TrainingRun::setup() {
   // The run folder must be writable before anything is trained: failing after an hour is worse.
   std::error_code ec;
+  // --no-resume starts fresh in an empty folder only: nothing of an earlier run is mixed in or overwritten.
+  if (opts_.no_resume && fs::exists(opts_.run_dir, ec) && !fs::is_empty(opts_.run_dir, ec))
+    throw std::runtime_error(opts_.run_dir + ": --no-resume needs an empty or new run folder, and this one is not "
+                             "empty; use another --run-dir or remove it");
   fs::create_directories(opts_.run_dir, ec);
   if (ec) throw std::runtime_error(opts_.run_dir + ": cannot create the run folder (" + ec.message() + ")");
   store_ = std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last),
@@ -263,10 +267,7 @@ bool TrainingRun::resume() {
   if (!opts_.resume_from.empty()) {
     ck = CheckpointStore::load(opts_.resume_from);
   } else if (opts_.no_resume) {
-    if (!store_->list().empty())
-      throw std::runtime_error(opts_.run_dir + ": --no-resume, but the run folder already has checkpoints; "
-                               "use another --run-dir or remove them");
-    return false;
+    return false;  // setup() made sure the folder was empty
   } else {
     ck = store_->load_latest();
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
