@@ -64,6 +64,7 @@ DEFAULTS = {
     "memory": {"limit": "none", "auto_margin": 0.1, "min_micro_batch": 1, "activation_checkpointing": "none",
                "checkpoint_every_k": 2, "ladder_checkpointing": True, "grow_after": 50, "headroom": 0.25},
     "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True},
+    "dist": {"backend": "auto", "timeout_s": 600.0, "bucket_mb": 25.0},
     "log": {"every": 20, "level": "info", "http_port": 0, "http_host": "127.0.0.1", "tensorboard": False},
     "seed": 0,
 }

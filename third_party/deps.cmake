@@ -50,4 +50,28 @@ if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
   target_compile_definitions(trainer_deps INTERFACE TRAINER_WITH_CUDA=1)
 endif()
 
+# c10d's process groups are compiled into LibTorch; their headers also need Gloo's (Debian: libgloo-dev,
+# pip wheels: bundled under torch/include) and, for NCCL, nccl.h. Each backend is built in where its
+# headers are found; trainer/dist.cpp reports a missing one at run time, only if a job asks for it.
+find_path(TRAINER_GLOO_INCLUDE_DIR gloo/config.h HINTS ${TORCH_INCLUDE_DIRS})
+find_library(TRAINER_GLOO_LIBRARY gloo)
+set(TRAINER_DIST_DEFINITIONS "")
+if(TRAINER_GLOO_INCLUDE_DIR)
+  list(APPEND TRAINER_DIST_DEFINITIONS USE_C10D_GLOO TRAINER_HAS_GLOO=1)
+  if(TRAINER_GLOO_LIBRARY)
+    target_link_libraries(trainer_deps INTERFACE ${TRAINER_GLOO_LIBRARY})
+  endif()
+else()
+  message(WARNING "trainer: Gloo headers not found (Debian: libgloo-dev); distributed CPU training is off")
+endif()
+if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
+  find_path(TRAINER_NCCL_INCLUDE_DIR nccl.h HINTS ${TORCH_INCLUDE_DIRS} $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS})
+  if(TRAINER_NCCL_INCLUDE_DIR)
+    list(APPEND TRAINER_DIST_DEFINITIONS USE_C10D_NCCL TRAINER_HAS_NCCL=1)
+    target_include_directories(trainer_deps SYSTEM INTERFACE ${TRAINER_NCCL_INCLUDE_DIR})
+  endif()
+endif()
+set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/dist.cpp PROPERTIES
+  COMPILE_DEFINITIONS "${TRAINER_DIST_DEFINITIONS}")
+
 message(STATUS "trainer: Torch ${Torch_VERSION}, HDF5 ${HDF5_VERSION}, spdlog ${spdlog_VERSION}")

@@ -7,6 +7,8 @@
 //   AMP fused kernels          CUDA only                                CUDA (and CPU in newer releases)
 //   c10::Allocator             `DataPtr allocate(size_t) const`         `DataPtr allocate(size_t)` (non-const)
 //                                                                       and a pure `copy_data` (2.3+)
+//   c10d process groups        ProcessGroupGloo/NCCL derive from        they derive from c10d::Backend (2.0+)
+//                              c10d::ProcessGroup
 //   CUDA allocator stats       CUDACachingAllocator::getDeviceStats(int) and friends take an int device in
 //                              1.13 and a c10::DeviceIndex in 2.x; both accept a DeviceIndex argument.
 #pragma once
@@ -20,6 +22,11 @@
 
 #define TRAINER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
 
 namespace trainer::compat {
 
@@ -66,6 +73,16 @@ inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
   else at::autocast::set_autocast_cpu_dtype(dtype);
 #endif
 }
+
+// ---- c10d -----------------------------------------------------------------------------------------
+
+/// The class ProcessGroupGloo and ProcessGroupNCCL derive from, which has the collectives
+/// (allreduce, broadcast, allgather) with the same signatures in every version.
+#if TRAINER_TORCH_AT_LEAST(2, 0)
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
 
 // ---- attention ------------------------------------------------------------------------------------
 

@@ -97,6 +97,9 @@ std::vector<Field> fields(Config& c) {
       {"log.http_port", &c.log.http_port, false},
       {"log.http_host", &c.log.http_host, false},
       {"log.tensorboard", &c.log.tensorboard, false},
+      {"dist.backend", &c.dist.backend, false},
+      {"dist.timeout_s", &c.dist.timeout_s, false},
+      {"dist.bucket_mb", &c.dist.bucket_mb, false},
       {"seed", &c.seed, false},
   };
 }
@@ -322,6 +325,9 @@ void validate(const Config& c) {
   if (c.log.every < 1) bad("log.every", "must be at least 1");
   one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
   if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");
+  one_of("dist.backend", c.dist.backend, {"auto", "gloo", "nccl"});
+  if (c.dist.timeout_s <= 0) bad("dist.timeout_s", "must be positive");
+  if (c.dist.bucket_mb <= 0) bad("dist.bucket_mb", "must be positive");
 }
 
 std::string to_yaml(const Config& cfg) {

@@ -113,6 +113,15 @@ struct LogConfig {
   bool tensorboard = false;
 };
 
+/// Data-parallel training (docs/DISTRIBUTED.md). The rank and world size come from the environment
+/// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, as torchrun and PyTorchJob set them), not
+/// from the config: one config serves any number of processes.
+struct DistConfig {
+  std::string backend = "auto";  ///< auto (nccl on CUDA, gloo on CPU) | gloo | nccl
+  double timeout_s = 600.0;      ///< a collective (or the rendezvous) that waits longer is an error
+  double bucket_mb = 25.0;       ///< gradient all-reduce bucket size, MiB
+};
+
 /// The whole configuration. Each component is built from its own sub-tree only.
 struct Config {
   ModelConfig model;
@@ -124,6 +133,7 @@ struct Config {
   MemoryConfig memory;
   CheckpointConfig checkpoint;
   LogConfig log;
+  DistConfig dist;
   uint64_t seed = 0;  ///< every random stream derives from it
 };
 

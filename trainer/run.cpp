@@ -51,42 +51,63 @@ TrainingRun::~TrainingRun() {
 }
 
 void TrainingRun::setup() {
+  // Data parallel: the rendezvous comes first (it needs no files), so that every rank has checked the
+  // run folder before any rank writes to it.
+  env_ = dist_env_from();
+  device_ = pick_device(cfg_.train.device);
+  if (env_.distributed() && device_.is_cuda() && !device_.has_index())
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank));
+  if (env_.distributed()) {
+    if (cfg_.train.global_batch % env_.world_size != 0)
+      throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) +
+                        " is not divisible by the world size " + std::to_string(env_.world_size) +
+                        " (every rank takes an equal slice of each step's samples)");
+    dist_ = std::make_unique<Distributed>(env_, resolve_backend(cfg_.dist.backend, device_), device_, cfg_.dist.timeout_s);
+  }
+  rank_dir_ = main_rank() ? opts_.run_dir : (fs::path(opts_.run_dir) / ("rank" + std::to_string(env_.rank))).string();
+
   // The run folder must be writable before anything is trained: failing after an hour is worse.
   std::error_code ec;
   // --no-resume starts fresh in an empty folder only: nothing of an earlier run is mixed in or overwritten.
-  if (opts_.no_resume && fs::exists(opts_.run_dir, ec) && !fs::is_empty(opts_.run_dir, ec))
+  bool refused = opts_.no_resume && fs::exists(opts_.run_dir, ec) && !fs::is_empty(opts_.run_dir, ec);
+  if (dist_ && dist_->all_max({refused ? 1.0 : 0.0}, "the run folder check")[0] > 0) refused = true;
+  if (refused)
     throw std::runtime_error(opts_.run_dir + ": --no-resume needs an empty or new run folder, and this one is not "
                              "empty; use another --run-dir or remove it");
-  fs::create_directories(opts_.run_dir, ec);
-  if (ec) throw std::runtime_error(opts_.run_dir + ": cannot create the run folder (" + ec.message() + ")");
+  fs::create_directories(rank_dir_, ec);
+  if (ec) throw std::runtime_error(rank_dir_ + ": cannot create the run folder (" + ec.message() + ")");
   store_ = std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last),
                                              cfg_.train.device);
-  store_->check_writable();
-  setup_logging(opts_.run_dir, cfg_.log.level);
-  metrics_.open((fs::path(opts_.run_dir) / "metrics.jsonl").string());
-  if (cfg_.log.tensorboard) tensorboard_ = std::make_unique<TensorboardWriter>(opts_.run_dir);
+  if (main_rank()) store_->check_writable();
+  setup_logging(rank_dir_, cfg_.log.level);
+  metrics_.open((fs::path(rank_dir_) / "metrics.jsonl").string());
+  if (cfg_.log.tensorboard && main_rank()) tensorboard_ = std::make_unique<TensorboardWriter>(opts_.run_dir);
   metrics_.set_observer([this](const nlohmann::json& j) {
     telemetry_.observe(j);
     if (tensorboard_) tensorboard_->observe(j);
   });
-  memory_report_ = std::make_unique<MemoryReporter>(opts_.run_dir, &telemetry_);
+  memory_report_ = std::make_unique<MemoryReporter>(rank_dir_, &telemetry_);
   if (cfg_.log.http_port > 0) {
-    http_ = std::make_unique<HttpServer>(telemetry_, cfg_.log.http_host, static_cast<int>(cfg_.log.http_port));
+    // One endpoint per process: the ranks on one node serve on consecutive ports.
+    http_ = std::make_unique<HttpServer>(telemetry_, cfg_.log.http_host,
+                                         static_cast<int>(cfg_.log.http_port + env_.local_rank));
     spdlog::info("http: serving /metrics /healthz /readyz /memory on {}", http_->url());
   }
-  {
+  if (main_rank()) {
     std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
     out << to_yaml(cfg_);
   }
   spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
+  if (dist_) setup_distributed();
 
-  device_ = pick_device(cfg_.train.device);
   amp_dtype_ = cfg_.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
   validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, cfg_.amp.enabled && cfg_.amp.scaler != "false" && cfg_.amp.dtype == "fp16",
                device_.type());
 
   // Host threads follow the CPUs this process may use (affinity, container quota).
-  int threads = cfg_.train.threads > 0 ? static_cast<int>(cfg_.train.threads) : usable_cpus();
+  // The processes of one node share its CPUs.
+  int threads = cfg_.train.threads > 0 ? static_cast<int>(cfg_.train.threads)
+                                       : std::max<int>(1, usable_cpus() / static_cast<int>(env_.local_world_size));
   apply_cpu_threads(threads);
   if (cfg_.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   at::globalContext().setBenchmarkCuDNN(!cfg_.train.deterministic);
@@ -101,6 +122,7 @@ void TrainingRun::setup() {
   limit_bytes_ = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
   cgroup_limit_ = read_cgroup_memory().limit_bytes;
   memory_->set_limit(limit_bytes_);
+  agreed_limit_ = limit_bytes_;
   control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
 
   // Data: images (HDF5 or synthetic) or a token stream, behind one stream interface.
@@ -113,6 +135,8 @@ void TrainingRun::setup() {
     to.global_batch = cfg_.train.global_batch;
     to.context = cfg_.model.context;
     to.seed = cfg_.seed;
+    to.rank = env_.rank;
+    to.world_size = env_.world_size;
     loader_ = std::make_unique<StreamOf<data::TokenLoader>>(std::make_unique<data::TokenLoader>(train_tokens_, to));
     sample_shape_ = {cfg_.model.context};
   } else {
@@ -134,6 +158,8 @@ void TrainingRun::setup() {
     data::LoaderOptions lo;
     lo.global_batch = cfg_.train.global_batch;
     lo.seed = cfg_.seed;
+    lo.rank = env_.rank;
+    lo.world_size = env_.world_size;
     lo.workers = workers;
     lo.prefetch = cfg_.data.prefetch;
     lo.augment.random_crop_padding = cfg_.data.crop_padding;
@@ -152,6 +178,20 @@ void TrainingRun::setup() {
 
   torch::manual_seed(cfg_.seed);
   build_model();
+  if (dist_) {
+    // Every replica starts from rank 0's weights and buffers (the same seed makes them equal already;
+    // this makes it a fact, also for init_from files that differ between nodes).
+    std::vector<torch::Tensor> state;
+    for (auto& p : model_->parameters()) state.push_back(p.data());
+    for (auto& b : model_->buffers()) state.push_back(b);
+    dist_->broadcast(state, "the initial model");
+    std::vector<torch::Tensor> params;
+    for (const auto& slot : optimizer_->params()) params.push_back(slot.param);
+    grad_sync_ = std::make_unique<GradientSync>(*dist_, params, static_cast<int64_t>(cfg_.dist.bucket_mb * (1 << 20)));
+    // Dropout masks differ between ranks, as they would between the samples of one large batch.
+    if (env_.rank > 0) torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(env_.rank));
+    spdlog::info("distributed: {} gradient buckets of up to {} MiB", grad_sync_->num_buckets(), cfg_.dist.bucket_mb);
+  }
 
   GradScalerOptions so;
   so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
@@ -160,16 +200,34 @@ void TrainingRun::setup() {
   scaler_ = std::make_unique<GradScaler>(so);
 
   controller_ = std::make_unique<MicroBatchController>(controller_options());
-  controller_->on_limit_changed(limit_bytes_);
+  agree_on_limit();
+  controller_->on_limit_changed(agreed_limit_);
   controller_->take_events();
   eval_micro_batch_ = cfg_.train.eval_batch;
 }
 
+void TrainingRun::setup_distributed() {
+  spdlog::info("distributed: rank {} of {} (local {} of {}), {} samples of each global batch of {}", env_.rank,
+               env_.world_size, env_.local_rank, env_.local_world_size, rank_batch(), cfg_.train.global_batch);
+  telemetry_.set_info("rank", std::to_string(env_.rank));
+  telemetry_.set_info("world_size", std::to_string(env_.world_size));
+}
+
+void TrainingRun::agree_on_limit() {
+  // Every rank's controller must take the same decisions, so it sees the same inputs: the lowest cap
+  // of all ranks (each rank's allocator still enforces its own).
+  agreed_limit_ = limit_bytes_;
+  if (!dist_) return;
+  auto a = dist_->all_max({limit_bytes_ > 0 ? -static_cast<double>(limit_bytes_) : -1e300}, "the memory limit agreement");
+  agreed_limit_ = a[0] <= -1e299 ? 0 : static_cast<int64_t>(-a[0]);
+}
+
 MicroBatchOptions TrainingRun::controller_options() const {
   MicroBatchOptions co;
-  co.global_batch = cfg_.train.global_batch;
-  co.micro_batch = cfg_.train.micro_batch > 0 ? cfg_.train.micro_batch : cfg_.train.global_batch;
-  co.min_micro_batch = std::min(cfg_.memory.min_micro_batch, cfg_.train.global_batch);
+  // The controller splits this rank's slice of the global batch (all of it in a single process).
+  co.global_batch = rank_batch();
+  co.micro_batch = cfg_.train.micro_batch > 0 ? std::min(cfg_.train.micro_batch, rank_batch()) : rank_batch();
+  co.min_micro_batch = std::min(cfg_.memory.min_micro_batch, rank_batch());
   co.checkpointing = cfg_.memory.activation_checkpointing == "all";
   co.allow_checkpointing = cfg_.memory.ladder_checkpointing;
   co.grow_after = cfg_.memory.grow_after;
@@ -238,17 +296,37 @@ nlohmann::json TrainingRun::state_json() const {
   j["nonfinite_in_a_row"] = nonfinite_in_a_row_;
   j["eval_micro_batch"] = eval_micro_batch_;
   j["limit_spec"] = limit_spec_;
+  j["world_size"] = env_.world_size;
   return j;
 }
 
 void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
   auto t0 = std::chrono::steady_clock::now();
+  // Model and optimizer are replicated; the RNG is each rank's own, so rank 0 gathers them all and
+  // writes the one checkpoint (every rank calls this at the same step: the gather is a collective).
+  NamedTensors rng;
+  auto cpu_state = at::detail::getDefaultCPUGenerator().get_state();
+  auto cuda_state = device_.is_cuda() ? at::globalContext().defaultGenerator(device_).get_state() : torch::Tensor();
+  if (dist_) {
+    auto cpus = dist_->all_gather(cpu_state, "the RNG gather for a checkpoint");
+    auto cudas = device_.is_cuda() ? dist_->all_gather(cuda_state, "the RNG gather for a checkpoint")
+                                   : std::vector<torch::Tensor>{};
+    for (int64_t r = 0; r < env_.world_size; ++r) {
+      const std::string suffix = r == 0 ? "" : ".rank" + std::to_string(r);
+      rng.emplace_back("cpu" + suffix, cpus[r].to(torch::kByte));
+      if (!cudas.empty()) rng.emplace_back("cuda" + suffix, cudas[r].to(torch::kByte));
+    }
+    if (!main_rank()) {
+      last_ckpt_time_ = std::chrono::steady_clock::now();
+      return;
+    }
+  } else {
+    rng.emplace_back("cpu", cpu_state);
+    if (cuda_state.defined()) rng.emplace_back("cuda", cuda_state);
+  }
   CheckpointFiles files;
   files["model.pt"] = state_dict_bytes(*model_);
   files["optimizer.pt"] = tensors_to_bytes(optimizer_->state());
-  NamedTensors rng;
-  rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
-  if (device_.is_cuda()) rng.emplace_back("cuda", at::globalContext().defaultGenerator(device_).get_state());
   files["rng.pt"] = tensors_to_bytes(rng);
   files["state.json"] = state_json().dump(2);
   files["config.yaml"] = to_yaml(cfg_);
@@ -272,6 +350,9 @@ bool TrainingRun::resume() {
     ck = store_->load_latest();
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
   }
+  if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
+    throw std::runtime_error("resume: some ranks found a checkpoint in " + opts_.run_dir + " and some did not; every rank "
+                             "must see the same run folder (shared storage)");
   if (!ck) return false;
 
   // A resize may change memory settings, micro-batch or step count; a different model or data would
@@ -298,10 +379,14 @@ bool TrainingRun::resume() {
   std::map<std::string, torch::Tensor> opt_state;
   for (auto& [k, v] : tensors_from_bytes(ck->files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
   optimizer_->load_state(opt_state);
+  // Each rank's RNG: "cpu"/"cuda" are rank 0's, "cpu.rank<r>"/"cuda.rank<r>" the others'. A rank the
+  // checkpoint has no state for (the job grew) keeps the stream it was seeded with.
+  const std::string suffix = env_.rank == 0 ? "" : ".rank" + std::to_string(env_.rank);
   for (auto& [k, v] : tensors_from_bytes(ck->files.at("rng.pt"))) {
     // at::Generator is a handle: a copy sets the state of the process-wide generator.
-    if (k == "cpu") at::Generator(at::detail::getDefaultCPUGenerator()).set_state(v);
-    else if (k == "cuda" && device_.is_cuda()) at::Generator(at::globalContext().defaultGenerator(device_)).set_state(v);
+    if (k == "cpu" + suffix) at::Generator(at::detail::getDefaultCPUGenerator()).set_state(v);
+    else if (k == "cuda" + suffix && device_.is_cuda())
+      at::Generator(at::globalContext().defaultGenerator(device_)).set_state(v);
   }
   auto st = nlohmann::json::parse(ck->files.at("state.json"));
   step_ = st.at("step");
@@ -311,11 +396,29 @@ bool TrainingRun::resume() {
   nonfinite_in_a_row_ = st.value("nonfinite_in_a_row", 0);
   scaler_->load_state(st.at("scaler").get<GradScalerState>());
   // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
+  // With another number of ranks the per-rank batch differs: the learned size is kept where it still
+  // fits in the new slice, and the ladder's other state starts afresh.
   if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch) {
-    controller_ = std::make_unique<MicroBatchController>(MicroBatchController::from_json(st.at("controller")));
-    controller_->on_limit_changed(limit_bytes_);
+    auto learned = MicroBatchController::from_json(st.at("controller"));
+    if (st.value("world_size", int64_t{1}) == env_.world_size) {
+      controller_ = std::make_unique<MicroBatchController>(learned);
+    } else {
+      MicroBatchOptions co = controller_options();
+      co.micro_batch = std::min(learned.micro_batch(), rank_batch());
+      controller_ = std::make_unique<MicroBatchController>(co);
+      spdlog::info("resume: the checkpoint was written by {} processes, this job has {}: micro-batch {} per rank",
+                   st.value("world_size", int64_t{1}), env_.world_size, co.micro_batch);
+    }
+    controller_->on_limit_changed(agreed_limit_);
     log_controller_events();
     eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
+  }
+  if (dist_) {
+    // Every rank must have read the same checkpoint (the run folder is shared storage).
+    auto a = dist_->all_max({static_cast<double>(step_), -static_cast<double>(step_)}, "the resume agreement");
+    if (a[0] != -a[1])
+      throw std::runtime_error("resume: the ranks found different checkpoints (steps " + std::to_string(-a[1]) + " to " +
+                               std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
   loader_->seek(epoch_, position_);
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
@@ -347,14 +450,20 @@ void TrainingRun::poll_limits() {
       changed = true;
     }
   }
-  if (!changed) return;
-  int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
-  if (limit != limit_bytes_) {
-    spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
-                 limit ? format_bytes(limit) : "none", limit_spec_);
-    limit_bytes_ = limit;
-    memory_->set_limit(limit);
-    controller_->on_limit_changed(limit);
+  if (changed) {
+    int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+    if (limit != limit_bytes_) {
+      spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
+                   limit ? format_bytes(limit) : "none", limit_spec_);
+      limit_bytes_ = limit;
+      memory_->set_limit(limit);
+    }
+  }
+  // Every step, on every rank (a collective in a data-parallel job): one rank's resize moves all.
+  const int64_t before = agreed_limit_;
+  agree_on_limit();
+  if (agreed_limit_ != before) {
+    controller_->on_limit_changed(agreed_limit_);
     log_controller_events();
   }
 }
@@ -373,6 +482,12 @@ EvalResult TrainingRun::evaluate() {
   EvalResult r;
   if (!has_eval()) return r;
   torch::NoGradGuard no_grad;
+  // Data parallel: BatchNorm statistics are each rank's own (as in DDP without SyncBatchNorm); the
+  // evaluation uses rank 0's, as the checkpoint does, on every rank's share of the split.
+  if (dist_) {
+    auto buffers = model_->buffers();
+    dist_->broadcast(std::vector<torch::Tensor>(buffers.begin(), buffers.end()), "the BatchNorm statistics");
+  }
   model_->eval();
   // The evaluation split in order, as batches of train.eval_batch samples (images or token windows).
   std::function<std::optional<data::Batch>()> next_eval;
@@ -382,6 +497,8 @@ EvalResult TrainingRun::evaluate() {
     data::TokenEvalOptions eo;
     eo.batch = cfg_.train.eval_batch;
     eo.context = cfg_.model.context;
+    eo.rank = env_.rank;
+    eo.world_size = env_.world_size;
     token_eval = std::make_unique<data::TokenEvalLoader>(test_tokens_, eo);
     next_eval = [&] { return token_eval->next(); };
   } else {
@@ -390,6 +507,8 @@ EvalResult TrainingRun::evaluate() {
     eo.workers = cfg_.data.workers > 0 ? cfg_.data.workers : at::get_num_threads();
     eo.normalize = cfg_.data.normalize;
     eo.pin_memory = device_.is_cuda();
+    eo.rank = env_.rank;
+    eo.world_size = env_.world_size;
     image_eval = std::make_unique<data::EvalLoader>(test_images_, eo);
     next_eval = [&] { return image_eval->next(); };
   }
@@ -436,11 +555,14 @@ EvalResult TrainingRun::evaluate() {
     }
   }
   model_->train();
-  // Per sample for images, per token for language models.
-  r.samples = targets;
-  r.loss = loss_sum.item<double>() / targets;  // a sync, once per evaluation
-  r.top1 = static_cast<double>(correct1.item<int64_t>()) / targets;
-  r.top5 = static_cast<double>(correct5.item<int64_t>()) / targets;
+  // Per sample for images, per token for language models; summed over ranks. A sync, once per evaluation.
+  std::vector<double> totals{loss_sum.item<double>(), static_cast<double>(correct1.item<int64_t>()),
+                             static_cast<double>(correct5.item<int64_t>()), static_cast<double>(targets)};
+  if (dist_) totals = dist_->all_sum(totals, "the evaluation totals");
+  r.samples = static_cast<int64_t>(totals[3]);
+  r.loss = totals[0] / totals[3];
+  r.top1 = totals[1] / totals[3];
+  r.top5 = totals[2] / totals[3];
   return r;
 }
 
@@ -567,19 +689,32 @@ int TrainingRun::run() {
       }
       bool ckpt_now = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
                       (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds);
-      if (take_checkpoint_request()) {
+      bool ckpt_request = take_checkpoint_request();
+      bool stop = stop_requested();
+      int stop_sig = stop ? stop_signal() : 0;
+      if (dist_) {
+        // Saving is collective and a stop must happen at the same step everywhere: a signal or a timer
+        // seen by any rank counts for all (torchrun forwards SIGTERM to every rank, not at the same instant).
+        auto a = dist_->all_max({ckpt_now ? 1.0 : 0.0, ckpt_request ? 1.0 : 0.0, static_cast<double>(stop_sig)},
+                                "the checkpoint and stop agreement");
+        ckpt_now = a[0] > 0;
+        ckpt_request = a[1] > 0;
+        stop_sig = static_cast<int>(a[2]);
+        stop = stop_sig != 0;
+      }
+      if (ckpt_request) {
         save_checkpoint("SIGUSR1", false);
         ckpt_now = false;
       }
-      if (stop_requested()) {
+      if (stop) {
         // SIGTERM/SIGINT: the step in progress was finished; save and exit with 128 + signal so a
         // scheduler restarts the job, which then resumes from this checkpoint.
-        const std::string sig = stop_signal() == SIGINT ? "SIGINT" : "SIGTERM";
+        const std::string sig = stop_sig == SIGINT ? "SIGINT" : "SIGTERM";
         spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", sig, step_);
         telemetry_.set_stopping();
         save_checkpoint(sig, true);
         metrics_.event("stop", {{"step", step_}, {"signal", sig}});
-        return exit_code_for_signal(stop_signal());
+        return exit_code_for_signal(stop_sig);
       }
       if (ckpt_now && step_ < total_steps_) save_checkpoint("periodic", false);
     }

@@ -17,6 +17,7 @@
 #include "trainer/amp.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/dist.h"
 #include "trainer/http.h"
 #include "trainer/memory_report.h"
 #include "trainer/telemetry.h"
@@ -48,6 +49,12 @@ struct StreamOf : BatchStream {
   data::LoaderState state() const override { return loader->state(); }
   int64_t steps_per_epoch() const override { return loader->steps_per_epoch(); }
   std::unique_ptr<Loader> loader;
+};
+
+/// Thrown on every rank of a data-parallel job when another rank ran out of memory in the same
+/// micro-batch: this rank's attempt is abandoned too, and the step backs off everywhere alike.
+struct PeerOutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 /// Thrown when the OOM ladder has nothing left to try.
@@ -84,7 +91,9 @@ class TrainingRun {
   void build_model();
   bool resume();
   void apply_activation_checkpointing();
+  void setup_distributed();
   void poll_limits();
+  void agree_on_limit();
   void poll_threads();
   EvalResult evaluate();
   void save_checkpoint(const std::string& reason, bool wait);
@@ -104,6 +113,14 @@ class TrainingRun {
   RunOptions opts_;
   torch::Device device_{torch::kCPU};
   at::ScalarType amp_dtype_ = at::kBFloat16;
+
+  // Data parallel (null in a single process). The rank-0 process writes the run folder's shared files.
+  DistEnv env_;
+  std::unique_ptr<Distributed> dist_;
+  std::unique_ptr<GradientSync> grad_sync_;
+  bool main_rank() const { return env_.rank == 0; }
+  int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
+  std::string rank_dir_;  // where this rank's own files go: the run folder (rank 0) or <run>/rank<r>
 
   bool has_eval() const { return tokens_ ? test_tokens_ != nullptr : test_images_ != nullptr; }
 
@@ -134,7 +151,8 @@ class TrainingRun {
   int64_t samples_seen_ = 0;
   int64_t epoch_ = 0, position_ = 0;  // where the next global batch starts
   int64_t nonfinite_in_a_row_ = 0;
-  int64_t limit_bytes_ = 0;           // memory cap in force (0 = none)
+  int64_t limit_bytes_ = 0;           // memory cap in force in this process (0 = none)
+  int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the controller sees
   std::string limit_spec_;            // as configured or set through control.yaml
   int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
   int64_t eval_micro_batch_ = 0;

@@ -29,25 +29,69 @@ torch::Tensor TrainingRun::micro_batch_loss(const torch::Tensor& images, const t
 void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& r) {
   optimizer_->zero_grad();
   const auto sizes = controller_->micro_batch_sizes();
-  const double normalizer = static_cast<double>(batch.labels.numel());
+  // The targets of the whole optimizer step over all ranks (every rank holds an equal slice): summed
+  // over micro-batches and ranks, the gradients are the mean over the global batch.
+  const double normalizer = static_cast<double>(batch.labels.numel() * env_.world_size);
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device_));
+  torch::Tensor norm;
+  double global_loss = 0;
   int64_t offset = 0;
-  for (int64_t n : sizes) {
-    torch::Tensor loss = micro_batch_loss(batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n), normalizer);
-    scaler_->scale(loss).backward();
-    loss_sum += loss.detach();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    const bool last = i + 1 == sizes.size();
+    std::exception_ptr oom;  // this rank's out-of-memory error in this micro-batch
+    try {
+      // Gradients cross ranks once per step: the last backward sends them, bucket by bucket, as it goes.
+      if (last && grad_sync_) grad_sync_->arm();
+      torch::Tensor loss = micro_batch_loss(batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n), normalizer);
+      scaler_->scale(loss).backward();
+      loss_sum += loss.detach();
+      if (last) {
+        if (grad_sync_) grad_sync_->finish();
+        // Everything the update needs is allocated before the ranks agree that the step succeeded: after
+        // that, nothing can run out of memory on one rank only (Optimizer::step allocates nothing then).
+        optimizer_->allocate_state();
+        const auto& params = optimizer_->params();
+        std::vector<torch::Tensor> tensors;
+        for (const auto& p : params) tensors.push_back(p.param);
+        scaler_->unscale_(tensors);
+        norm = clip_grad_norm(params, cfg_.optim.grad_clip);
+      }
+    } catch (const std::exception& e) {
+      if (!is_oom_error(e)) throw;
+      if (grad_sync_) grad_sync_->abandon();  // the same collectives as the ranks that did not fail
+      if (!dist_) throw;
+      oom = std::current_exception();
+    }
+    if (dist_) {
+      // Before anyone enters the next collective, every rank learns whether any rank ran out of memory
+      // in this micro-batch; then all of them abandon the step together. The last one also sums the loss.
+      std::vector<double> v(env_.world_size + 1, 0.0);
+      v[env_.rank] = oom ? 1.0 : 0.0;
+      if (last && !oom) v[env_.world_size] = loss_sum.item<double>();
+      auto a = dist_->all_sum(v, "the out-of-memory agreement");
+      if (oom) std::rethrow_exception(oom);
+      for (int64_t k = 0; k < env_.world_size; ++k) {
+        if (a[k] > 0) {
+          if (last && grad_sync_) optimizer_->zero_grad();
+          throw PeerOutOfMemory("rank " + std::to_string(k) + " ran out of memory in micro-batch " + std::to_string(i + 1) +
+                                " of " + std::to_string(sizes.size()));
+        }
+      }
+      if (last) global_loss = a[env_.world_size];
+    }
     offset += n;
   }
-  const auto& params = optimizer_->params();
-  std::vector<torch::Tensor> tensors;
-  for (const auto& p : params) tensors.push_back(p.param);
-  scaler_->unscale_(tensors);
-  torch::Tensor norm = clip_grad_norm(params, cfg_.optim.grad_clip);
   // The one host sync per step: the step must be skipped on non-finite values, and the metrics line
   // wants the loss. (GradScaler in PyTorch syncs here too.)
-  auto host = torch::stack({loss_sum, norm.to(loss_sum.device())}).cpu();
-  r.loss = host[0].item<double>();
-  r.grad_norm = host[1].item<double>();
+  if (dist_) {
+    r.loss = global_loss;
+    r.grad_norm = norm.item<double>();
+  } else {
+    auto host = torch::stack({loss_sum, norm.to(loss_sum.device())}).cpu();
+    r.loss = host[0].item<double>();
+    r.grad_norm = host[1].item<double>();
+  }
   r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !scaler_->found_inf();
   if (r.updated) optimizer_->step(lr);
   scaler_->update();
@@ -84,9 +128,12 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
       attempt_step(batch, r.lr, r);
       break;
     } catch (const std::exception& e) {
-      if (!is_oom_error(e)) throw;
-      MemoryReport rep = memory_report_->write(step_ + 1, *memory_, "oom", e.what());
-      spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
+      const bool peer = dynamic_cast<const PeerOutOfMemory*>(&e) != nullptr;
+      if (!peer && !is_oom_error(e)) throw;
+      if (!peer) {
+        MemoryReport rep = memory_report_->write(step_ + 1, *memory_, "oom", e.what());
+        spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
+      }
       drop_failed_attempt();
       {
         torch::NoGradGuard ng;
@@ -95,8 +142,8 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
       at::Generator(at::detail::getDefaultCPUGenerator()).set_state(rng);
       ++r.oom_retries;
       const int64_t peak = memory_->peak_bytes();
-      OomAction action = controller_->on_oom(limit_bytes_);
-      spdlog::warn("out of memory in step {} (limit {}, peak {}): {}", step_ + 1,
+      OomAction action = controller_->on_oom(agreed_limit_);
+      spdlog::warn("{} in step {} (limit {}, peak {}): {}", peer ? std::string(e.what()) : "out of memory", step_ + 1,
                    limit_bytes_ ? format_bytes(limit_bytes_) : "none", format_bytes(peak), action.event.reason);
       nlohmann::json j = action.event.to_json();
       j["event"] = "oom";
@@ -104,6 +151,8 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
       j["mem_peak_bytes"] = peak;
       j["current_bytes"] = memory_->current_bytes();
       j["error"] = std::string(e.what()).substr(0, 300);
+      if (dist_) j["rank"] = env_.rank;
+      if (peer) j["peer"] = true;
       metrics_.write(j);
       controller_->take_events();  // the OOM event was just written with more detail
       if (action.kind == OomAction::Kind::kGiveUp) throw OomGaveUp(action.event.reason);
@@ -113,7 +162,11 @@ StepResult TrainingRun::train_step(const data::Batch& batch) {
   }
   // Grow back: after enough clean steps with headroom, or when the limit rose, the controller tries a
   // larger micro-batch (or checkpointing off) on the next step. A failed probe costs one retried step.
-  controller_->maybe_grow(limit_bytes_, memory_->peak_bytes());
+  // Every rank's controller decides alike from the same inputs: the highest peak of all ranks against
+  // the lowest limit (agreed_limit_), so a probe starts, succeeds or fails on all ranks together.
+  int64_t peak = memory_->peak_bytes();
+  if (dist_) peak = static_cast<int64_t>(dist_->all_max({static_cast<double>(peak)}, "the peak memory agreement")[0]);
+  controller_->maybe_grow(agreed_limit_, peak);
   log_controller_events();
   apply_activation_checkpointing();
   if (!r.updated) {
@@ -153,7 +206,9 @@ int64_t TrainingRun::find_auto_micro_batch(const data::Batch& batch) {
     for (auto& b : model_->buffers()) buffers.emplace_back(b, b.clone());
   }
   auto rng = at::detail::getDefaultCPUGenerator().get_state();
-  int64_t mb = find_max_micro_batch(fits, cfg_.memory.min_micro_batch, cfg_.train.global_batch);
+  int64_t mb = find_max_micro_batch(fits, std::min(cfg_.memory.min_micro_batch, rank_batch()), rank_batch());
+  // The smallest over ranks: the micro-batch count per step (and so the collectives) must be equal.
+  if (dist_) mb = static_cast<int64_t>(-dist_->all_max({-static_cast<double>(mb)}, "the micro-batch agreement")[0]);
   {
     torch::NoGradGuard ng;
     for (auto& [live, saved] : buffers) live.copy_(saved);  // the probes must not count as training
@@ -162,7 +217,7 @@ int64_t TrainingRun::find_auto_micro_batch(const data::Batch& batch) {
   MicroBatchOptions co = controller_options();
   co.micro_batch = mb;
   controller_ = std::make_unique<MicroBatchController>(co);
-  controller_->on_limit_changed(limit_bytes_);
+  controller_->on_limit_changed(agreed_limit_);
   controller_->take_events();
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
                limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", controller_->accum_steps());

@@ -1,0 +1,133 @@
+// Data-parallel training on LibTorch's own distributed engine (c10d): the rendezvous torchrun and
+// Kubernetes' PyTorchJob set up through the environment, the few collectives the loop needs, and the
+// bucketed gradient all-reduce that overlaps with backward. docs/DISTRIBUTED.md has the protocol.
+//
+// Every collective here is blocking and issued in the same order on every rank; the training step
+// makes sure of that even when one rank runs out of memory (see GradientSync::abandon and step.cpp).
+// A collective that waits longer than the configured timeout throws, naming what it waited for.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+/// Where this process sits in a data-parallel job.
+struct DistEnv {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = 0;        ///< index on this node (selects the GPU)
+  int64_t local_world_size = 1;  ///< processes on this node (they share its CPUs)
+  std::string master_addr;       ///< host of the rendezvous store
+  int64_t master_port = 0;
+  bool agent_store = false;      ///< torchrun's agent hosts the store: every rank is a client of it
+  int64_t restart_count = 0;     ///< torchrun's restarts so far (a fresh key prefix per attempt)
+  bool distributed() const { return world_size > 1; }
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+/// TORCHELASTIC_USE_AGENT_STORE and TORCHELASTIC_RESTART_COUNT through `get` (getenv by default).
+/// No WORLD_SIZE (or 1) is a single process. Throws std::runtime_error naming the variable when one is
+/// not a number, out of range, or missing for a job of several processes.
+DistEnv dist_env_from(const std::function<const char*(const char*)>& get = nullptr);
+
+/// The backend `spec` (auto | gloo | nccl) resolves to on `device`: nccl for CUDA, gloo for CPU.
+/// Throws std::runtime_error when this build lacks it (NCCL without CUDA, or a LibTorch built without
+/// it) or when it cannot serve the device (nccl on the CPU).
+std::string resolve_backend(const std::string& spec, const torch::Device& device);
+
+/// The process group of one job: rendezvous at construction, then blocking collectives. Not
+/// thread-safe: one thread (the training loop) issues them, in the same order on every rank.
+class Distributed {
+ public:
+  /// Rendezvous through a TCP store at env.master_addr:env.master_port (hosted by rank 0, or by torchrun's
+  /// agent) and a process group of `backend` ("gloo" or "nccl"). Throws std::runtime_error after
+  /// `timeout_s` if the other ranks do not arrive, naming the address.
+  Distributed(const DistEnv& env, const std::string& backend, const torch::Device& device, double timeout_s);
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  int64_t rank() const { return env_.rank; }
+  int64_t world_size() const { return env_.world_size; }
+  const DistEnv& env() const { return env_; }
+  const std::string& backend() const { return backend_; }
+
+  /// Overwrites `tensors` (same shapes and dtypes on every rank, on the process group's device) with
+  /// rank 0's values.
+  void broadcast(std::vector<torch::Tensor> tensors, const std::string& what);
+  /// Elementwise sum over ranks. `what` names the collective in a timeout error.
+  std::vector<double> all_sum(const std::vector<double>& values, const std::string& what);
+  /// Elementwise maximum over ranks.
+  std::vector<double> all_max(const std::vector<double>& values, const std::string& what);
+  /// Every rank's `t` (same shape and dtype on every rank), indexed by rank. `t` lives on the CPU; it is
+  /// moved to the group's device and back.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const std::string& what);
+  /// Sum over ranks, in place, started now; the returned function waits for it (and throws on a timeout).
+  std::function<void()> all_sum_async(torch::Tensor t, const std::string& what);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  DistEnv env_;
+  std::string backend_;
+  torch::Device device_;
+};
+
+/// Gradient averaging in buckets, exchanged on the last micro-batch of an optimizer step only, and
+/// overlapped with its backward: each parameter's gradient accumulator gets a post hook; when a
+/// parameter's gradient is complete it is copied into its bucket, and a bucket whose parameters are all
+/// complete is summed across ranks at once, in bucket order, while backward goes on. Parameters are
+/// bucketed in reverse registration order (the order backward completes them).
+///
+/// The loss of every rank is already divided by the whole step's target count (all ranks), so the sum
+/// over ranks is the global mean gradient; nothing is divided afterwards.
+class GradientSync {
+ public:
+  /// `params`: the trainable tensors (leaves), the same list in the same order on every rank.
+  /// `bucket_bytes` (> 0): the size a bucket fills up to before the next starts (a larger parameter gets a
+  /// bucket of its own). The bucket buffers are allocated here, once.
+  GradientSync(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes);
+  ~GradientSync();
+
+  /// The next backward is the step's last: its hooks fill and send the buckets.
+  void arm();
+  /// After that backward: sends what is still pending (a parameter without a gradient counts as zeros),
+  /// waits for every bucket and writes the sums into the gradients. Disarms.
+  void finish();
+  /// The attempt failed on this rank after arm(): sends every bucket not yet sent (its contents do not
+  /// matter: the step is redone on every rank), waits, and disarms, so every rank issued the same
+  /// collectives. A no-op when not armed.
+  void abandon();
+
+  int64_t num_buckets() const;
+  /// Buckets sent during backward (before finish) in the last armed pass: the overlap achieved.
+  int64_t sent_during_backward() const { return sent_during_backward_; }
+
+ private:
+  struct Bucket;
+  void on_grad_ready(size_t param_index);
+  void send_ready_buckets();
+  void send(size_t bucket);
+  void wait_all();
+
+  Distributed& dist_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: hooks live on them
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<size_t> bucket_of_;       // param index -> bucket
+  std::vector<int64_t> offset_in_bucket_;
+  std::vector<char> ready_;             // param index -> gradient copied in this pass
+  size_t next_to_send_ = 0;
+  bool armed_ = false;
+  int64_t sent_during_backward_ = 0;
+  std::mutex mu_;  // hooks run on the autograd engine's thread (a device thread on CUDA)
+};
+
+}  // namespace trainer
