@@ -117,3 +117,22 @@ TEST(E2E, BadInputIsOneLineAndExitCode2) {
   expect_bad_input(small_job((dir / "file" / "run").string()), (dir / "file").string());
   expect_bad_input(bin + " --bogus-flag", "bogus");
 }
+
+// memory.activation_checkpointing: all holds from the first step, not from the second (a regression: the
+// policy used to be applied only after a step had run). Reference: the same step without checkpointing.
+TEST(E2E, CheckpointingPolicyHoldsFromTheFirstStep) {
+  testutil::TempDir dir;
+  auto first_peak = [&](const std::string& policy) {
+    const std::string run_dir = (dir / policy).string();
+    auto r = testutil::run(small_job(run_dir, "--set train.steps=1 --set data.shape=[1,28,28] "
+                                              "--set memory.activation_checkpointing=" + policy));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& l : read_jsonl(run_dir + "/metrics.jsonl"))
+      if (!l.contains("event")) return l["mem_peak_bytes"].get<int64_t>();
+    return int64_t{0};
+  };
+  const int64_t none = first_peak("none"), all = first_peak("all");
+  ASSERT_GT(none, 0);
+  // ResNet-20 keeps about a third of its activations when every stage block is recomputed.
+  EXPECT_LT(all, none * 8 / 10) << "none " << none << ", all " << all;
+}

@@ -636,6 +636,8 @@ int TrainingRun::run() {
                steps_per_epoch_, cfg_.train.global_batch, device_.str(),
                limit_bytes_ ? format_bytes(limit_bytes_) : "none");
   model_->train();
+  // The configured policy (or the ladder's state restored from a checkpoint) applies from the first step.
+  apply_activation_checkpointing();
   start_time_ = last_ckpt_time_ = std::chrono::steady_clock::now();
   telemetry_.set_memory(device_memory_of(*memory_));
   telemetry_.set_total_steps(total_steps_);
