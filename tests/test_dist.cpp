@@ -151,7 +151,8 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
   const std::string single = (dir / "single").string(), two = (dir / "two").string();
   auto r1 = testutil::run(testutil::trainer_cmd(single, job("--set train.steps=6")));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
-  auto r2 = testutil::run(torchrun(dir, two, job("--set train.steps=6")));
+  // Small buckets (0.1 MiB for plain_cnn's 0.39 MB of gradients): several, most sent during backward.
+  auto r2 = testutil::run(torchrun(dir, two, job("--set train.steps=6 --set dist.bucket_mb=0.1")));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
 
   // Rank 0 writes the run folder's files; rank 1 its own log and metrics under rank1/.
@@ -168,6 +169,9 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
     EXPECT_NEAR(two_steps[i]["loss"].get<double>(), one_steps[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
     // The two ranks saw different halves of the step.
     EXPECT_NE(two_steps[i]["batch_hash"], one_steps[i]["batch_hash"]);
+    EXPECT_GE(two_steps[i]["grad_buckets"].get<int64_t>(), 3);
+    // Overlap: buckets left while backward still ran (all but the one holding the first layers at least).
+    EXPECT_GE(two_steps[i]["grad_buckets_in_backward"].get<int64_t>(), two_steps[i]["grad_buckets"].get<int64_t>() - 1);
   }
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
 }

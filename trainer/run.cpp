@@ -602,6 +602,10 @@ void TrainingRun::log_step(const StepResult& r, double step_time) {
                       {"batch_hash", batch_hash_},
                       {"updated", r.updated}};
   if (scaler_->is_enabled()) j["loss_scale"] = scaler_->get_scale();
+  if (grad_sync_) {
+    j["grad_buckets"] = grad_sync_->num_buckets();
+    j["grad_buckets_in_backward"] = r.grad_buckets_in_backward;
+  }
   if (tokens_) j["tokens_per_s"] = sps * cfg_.model.context;
   j["model_flops_per_s"] = 3.0 * flops_per_sample_ * sps;  // forward + backward (2x forward)
   metrics_.write(j);

@@ -72,6 +72,7 @@ struct StepResult {
   int64_t oom_retries = 0;  ///< attempts that ran out of memory before it completed
   double lr = 0;
   int64_t mem_start_bytes = 0;  ///< tensor memory held when the step began (weights, optimizer state, batch)
+  int64_t grad_buckets_in_backward = 0;  ///< data parallel: gradient buckets sent while backward still ran
 };
 
 struct EvalResult {

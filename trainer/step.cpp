@@ -47,7 +47,10 @@ void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& 
       scaler_->scale(loss).backward();
       loss_sum += loss.detach();
       if (last) {
-        if (grad_sync_) grad_sync_->finish();
+        if (grad_sync_) {
+          r.grad_buckets_in_backward = grad_sync_->sent_during_backward();
+          grad_sync_->finish();
+        }
         // Everything the update needs is allocated before the ranks agree that the step succeeded: after
         // that, nothing can run out of memory on one rank only (Optimizer::step allocates nothing then).
         optimizer_->allocate_state();
