@@ -176,6 +176,28 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
 }
 
+TEST(DistTorchrun, TwoNodesOfOneProcessEach) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TempDir dir;
+  const std::string single = (dir / "single").string(), two = (dir / "two").string();
+  auto r1 = testutil::run(testutil::trainer_cmd(single, job("--set train.steps=4")));
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  // A multi-node launch, both "nodes" on this host: one torchrun agent per node, node 0's hosts the store.
+  const int port = free_port();
+  auto node = [&](int n) {
+    return testutil::python() + " -m torch.distributed.run --nnodes 2 --node_rank " + std::to_string(n) +
+           " --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
+           " --nproc_per_node 1 --redirects 2 --tee 2 --no_python " + testutil::trainer_bin() + " --run-dir " + two +
+           " " + job("--set train.steps=4");
+  };
+  pid_t n0 = testutil::spawn(node(0), (dir / "node0.log").string());
+  pid_t n1 = testutil::spawn(node(1), (dir / "node1.log").string());
+  EXPECT_EQ(testutil::wait_exit(n0), 0) << testutil::read_file(dir / "node0.log");
+  EXPECT_EQ(testutil::wait_exit(n1), 0) << testutil::read_file(dir / "node1.log");
+  EXPECT_NE(testutil::read_file(dir / "node1.log").find("rank 1 of 2 (local 0 of 1)"), std::string::npos);
+  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
+}
+
 TEST(DistTorchrun, OutOfMemoryOnOneRankBacksOffBoth) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
