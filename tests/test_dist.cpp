@@ -283,6 +283,33 @@ TEST(DistTorchrun, KilledRankIsRestartedAndTheJobResumes) {
   EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(plain), testutil::final_weights(two)));
 }
 
+TEST(DistTorchrun, SigtermStopsEveryRankAtTheSameStep) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TempDir dir;
+  const std::string two = (dir / "two").string();
+  // torchrun forwards SIGTERM to each rank, not at the same instant; the ranks agree on the step.
+  pid_t agent = testutil::spawn(torchrun(dir, two, job("--set train.steps=100000")), (dir / "torchrun.log").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(two, [](const auto& l) { return testutil::last_step(l) >= 20; }, 60))
+      << testutil::read_file(dir / "torchrun.log");
+  ::kill(agent, SIGTERM);
+  testutil::wait_exit(agent);
+  auto stop0 = testutil::events(two, "stop"), stop1 = testutil::events(two + "/rank1", "stop");
+  ASSERT_EQ(stop0.size(), 1u) << testutil::read_file(dir / "torchrun.log");
+  ASSERT_EQ(stop1.size(), 1u) << testutil::read_file(dir / "torchrun.log");
+  EXPECT_EQ(stop0[0]["step"], stop1[0]["step"]);
+  auto ckpts = testutil::events(two, "checkpoint");
+  ASSERT_FALSE(ckpts.empty());
+  EXPECT_EQ(ckpts.back()["reason"], "SIGTERM");
+  EXPECT_EQ(ckpts.back()["step"], stop0[0]["step"]);
+  // The same command resumes there.
+  const int64_t at = stop0[0]["step"].get<int64_t>();
+  auto r = testutil::run(torchrun(dir, two, job("--set train.steps=" + std::to_string(at + 5))));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resumes = testutil::events(two, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>(), at);
+}
+
 TEST(DistTorchrun, ResumesWithAnotherNumberOfRanks) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
