@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages the trainer builds and runs with (skips the apt call when all are
 # present). Needs root or sudo.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ libtorch-dev libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev zlib1g-dev
+pkgs=(cmake ninja-build g++ libtorch-dev libopenblas0-openmp libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev zlib1g-dev
       libgtest-dev libgmock-dev libcpp-httplib-dev nlohmann-json3-dev
       python3-torch python3-torchvision python3-matplotlib python3-protobuf
       dataset-fashion-mnist fortunes)
