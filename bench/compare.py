@@ -9,7 +9,8 @@ Each round runs the trainer, then Python (trainer, python, trainer, python, ...)
 machine's load touches both sides alike. Per round it prints ratio = trainer step_time_s_p50 / python
 step_time_s_p50 (below 1.0: the trainer is faster), the same with the data wait included and of the
 fastest steps (the least disturbed on a shared machine), and at the end the medians over the rounds. When the
-trainer chose its micro-batch itself (train.micro_batch: auto), Python is given the same one.
+trainer chose its micro-batch itself (train.micro_batch: auto), Python is given the same one; for a token
+job Python builds its GPT with the trainer's vocabulary (the token file's: --vocab-size).
 Unless --no-loader, it then measures the loader alone (`trainer bench --loader-only`) and reports
 loader_headroom = loader samples/s / the trainer's median samples/s (the target is >= 3).
 
@@ -77,6 +78,8 @@ def main():
         tr = run_json(t_cmd, t_out, "trainer bench")
         if r == 1 and tr["micro_batch"] != tr["global_batch"]:
             python_extra = ["--set", "train.micro_batch=%d" % tr["micro_batch"]]
+        if r == 1 and tr.get("vocab_size"):
+            python_extra += ["--vocab-size", str(tr["vocab_size"])]
         p_out = os.path.join(workdir, "round%d_python.json" % r)
         p_cmd = [args.python, os.path.join(HERE, "reference.py")] + common + python_extra + ["--out", p_out]
         py = run_json(p_cmd, p_out, "bench/reference.py")
@@ -86,14 +89,13 @@ def main():
         ratio_total = tr["step_total_s_p50"] / py["step_total_s_p50"]
         # The fastest step of each side: the least disturbed by other processes on a shared machine.
         ratio_min = tr["step_time_s_min"] / py["step_time_s_min"]
+        keys = ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "step_total_s_p50", "data_wait_share",
+                "samples_per_s_median", "samples_per_s_aggregate", "tokens_per_s_median", "mem_peak_bytes",
+                "rss_peak_bytes", "micro_batch", "timed_steps")
         row = {
             "round": r, "load_avg_1m_before": load,
-            "trainer": {k: tr.get(k) for k in ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "step_total_s_p50",
-                                               "data_wait_share", "samples_per_s_median", "samples_per_s_aggregate",
-                                               "mem_peak_bytes", "rss_peak_bytes", "micro_batch", "timed_steps")},
-            "python": {k: py.get(k) for k in ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "step_total_s_p50",
-                                              "data_wait_share", "samples_per_s_median", "samples_per_s_aggregate",
-                                              "mem_peak_bytes", "rss_peak_bytes", "micro_batch", "timed_steps")},
+            "trainer": {k: tr.get(k) for k in keys},
+            "python": {k: py.get(k) for k in keys},
             "ratio_step_time_p50": ratio,
             "ratio_step_total_p50": ratio_total,
             "ratio_step_time_min": ratio_min,
@@ -127,6 +129,10 @@ def main():
     summary["host"] = first_t["host"]
     summary["versions"] = {"trainer": first_t["versions"], "python": first_p["versions"]}
     summary["date"] = first_t["date"]
+    summary["threads"] = {"trainer": first_t["threads"], "python": first_p["threads"]}
+    if first_t.get("tokens_per_s_median") is not None:
+        summary["trainer_tokens_per_s_median"] = statistics.median(r["trainer"]["tokens_per_s_median"] for r in rounds)
+        summary["python_tokens_per_s_median"] = statistics.median(r["python"]["tokens_per_s_median"] for r in rounds)
     print("median ratio trainer/python step time p50 over %d rounds: %.3f (with data wait %.3f; of the minima %.3f)"
           % (len(rounds), summary["median_ratio_step_time_p50"], summary["median_ratio_step_total_p50"],
              summary["median_ratio_step_time_min"]))

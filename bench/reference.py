@@ -12,19 +12,30 @@ on speed:
              or with --models builtin, this file's copy of them), or the CIFAR ResNet-20/32/56 below, which
              has models/resnet.cpp's structure (option A shortcuts); all with the trainer's parameter
              names. model.num_classes, zero_init_residual, channels_last (weights and inputs).
-  data       data.kind synthetic only: a pool of 4 pre-generated batches of data.shape, uint8 noise
+             gpt_tiny / gpt2: the GPT of models/gpt.cpp (GPT-2 names, pre-LN, causal attention written
+             as models/attention.cpp's plain path, tanh GELU, output tied to transformer.wte.weight,
+             GPT-2 init); model.context (0 = the registered one), model.dropout; the vocabulary is
+             --vocab-size (default: the registered model's; compare.py passes the trainer's, which is
+             the token file's).
+  data       data.kind synthetic: a pool of 4 pre-generated batches of data.shape, uint8 noise
              normalized as the trainer's synthetic dataset (mean 0.5, std of uniform bytes), float32
              NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's
              loader makes its batches in background threads instead.
+             data.kind tokens: a pool of 4 batches of random windows of context + 1 token ids, uniform in
+             [0, vocab) (the file is not read: the step's cost does not depend on the ids); inputs are
+             the first T tokens, targets the last T, as the trainer's TokenLoader.
   step       zero_grad(set_to_none) -> per micro-batch: (copy to the device, channels_last) forward under
-             torch.autocast when amp.enabled, cross entropy in fp32 (summed / global batch, label
-             smoothing), backward (GradScaler for fp16) -> clip_grad_norm_ if optim.grad_clip > 0 ->
-             optimizer step -> loss.item(): the one host sync per step, as the trainer.
+             torch.autocast when amp.enabled, cross entropy in fp32 summed and divided by the targets of
+             the whole step (samples, or tokens: the token-weighted loss), label smoothing, backward
+             (GradScaler for fp16) -> clip_grad_norm_ if optim.grad_clip > 0 -> optimizer step ->
+             loss.item(): the one host sync per step, as the trainer.
   optimizer  torch.optim.SGD (momentum, nesterov, weight decay) or AdamW, no weight decay on tensors with
              fewer than 2 dims unless optim.decay_norm_and_bias; the trainer's LR schedule per step.
   threads    torch.set_num_threads(train.threads, or the CPUs this process may use: affinity and cgroup
              quota, as trainer/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
 Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
+Token jobs add tokens_per_s_median / tokens_per_s_aggregate (= samples/s x context), context and
+vocab_size to the JSON, as `trainer bench` does.
 
 The result JSON has the schema of `trainer bench` (docs/BENCHMARKS.md), with implementation "pytorch".
 Works with Debian's torch 1.13 / torchvision 0.14 and with PyTorch 2.x on a GPU host.
@@ -72,6 +83,13 @@ DEFAULTS = {
 SCHEMA = "trainer-bench/1"
 POOL_BATCHES = 4
 MODELS = "auto"  # --models: auto (torchvision when importable) | builtin
+VOCAB_SIZE = 0   # --vocab-size: 0 = the registered GPT's
+
+# The registered GPTs (models/gpt.h: gpt2(), gpt_tiny()).
+GPTS = {
+    "gpt2": dict(vocab_size=50257, context=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt_tiny": dict(vocab_size=256, context=128, n_layer=4, n_head=4, n_embd=128),
+}
 
 
 class ConfigError(Exception):
@@ -158,14 +176,43 @@ def load_config(path, sets):
     return cfg
 
 
+def is_gpt(cfg):
+    return cfg["model"]["name"] in GPTS
+
+
+def gpt_arch(cfg):
+    """The GPT's options as models/registry.cpp builds them: model.context replaces the registered context
+    when non-zero; the vocabulary is --vocab-size when given."""
+    a = dict(GPTS[cfg["model"]["name"]])
+    if cfg["model"]["context"] > 0:
+        a["context"] = cfg["model"]["context"]
+    if VOCAB_SIZE > 0:
+        a["vocab_size"] = VOCAB_SIZE
+    a["dropout"] = cfg["model"]["dropout"]
+    return a
+
+
+def sample_shape(cfg):
+    """(C, H, W) for images, (T) for a language model: what models::ModelImpl::forward_flops takes."""
+    if is_gpt(cfg):
+        return [gpt_arch(cfg)["context"]]
+    return list(cfg["data"]["shape"])
+
+
 def check_mirrored(cfg):
-    if cfg["data"]["kind"] != "synthetic":
-        raise ConfigError("config: key 'data.kind': the Python reference runs on synthetic data only; "
-                          "set data.kind: synthetic (got '%s')" % cfg["data"]["kind"])
+    kind = cfg["data"]["kind"]
+    if kind not in ("synthetic", "tokens"):
+        raise ConfigError("config: key 'data.kind': the Python reference runs on synthetic images or token "
+                          "streams only; set data.kind: synthetic or tokens (got '%s')" % kind)
+    if (kind == "tokens") != is_gpt(cfg):
+        raise ConfigError("config: key 'data.kind': %s trains on %s, got data.kind '%s'"
+                          % (cfg["model"]["name"], "tokens" if is_gpt(cfg) else "images (synthetic)", kind))
+    if kind == "tokens" and cfg["model"]["context"] <= 0:
+        raise ConfigError("config: key 'model.context': data.kind tokens needs the tokens per sample")
     if cfg["memory"]["activation_checkpointing"] != "none":
         raise ConfigError("config: key 'memory.activation_checkpointing': not mirrored by the Python reference; "
                           "benchmark with none")
-    if len(cfg["data"]["shape"]) != 3:
+    if kind == "synthetic" and len(cfg["data"]["shape"]) != 3:
         raise ConfigError("config: key 'data.shape': expected (C, H, W), got %r" % cfg["data"]["shape"])
 
 
@@ -255,8 +302,102 @@ def percentile(values, q):
 
 # ---- the model ------------------------------------------------------------------------------------
 
+def build_gpt(a, torch, nn, F, device=None):
+    """models/gpt.cpp in plain PyTorch, module for module (the same names, so the same state dict).
+    device="meta" builds it without memory (for --describe)."""
+
+    class SelfAttention(nn.Module):
+        """models/attention.cpp SelfAttentionImpl with the plain path (what LibTorch 1.13 runs)."""
+
+        def __init__(self):
+            super().__init__()
+            self.n_head, self.p = a["n_head"], a["dropout"]
+            self.c_attn = nn.Linear(a["n_embd"], 3 * a["n_embd"], device=device)
+            self.c_proj = nn.Linear(a["n_embd"], a["n_embd"], device=device)
+            self.resid_dropout = nn.Dropout(a["dropout"])
+            self.macs = 0  # q k^T and att v of the last forward, per sequence
+
+        def forward(self, x):
+            B, T, C = x.shape
+            nh, hs = self.n_head, C // self.n_head
+            q, k, v = self.c_attn(x).split(C, dim=2)            # 3 x (B, T, C)
+            q = q.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
+            k = k.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
+            v = v.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
+            att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            att = torch.softmax(att.masked_fill(future, float("-inf")), -1)
+            if self.training and self.p > 0:
+                att = F.dropout(att, self.p, True)
+            y = torch.matmul(att, v)                            # (B, nh, T, hs)
+            self.macs = 2 * T * T * C
+            y = y.transpose(1, 2).contiguous().view(B, T, C)    # (B, T, C)
+            return self.resid_dropout(self.c_proj(y))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = nn.Linear(a["n_embd"], 4 * a["n_embd"], device=device)
+            self.c_proj = nn.Linear(4 * a["n_embd"], a["n_embd"], device=device)
+            self.dropout = nn.Dropout(a["dropout"])
+
+        def forward(self, x):
+            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(a["n_embd"], device=device)
+            self.attn = SelfAttention()
+            self.ln_2 = nn.LayerNorm(a["n_embd"], device=device)
+            self.mlp = MLP()
+
+        def forward(self, x):
+            h = x + self.attn(self.ln_1(x))
+            return h + self.mlp(self.ln_2(h))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(a["vocab_size"], a["n_embd"], device=device),
+                wpe=nn.Embedding(a["context"], a["n_embd"], device=device),
+                drop=nn.Dropout(a["dropout"]), h=nn.ModuleList([Block() for _ in range(a["n_layer"])]),
+                ln_f=nn.LayerNorm(a["n_embd"], device=device)))
+            self.head_macs = 0  # the tied output projection of the last forward, per sequence
+            # GPT-2 init (models/gpt.cpp, gpt2_init_block): N(0, 0.02), biases 0, the two c_proj per block
+            # N(0, 0.02 / sqrt(2 n_layer)); LayerNorms keep weight 1, bias 0.
+            with torch.no_grad():
+                nn.init.normal_(self.transformer.wte.weight, 0.0, 0.02)
+                nn.init.normal_(self.transformer.wpe.weight, 0.0, 0.02)
+                for b in self.transformer.h:
+                    for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj):
+                        nn.init.normal_(lin.weight, 0.0, 0.02)
+                        nn.init.zeros_(lin.bias)
+                    for lin in (b.attn.c_proj, b.mlp.c_proj):
+                        nn.init.normal_(lin.weight, 0.0, 0.02 / math.sqrt(2.0 * a["n_layer"]))
+
+        def forward(self, tokens):
+            T = tokens.shape[1]
+            pos = torch.arange(T, device=tokens.device)                                      # (T)
+            x = self.transformer.drop(self.transformer.wte(tokens) + self.transformer.wpe(pos))  # (B, T, C)
+            for b in self.transformer.h:
+                x = b(x)
+            x = self.transformer.ln_f(x)
+            self.head_macs = T * a["n_embd"] * a["vocab_size"]
+            return F.linear(x, self.transformer.wte.weight)  # (B, T, V): tied to the token embedding
+
+        def extra_macs(self):
+            """Multiply-adds the Linear hooks do not see: attention matmuls and the tied projection."""
+            return self.head_macs + sum(b.attn.macs for b in self.transformer.h)
+
+    return GPT()
+
+
 def build_model(cfg, torch, nn, F):
     name = cfg["model"]["name"]
+    if name in GPTS:
+        return build_gpt(gpt_arch(cfg), torch, nn, F)
     classes = cfg["model"]["num_classes"]
     channels = cfg["data"]["shape"][0]
     zero_init = cfg["model"]["zero_init_residual"]
@@ -423,8 +564,8 @@ def models_source():
 
 
 def forward_flops(model, shape, torch, nn):
-    """Conv2d and Linear FLOPs (2 x multiply-adds) for one sample, counted by forward hooks: the
-    convention of models::ModelImpl::forward_flops."""
+    """Conv2d and Linear FLOPs (2 x multiply-adds) for one sample, counted by forward hooks, plus (GPT) the
+    attention matmuls and the tied output projection: the convention of models::ModelImpl::forward_flops."""
     macs = [0]
 
     def conv_hook(m, inputs, out):
@@ -443,10 +584,13 @@ def forward_flops(model, shape, torch, nn):
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        model(torch.zeros(1, *shape))
+        model(torch.zeros(1, *shape, dtype=torch.long if len(shape) == 1 else torch.float,
+                          device=next(model.parameters()).device))
     model.train(was_training)
     for h in handles:
         h.remove()
+    if hasattr(model, "extra_macs"):
+        macs[0] += model.extra_macs()
     return 2.0 * macs[0]
 
 
@@ -487,7 +631,8 @@ def run(cfg, args, torch):
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not cfg["train"]["deterministic"]
 
-    shape = cfg["data"]["shape"]
+    shape = sample_shape(cfg)
+    tokens = is_gpt(cfg)
     G = cfg["train"]["global_batch"]
     mb = cfg["train"]["micro_batch"]
     mb = G if mb <= 0 else min(mb, G)  # `auto` (-1): the whole batch; compare.py passes the trainer's choice
@@ -502,7 +647,7 @@ def run(cfg, args, torch):
     model = build_model(cfg, torch, nn, F)
     fwd_flops = forward_flops(model, shape, torch, nn)
     model.to(device)
-    if channels_last:
+    if channels_last and not tokens:
         model.to(memory_format=torch.channels_last)
 
     o = cfg["optim"]
@@ -523,17 +668,24 @@ def run(cfg, args, torch):
                                            backoff_factor=amp["backoff_factor"],
                                            growth_interval=amp["growth_interval"], enabled=use_scaler)
 
-    # The data: a pool of pre-generated batches, uint8 noise normalized as the trainer's synthetic dataset.
+    # The data: a pool of pre-generated batches: uint8 noise normalized as the trainer's synthetic dataset,
+    # or windows of T + 1 random token ids (inputs: the first T, targets: the last T).
     gen = torch.Generator().manual_seed(cfg["seed"])
     std = math.sqrt((256.0 ** 2 - 1) / 12.0) / 255.0
+    vocab = gpt_arch(cfg)["vocab_size"] if tokens else 0
     pool = []
     for _ in range(POOL_BATCHES):
-        img = torch.randint(0, 256, (G, *shape), dtype=torch.uint8, generator=gen)
-        x = (img.float() / 255.0 - 0.5) / std if cfg["data"]["normalize"] else img.float() / 255.0
-        y = torch.randint(0, cfg["model"]["num_classes"], (G,), generator=gen)
+        if tokens:
+            w = torch.randint(0, vocab, (G, shape[0] + 1), generator=gen)
+            x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()  # (G, T) each
+        else:
+            img = torch.randint(0, 256, (G, *shape), dtype=torch.uint8, generator=gen)
+            x = (img.float() / 255.0 - 0.5) / std if cfg["data"]["normalize"] else img.float() / 255.0
+            y = torch.randint(0, cfg["model"]["num_classes"], (G,), generator=gen)
         if cuda:
             x, y = x.pin_memory(), y.pin_memory()
         pool.append((x, y))
+    targets = G * shape[0] if tokens else G  # the loss is the mean over the step's targets
 
     total = args.warmup + args.steps
     warmup_sched = cfg["schedule"]["warmup_steps"]  # warmup_epochs has no meaning for a synthetic pool
@@ -552,13 +704,13 @@ def run(cfg, args, torch):
         loss_sum = torch.zeros((), device=device)
         for start in range(0, G, mb):
             x = images[start:start + mb].to(device, non_blocking=True)
-            if channels_last:
+            if channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-            y = labels[start:start + mb].to(device, non_blocking=True)
+            y = labels[start:start + mb].to(device, non_blocking=True).reshape(-1)  # (B) or (B*T)
             with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp["enabled"]):
                 logits = model(x)
-            loss = F.cross_entropy(logits.float(), y, reduction="sum",
-                                   label_smoothing=cfg["train"]["label_smoothing"]) / G
+            loss = F.cross_entropy(logits.float().reshape(y.shape[0], -1), y, reduction="sum",
+                                   label_smoothing=cfg["train"]["label_smoothing"]) / targets
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         if o["grad_clip"] > 0:
@@ -603,6 +755,10 @@ def run(cfg, args, torch):
         "data": "pool of %d pre-generated batches, cycled" % POOL_BATCHES,
         "flops_per_sample_forward": fwd_flops, "flops_per_sample_train": 3 * fwd_flops,
     })
+    if tokens:
+        res.update({"context": shape[0], "vocab_size": vocab,
+                    "tokens_per_s_median": res["samples_per_s_median"] * shape[0],
+                    "tokens_per_s_aggregate": res["samples_per_s_aggregate"] * shape[0]})
     achieved = 3 * fwd_flops * res["samples_per_s_median"] / 1e12
     name = torch.cuda.get_device_name(device) if cuda else ""
     peak, source = args.peak_tflops, "--peak-tflops"
@@ -615,13 +771,31 @@ def run(cfg, args, torch):
         "config_yaml": yaml.safe_dump(cfg, sort_keys=False),
     })
     res.update(environment(torch, device, name))
+    if tokens:
+        res["versions"]["models"] = "builtin (models/gpt.cpp's GPT)"
     return res
+
+
+def loaded_blas():
+    """The BLAS libraries mapped into this process (as trainer/bench.cpp's loaded_blas)."""
+    seen = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                i = line.find("/")
+                path = line[i:].strip() if i >= 0 else ""
+                if path and "blas" in path.rsplit("/", 1)[-1] and path not in seen:
+                    seen.append(path)
+    except OSError:
+        pass
+    return ", ".join(seen)
 
 
 def environment(torch, device, name):
     versions = {"torch": torch.__version__, "models": models_source(),
                 "python": platform.python_version(), "cuda": torch.version.cuda or "",
-                "cudnn": str(torch.backends.cudnn.version() or "") if device.type == "cuda" else ""}
+                "cudnn": str(torch.backends.cudnn.version() or "") if device.type == "cuda" else "",
+                "blas": loaded_blas()}
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "nproc": os.cpu_count(),
@@ -640,9 +814,14 @@ def environment(torch, device, name):
 
 def describe(cfg, torch):
     """The model's state (name -> shape) and its forward FLOPs per sample, for tests/test_bench.cpp."""
-    model = build_model(cfg, torch, torch.nn, torch.nn.functional)
+    if is_gpt(cfg):  # on the meta device: GPT-2 small would take 0.5 GB and seconds to initialize
+        model = build_gpt(gpt_arch(cfg), torch, torch.nn, torch.nn.functional, device="meta")
+    else:
+        model = build_model(cfg, torch, torch.nn, torch.nn.functional)
     return {"state": {k: list(v.shape) for k, v in model.state_dict().items()},
-            "flops_per_sample_forward": forward_flops(model, cfg["data"]["shape"], torch, torch.nn)}
+            "num_parameters": sum(p.numel() for p in model.parameters()),  # a tied tensor once
+            "sample_shape": sample_shape(cfg),
+            "flops_per_sample_forward": forward_flops(model, sample_shape(cfg), torch, torch.nn)}
 
 
 def main():
@@ -655,6 +834,8 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak TFLOP/s, for MFU")
     ap.add_argument("--models", choices=("auto", "builtin"), default="auto",
                     help="ImageNet ResNets from torchvision when importable (auto), or this file's copy")
+    ap.add_argument("--vocab-size", type=int, default=0,
+                    help="a GPT's vocabulary (default: the registered model's; the trainer takes the token file's)")
     ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
     ap.add_argument("--print-defaults", action="store_true", help="print this script's copy of the defaults")
     args = ap.parse_args()
@@ -663,8 +844,11 @@ def main():
         return 0
     if args.warmup < 0 or args.steps < 1:
         raise ConfigError("command line: --warmup must be >= 0 and --steps >= 1")
-    global MODELS
+    global MODELS, VOCAB_SIZE
     MODELS = args.models
+    if args.vocab_size < 0:
+        raise ConfigError("command line: --vocab-size must be >= 1 (or 0: the registered model's)")
+    VOCAB_SIZE = args.vocab_size
     cfg = load_config(args.config, args.set)
     if not args.describe:
         check_mirrored(cfg)  # before the slow import of torch
@@ -677,9 +861,11 @@ def main():
     else:
         print(text)
     if not args.describe:
-        print("reference: %s batch %d on %s: step p50 %.4f s, p90 %.4f s, %.1f samples/s (median)%s"
+        rate = ("%.1f tokens/s (median)" % res["tokens_per_s_median"] if "tokens_per_s_median" in res
+                else "%.1f samples/s (median)" % res["samples_per_s_median"])
+        print("reference: %s batch %d on %s: step p50 %.4f s, p90 %.4f s, %s%s"
               % (res["model"], res["global_batch"], res["device"], res["step_time_s_p50"], res["step_time_s_p90"],
-                 res["samples_per_s_median"], " -> " + args.out if args.out else ""), file=sys.stderr)
+                 rate, " -> " + args.out if args.out else ""), file=sys.stderr)
     return 0
 
 

@@ -2,8 +2,10 @@
 # Installs the Debian 12 packages the trainer builds and runs with (skips the apt call when all are
 # present). Needs root or sudo.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ libtorch-dev libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev zlib1g-dev
-      libgtest-dev libgmock-dev libgloo-dev libcpp-httplib-dev nlohmann-json3-dev
+# libopenblas0-openmp: LibTorch's libblas.so.3 becomes OpenBLAS instead of the netlib reference BLAS.
+# libgloo-dev: the headers of the Gloo library LibTorch's c10d uses (distributed training on the CPU).
+pkgs=(cmake ninja-build g++ libtorch-dev libopenblas0-openmp libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev
+      zlib1g-dev libgtest-dev libgmock-dev libgloo-dev libcpp-httplib-dev nlohmann-json3-dev
       python3-torch python3-torchvision python3-matplotlib python3-protobuf
       dataset-fashion-mnist fortunes)
 missing=()

@@ -7,9 +7,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
+#include "data/tokens.h"
 #include "models/registry.h"
+#include "models/summary.h"
 #include "test_util.h"
 #include "trainer/bench.h"
 #include "trainer/compat.h"
@@ -59,6 +62,27 @@ const std::vector<std::string> kTrainFields = {
     "precision", "channels_last", "threads", "flops_per_sample_forward", "flops_per_sample_train",
     "achieved_tflops", "peak_tflops", "mfu", "versions", "device", "device_name", "host", "date",
     "command_line", "config_yaml", "loss_first", "loss_last"};
+
+// The tiny GPT on a token file with a vocabulary of 300 (not gpt_tiny's 256: the trainer takes the file's,
+// and Python must be given it), context 32, batch 4: well under a second a step on 2 cores.
+std::string tiny_gpt_config(const TempDir& dir) {
+  std::vector<int64_t> ids;
+  uint64_t x = 12345;
+  for (int i = 0; i < 4000; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    ids.push_back(static_cast<int64_t>((x >> 33) % 300));
+  }
+  auto tokens = (dir / "tokens.h5").string();
+  data::write_tokens(tokens, ids, 300, "tests/test_bench.cpp");
+  auto path = (dir / "gpt.yaml").string();
+  testutil::write_file(path, "model: {name: gpt_tiny, context: 32}\n"
+                             "data: {kind: tokens, train: " + tokens + ", test: \"\"}\n"
+                             "optim: {name: adamw, lr: 0.001, weight_decay: 0.1, grad_clip: 1.0}\n"
+                             "schedule: {name: constant}\n"
+                             "train: {global_batch: 4, device: cpu}\n"
+                             "log: {every: 1}\n");
+  return path;
+}
 
 double model_forward_flops(const std::string& name, const std::vector<int64_t>& shape, int64_t classes) {
   auto m = models::create_model(name, models::ModelOptions().num_classes(classes).in_channels(shape[0]));
@@ -349,11 +373,55 @@ TEST(BenchReference, ModelsHaveTheTrainersStructureAndFlops) {
   }
 }
 
+TEST(BenchReference, GptHasTheTrainersStructureCountAndFlops) {
+  // gpt_tiny with a context and a vocabulary of its own (as a token file would give it), and GPT-2 small
+  // (built on the meta device by the script): every parameter name and shape, the parameter count (the
+  // tied output projection once) and the forward FLOPs of one sequence must be the trainer's.
+  struct Case {
+    std::string name;
+    int64_t context, vocab;  // vocab 0: the registered one
+  };
+  for (const auto& c : {Case{"gpt_tiny", 64, 300}, Case{"gpt_tiny", 128, 0}, Case{"gpt2", 1024, 0}}) {
+    auto r = testutil::run(reference_py() + " --describe --set model.name=" + c.name + " --set data.kind=tokens" +
+                           " --set model.context=" + std::to_string(c.context) +
+                           (c.vocab ? " --vocab-size " + std::to_string(c.vocab) : std::string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    json py = json::parse(r.output);
+    auto mo = models::ModelOptions().context(c.context);
+    if (c.vocab) mo.vocab_size(c.vocab);
+    auto model = models::create_model(c.name, mo);
+    std::map<std::string, std::vector<int64_t>> cpp, pys;
+    for (const auto& p : model->named_parameters()) cpp[p.key()] = p.value().sizes().vec();
+    for (const auto& b : model->named_buffers()) cpp[b.key()] = b.value().sizes().vec();
+    for (auto& [k, v] : py["state"].items()) pys[k] = v.get<std::vector<int64_t>>();
+    EXPECT_EQ(pys, cpp) << c.name;
+    EXPECT_EQ(py["num_parameters"].get<int64_t>(), models::count_parameters(*model)) << c.name;
+    EXPECT_EQ(py["sample_shape"], json({c.context})) << c.name;
+    EXPECT_EQ(py["flops_per_sample_forward"].get<double>(), model->forward_flops({c.context})) << c.name;
+    if (c.name == "gpt2") {
+      // The hand figures of docs/TRANSFORMERS.md: GPT-2 small's count and forward FLOPs at T = 1024.
+      EXPECT_EQ(py["num_parameters"].get<int64_t>(), 124439808);
+      EXPECT_EQ(py["flops_per_sample_forward"].get<double>(),
+                2.0 * 1024 * (12 * 12 * 768.0 * 768 + 768.0 * 50257) + 4.0 * 12 * 1024 * 1024 * 768);
+    }
+  }
+}
+
 TEST(BenchReference, RefusesWhatItDoesNotMirror) {
   auto r = testutil::run(reference_py() + " --set data.kind=hdf5 --steps 1");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(last_line(r.output), "error: config: key 'data.kind': the Python reference runs on synthetic data only; "
-                                 "set data.kind: synthetic (got 'hdf5')");
+  EXPECT_EQ(last_line(r.output), "error: config: key 'data.kind': the Python reference runs on synthetic images or "
+                                 "token streams only; set data.kind: synthetic or tokens (got 'hdf5')");
+  r = testutil::run(reference_py() + " --set model.name=gpt_tiny --set data.kind=synthetic --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: config: key 'data.kind': gpt_tiny trains on tokens, got data.kind 'synthetic'");
+  r = testutil::run(reference_py() + " --set data.kind=tokens --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: config: key 'data.kind': resnet20 trains on images (synthetic), got data.kind "
+                                 "'tokens'");
+  r = testutil::run(reference_py() + " --set model.name=gpt_tiny --set data.kind=tokens --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: config: key 'model.context': data.kind tokens needs the tokens per sample");
   r = testutil::run(reference_py() + " --set train.bogus=1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(last_line(r.output), "error: --set train.bogus=1: key 'train.bogus': unknown key");
@@ -410,4 +478,42 @@ TEST(BenchCompare, AlternatingRoundsOnATinyJob) {
               s["loader"]["samples_per_s"].get<double>() / s["trainer_samples_per_s_median"].get<double>(), 1e-9);
   EXPECT_EQ(s["commands"].size(), 2u);
   EXPECT_EQ(bench_folders(), folders_before) << "a temporary run folder was left behind";
+}
+
+TEST(BenchCompare, TokenJobReportsTokensPerSecondOnBothSides) {
+  TempDir dir;
+  auto cfg = tiny_gpt_config(dir);
+  auto out = (dir / "summary.json").string();
+  auto r = testutil::run(testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " + cfg +
+                         " --rounds 1 --warmup 1 --steps 3 --loader-steps 5 --trainer " + testutil::trainer_bin() +
+                         " --python " + testutil::python() + " --workdir " + (dir / "runs").string() + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json s = read_json(out);
+  ASSERT_EQ(s["rounds"].size(), 1u);
+  json t = read_json(s["rounds"][0]["trainer_file"]), p = read_json(s["rounds"][0]["python_file"]);
+  auto model = models::create_model("gpt_tiny", models::ModelOptions().context(32).vocab_size(300));
+  for (const json& j : {t, p}) {
+    const std::string who = j["implementation"];
+    for (const auto& f : kTrainFields) EXPECT_TRUE(j.contains(f)) << who << " misses " << f;
+    EXPECT_EQ(j["model"], "gpt_tiny") << who;
+    EXPECT_EQ(j["sample_shape"], json({32})) << who;  // a sample is a sequence of 32 tokens
+    EXPECT_EQ(j["context"], 32) << who;
+    EXPECT_EQ(j["vocab_size"], 300) << who;  // the file's, handed to Python by compare.py
+    EXPECT_EQ(j["global_batch"], 4) << who;
+    EXPECT_NEAR(j["tokens_per_s_median"].get<double>(), 32 * j["samples_per_s_median"].get<double>(), 1e-9) << who;
+    EXPECT_NEAR(j["tokens_per_s_aggregate"].get<double>(), 32 * j["samples_per_s_aggregate"].get<double>(), 1e-9) << who;
+    EXPECT_EQ(j["flops_per_sample_forward"].get<double>(), model->forward_flops({32})) << who;
+    EXPECT_NE(j["versions"]["blas"].get<std::string>(), "") << who;  // whichever libblas is mapped, it is named
+  }
+  // The token-weighted mean loss: on random ids about ln 300 at the start, on both sides.
+  EXPECT_NEAR(t["loss_first"].get<double>(), std::log(300.0), 0.3);
+  EXPECT_NEAR(p["loss_first"].get<double>(), std::log(300.0), 0.3);
+  EXPECT_NEAR(s["trainer_tokens_per_s_median"].get<double>(), 32 * s["trainer_samples_per_s_median"].get<double>(), 1e-6);
+  // The token loader alone (no workers: windows are cut in the caller's thread).
+  ASSERT_TRUE(s.contains("loader"));
+  json l = read_json(s["loader"]["file"]);
+  EXPECT_EQ(l["mode"], "loader");
+  EXPECT_EQ(l["workers"], 0);
+  EXPECT_NEAR(l["tokens_per_s"].get<double>(), 32 * l["samples_per_s"].get<double>(), 1e-6);
+  EXPECT_GT(s["loader_headroom"].get<double>(), 0);
 }

@@ -3,6 +3,9 @@
 // logits equal PyTorch's with the same weights; causality; the fused and plain attention paths (or, on
 // LibTorch 1.13, the plain path against explicit loops); gradients; the ViT; the registry options; and a
 // short learning run of the tiny GPT on the fortunes text.
+#include "data/idx.h"
+#include "data/image_h5.h"
+#include "data/loader.h"
 #include "data/tokens.h"
 #include "models/attention.h"
 #include "models/gpt.h"
@@ -467,6 +470,70 @@ TEST(TransformerLearning, TinyGptBeatsTheUnigramEntropyOnFortunes) {
   RecordProperty("val_loss", std::to_string(after));
   EXPECT_NEAR(before, std::log(256.0), 0.2);
   EXPECT_LT(after, unigram - 0.4) << "the model did not learn more than byte frequencies";
+}
+
+TEST(TransformerLearning, VitBeatsChanceOnFashionMnist) {
+  const std::string src = "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(src + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << src << " has no Fashion-MNIST (apt-get install dataset-fashion-mnist)";
+  testutil::TempDir dir("vit_learn");
+  data::convert_idx(src, dir.str());
+  auto train = std::make_shared<data::ImageH5Dataset>((dir / "train.h5").string(), true);
+  auto test = std::make_shared<data::ImageH5Dataset>((dir / "test.h5").string(), true);
+
+  // vit_tiny's structure made small enough for seconds on 2 cores: 7x7 patches (16 + the class token),
+  // 2 blocks x 64 wide, 4 heads; AdamW, 300 steps of 64 normalized images through the trainer's loader
+  // (no augmentation). The intra-op thread count stays at its default, as in the GPT test above.
+  const int64_t steps = 300, batch = 64;
+  torch::manual_seed(0);
+  auto model = models::create_model(
+      "vit_tiny", ModelOptions().num_classes(10).in_channels(1).patch_size(7).n_layer(2).n_embd(64).n_head(4));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.0));
+  data::LoaderOptions lo;
+  lo.global_batch = batch;
+  lo.seed = 0;
+  lo.workers = 0;
+  lo.prefetch = 0;
+  data::Loader loader(train, lo);
+  namespace F = torch::nn::functional;
+
+  // Top-1 accuracy on all 10,000 test images (before training it must be near chance: 10 classes).
+  auto accuracy = [&] {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    data::EvalOptions eo;
+    eo.batch = 500;
+    eo.workers = 0;
+    eo.prefetch = 0;
+    data::EvalLoader ev(test, eo);
+    int64_t correct = 0, seen = 0;
+    while (auto b = ev.next()) {
+      correct += model->forward(b->images).argmax(1).eq(b->labels).sum().item<int64_t>();
+      seen += b->labels.size(0);
+    }
+    model->train();
+    return static_cast<double>(correct) / static_cast<double>(seen);
+  };
+
+  const double before = accuracy();
+  const auto start = std::chrono::steady_clock::now();
+  double last_loss = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto b = loader.next();
+    opt.zero_grad();
+    auto loss = F::cross_entropy(model->forward(b.images), b.labels);
+    loss.backward();
+    opt.step();
+    last_loss = loss.item<double>();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double after = accuracy();
+  std::cout << "[   INFO   ] ViT 2 x 64, 7x7 patches, on Fashion-MNIST: test accuracy " << before << " -> " << after
+            << " after " << steps << " AdamW steps of " << batch << " images in " << seconds << " s (last loss "
+            << last_loss << ")\n";
+  RecordProperty("accuracy", std::to_string(after));
+  EXPECT_NEAR(before, 0.1, 0.08) << "an untrained model should be near chance";
+  EXPECT_GT(after, 0.5) << "the ViT did not learn: chance is 10%";
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "data/dataset.h"
 #include "data/image_h5.h"
 #include "data/loader.h"
+#include "data/tokens.h"
 #include "models/registry.h"
 #include "trainer/compat.h"
 #include "trainer/log.h"
@@ -157,6 +158,24 @@ std::string cpu_model() {
   return "";
 }
 
+// The BLAS libraries mapped into this process (LibTorch's Linear layers call libblas.so.3's sgemm, which
+// Debian's update-alternatives points at netlib's reference BLAS or at OpenBLAS: a 10-100x difference).
+std::string loaded_blas() {
+  std::ifstream in("/proc/self/maps");
+  std::string line, out;
+  std::vector<std::string> seen;
+  while (std::getline(in, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string base = path.substr(path.rfind('/') + 1);
+    if (base.find("blas") == std::string::npos || std::find(seen.begin(), seen.end(), path) != seen.end()) continue;
+    seen.push_back(path);
+    out += (out.empty() ? "" : ", ") + path;
+  }
+  return out;
+}
+
 std::vector<double> load_avg() {
   double l[3] = {0, 0, 0};
   if (getloadavg(l, 3) != 3) return {};
@@ -191,9 +210,17 @@ std::string resolve_device(const std::string& spec) {
 
 std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }
 
-std::array<int64_t, 3> sample_shape_of(const Config& cfg) {
+// (C, H, W) for images, (T) for a token stream: what models::ModelImpl::forward_flops takes.
+std::vector<int64_t> sample_shape_of(const Config& cfg) {
+  if (cfg.data.kind == "tokens") return {cfg.model.context};
   if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
-  return data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
+  auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
+  return {s[0], s[1], s[2]};
+}
+
+// The vocabulary a token job's model is built with (trainer/run.cpp takes the training file's).
+int64_t vocab_size_of(const Config& cfg) {
+  return data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
 }
 
 int threads_of(const Config& cfg) {
@@ -211,8 +238,7 @@ json describe_run(const Config& cfg, const BenchOptions& opts) {
   j["schema"] = kBenchSchema;
   j["implementation"] = "trainer";
   j["model"] = cfg.model.name;
-  auto s = sample_shape_of(cfg);
-  j["sample_shape"] = {s[0], s[1], s[2]};
+  j["sample_shape"] = sample_shape_of(cfg);
   j["global_batch"] = cfg.train.global_batch;
   j["config_file"] = opts.config_path;
   j["overrides"] = opts.overrides;
@@ -351,7 +377,8 @@ json bench_environment(const std::string& device) {
     spdlog::warn("bench: could not read the CUDA versions or device name: {}", e.what());
   }
 #endif
-  j["versions"] = {{"trainer", TRAINER_VERSION}, {"torch", compat::torch_version()}, {"cuda", cuda}, {"cudnn", cudnn}};
+  j["versions"] = {{"trainer", TRAINER_VERSION}, {"torch", compat::torch_version()}, {"cuda", cuda}, {"cudnn", cudnn},
+                   {"blas", loaded_blas()}};
   j["device"] = device;
   j["device_name"] = name;
   if (!driver.empty()) j["driver"] = driver;
@@ -418,13 +445,26 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   j["threads"] = threads_of(cfg);
   j["loader_workers"] = cfg.data.workers > 0 ? cfg.data.workers : threads_of(cfg);
 
-  // FLOPs from the model's own count (built again here: train() keeps its model private).
+  // FLOPs from the model's own count (built again here, with trainer/run.cpp's options: train() keeps
+  // its model private).
   auto s = j["sample_shape"].get<std::vector<int64_t>>();
-  auto model = models::create_model(cfg.model.name, models::ModelOptions()
-                                                        .num_classes(cfg.model.num_classes)
-                                                        .in_channels(s[0])
-                                                        .zero_init_residual(cfg.model.zero_init_residual));
+  const bool tokens = cfg.data.kind == "tokens";
+  auto mo = models::ModelOptions()
+                .num_classes(cfg.model.num_classes)
+                .zero_init_residual(cfg.model.zero_init_residual)
+                .context(cfg.model.context)
+                .dropout(cfg.model.dropout);
+  if (tokens) mo.vocab_size(vocab_size_of(cfg));
+  else mo.in_channels(s[0]);
+  auto model = models::create_model(cfg.model.name, mo);
   const double fwd = model->forward_flops(s);
+  if (tokens) {
+    // A sample is a sequence of T tokens; metrics.jsonl's tokens_per_s is samples/s x T as well.
+    j["context"] = cfg.model.context;
+    j["vocab_size"] = mo.vocab_size();
+    j["tokens_per_s_median"] = j["samples_per_s_median"].get<double>() * static_cast<double>(cfg.model.context);
+    j["tokens_per_s_aggregate"] = j["samples_per_s_aggregate"].get<double>() * static_cast<double>(cfg.model.context);
+  }
   j["flops_per_sample_forward"] = fwd;
   j["flops_per_sample_train"] = 3 * fwd;  // backward ~ 2x forward (input and weight gradients)
   const double achieved = 3 * fwd * j["samples_per_s_median"].get<double>() / 1e12;
@@ -461,6 +501,32 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
   std::unique_ptr<MemoryBackend> memory;
   if (device == "cpu") memory = make_memory_backend(torch::Device(torch::kCPU));
 
+  if (cfg.data.kind == "tokens") {
+    // The token loader has no workers: next() cuts the windows in the caller's thread, as in training.
+    auto tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
+    data::TokenLoaderOptions to;
+    to.global_batch = cfg.train.global_batch;
+    to.context = cfg.model.context;
+    to.seed = cfg.seed;
+    data::TokenLoader loader(tds, to);
+    for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
+    const auto t0 = Clock::now();
+    int64_t samples = 0;
+    for (int64_t i = 0; i < opts.steps; ++i) samples += loader.next().images.size(0);
+    const double sps = static_cast<double>(samples) / std::chrono::duration<double>(Clock::now() - t0).count();
+    json j = describe_run(cfg, opts);
+    j["mode"] = "loader";
+    j["samples_per_s"] = sps;
+    j["tokens_per_s"] = sps * static_cast<double>(cfg.model.context);
+    j["batches"] = opts.steps;
+    j["warmup_batches"] = opts.warmup;
+    j["workers"] = 0;
+    j["prefetch"] = 0;
+    j["threads"] = threads;
+    j["config_yaml"] = to_yaml(cfg);
+    j.update(bench_environment(device));
+    return j;
+  }
   std::shared_ptr<data::ImageDataset> ds;
   if (cfg.data.kind == "synthetic")
     ds = std::make_shared<data::SyntheticImageDataset>(cfg.data.synthetic_size, cfg.data.shape[0], cfg.data.shape[1],
@@ -568,7 +634,9 @@ int bench_main(int argc, char** argv) {
   } else {
     std::cerr << "bench: " << cfg.model.name << " batch " << cfg.train.global_batch << " on " << j["device"].get<std::string>()
               << ": step p50 " << j["step_time_s_p50"].get<double>() << " s, p90 " << j["step_time_s_p90"].get<double>()
-              << " s, " << j["samples_per_s_median"].get<double>() << " samples/s (median), "
+              << " s, " << j["samples_per_s_median"].get<double>() << " samples/s (median), ";
+    if (j.contains("tokens_per_s_median")) std::cerr << j["tokens_per_s_median"].get<double>() << " tokens/s (median), ";
+    std::cerr
               << j["samples_per_s_aggregate"].get<double>() << " (aggregate), data wait "
               << 100 * j["data_wait_share"].get<double>() << "%" << (out.empty() ? "" : " -> " + out) << std::endl;
   }

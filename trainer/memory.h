@@ -102,7 +102,8 @@ class MemoryBackend {
   virtual void set_limit(int64_t bytes) = 0;
   /// The cap set last (0 = none).
   virtual int64_t limit() const = 0;
-  /// Returns cached, unused blocks to the system (CUDA); a no-op on CPU, which caches nothing.
+  /// Returns cached, unused blocks to the system (CUDA: the caching allocator's; CPU: the free heap
+  /// memory malloc keeps, see CpuMemoryBackend).
   virtual void empty_cache() = 0;
   /// Size of the device's memory (CUDA) or of the host's physical memory (CPU).
   virtual int64_t total_bytes() const = 0;
@@ -125,7 +126,9 @@ class CpuMemoryBackend : public MemoryBackend {
   void reset_peak() override;
   void set_limit(int64_t bytes) override;
   int64_t limit() const override;
-  void empty_cache() override {}
+  /// Hands the free memory glibc's malloc keeps (install() turns off its trimming) back to the kernel:
+  /// malloc_trim(0).
+  void empty_cache() override;
   int64_t total_bytes() const override;
   int64_t free_bytes() const override;
 };
