@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,6 +35,7 @@
 #include "data/image_h5.h"
 #include "data/loader.h"
 #include "models/registry.h"
+#include "trainer/checkpoint.h"
 #include "trainer/compat.h"
 #include "trainer/log.h"
 #include "trainer/memory.h"
@@ -131,15 +131,6 @@ class MetricsWatcher {
 };
 
 // ---- the host -------------------------------------------------------------------------------------
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -326,7 +317,7 @@ double known_peak_tflops(const std::string& name, const std::string& precision) 
 
 json bench_environment(const std::string& device) {
   json j;
-  j["date"] = utc_now();
+  j["date"] = utc_now_iso();
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   j["host"] = {{"hostname", host},

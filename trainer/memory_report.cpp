@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <type_traits>
 
+#include "trainer/checkpoint.h"
 #include "trainer/memory.h"
 #include "trainer/telemetry.h"
 
@@ -59,15 +59,6 @@ void fill_cuda_stats(MemoryStats& m, c10::DeviceIndex index) {
            "memory from the driver (free_bytes)";
 }
 #endif
-
-std::string utc_now_iso() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // c10::Error's what() carries a C++ backtrace after the message; the report keeps the message.
 std::string without_backtrace(const std::string& error) {
