@@ -27,17 +27,22 @@ torch::Tensor TrainingRun::micro_batch_loss(const torch::Tensor& images, const t
 }
 
 void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& r) {
+  // Per-phase peaks for the memory report; the last phase is recorded (as failed) also when an OOM unwinds.
+  PhasePeakRecorder phases(*memory_, *memory_report_, step_ + 1, controller_->micro_batch());
   optimizer_->zero_grad();
   const auto sizes = controller_->micro_batch_sizes();
   const double normalizer = static_cast<double>(batch.labels.numel());
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device_));
   int64_t offset = 0;
   for (int64_t n : sizes) {
+    phases.enter("forward");
     torch::Tensor loss = micro_batch_loss(batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n), normalizer);
+    phases.enter("backward");
     scaler_->scale(loss).backward();
     loss_sum += loss.detach();
     offset += n;
   }
+  phases.enter("optimizer");
   const auto& params = optimizer_->params();
   std::vector<torch::Tensor> tensors;
   for (const auto& p : params) tensors.push_back(p.param);
