@@ -500,6 +500,7 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
     EXPECT_GE(picked, 1);
     EXPECT_DOUBLE_EQ(a["auto_fraction"].get<double>(), static_cast<double>(picked) / largest);
     EXPECT_LE(a["micro_batch_after_3_steps"].get<int64_t>(), picked);
+    EXPECT_GT(a["auto_search_s"].get<double>(), 0.0);
   }
 
   // Recovery, from the backoff run's own files.
@@ -537,6 +538,9 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
   EXPECT_EQ(round["normal_steps"].get<size_t>(), normal.size());
   EXPECT_DOUBLE_EQ(round["normal_step_s"].get<double>(), median_of(normal));
   EXPECT_DOUBLE_EQ(j["recovery"]["recovery_s_median"].get<double>(), round["recovery_s"].get<double>());
+  EXPECT_DOUBLE_EQ(j["recovery"]["normal_step_s_pooled_median"].get<double>(), median_of(normal));
+  EXPECT_DOUBLE_EQ(round["step_before_cut_s"].get<double>(), a_steps[1]["step_time_s"].get<double>())
+      << "with --warmup 2, step 2 is the one step before the cut that is not the first";
 
   // Grow-back: the raised limit fits the whole batch again; the compared steps are the last 3 of both runs.
   EXPECT_EQ(round["final_micro_batch"], 16);

@@ -667,12 +667,20 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
     const auto picked_ev = a.events("auto_micro_batch");
     if (picked_ev.empty()) throw std::runtime_error("bench --oom: " + (a.dir / "metrics.jsonl").string() + " has no auto_micro_batch event");
     const int64_t picked = picked_ev.front().at("micro_batch").get<int64_t>();
+    // The search's time: from the start event (after setup) to the pick (includes the first batch's wait).
+    double t_start_ev = 0, t_pick = 0;
+    for (size_t i = 0; i < a.lines.size(); ++i) {
+      const std::string ev = a.lines[i].value("event", "");
+      if (ev == "start" && t_start_ev == 0) t_start_ev = a.seen[i];
+      if (ev == "auto_micro_batch" && t_pick == 0) t_pick = a.seen[i];
+    }
     const int64_t after = a.steps().back().at("micro_batch").get<int64_t>();
     autos.push_back({{"cap", name},
                      {"limit_bytes", cap},
                      {"largest_fitting_micro_batch", largest},
                      {"auto_micro_batch", picked},
                      {"auto_fraction", static_cast<double>(picked) / static_cast<double>(largest)},
+                     {"auto_search_s", t_pick - t_start_ev},
                      {"auto_ooms_in_3_steps", a.events("oom").size()},
                      {"micro_batch_after_3_steps", after},
                      {"fraction_after_3_steps", static_cast<double>(after) / static_cast<double>(largest)},
@@ -690,7 +698,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   const int64_t total = opts.warmup + 2 + 1 + opts.low_steps + 2 + grow_budget + opts.steps;
   const int64_t window_start = total - opts.steps + 1;
   json rounds = json::array();
-  std::vector<double> recovery, normal, over, overhead, step_ratio, sps_ratio;
+  std::vector<double> recovery, normal, normal_pooled, before, over, overhead, step_ratio, sps_ratio;
   for (int64_t r = 1; r <= opts.rounds; ++r) {
     const std::vector<double> load = load_avg();
     struct {
@@ -748,14 +756,22 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
     }
     if (t_throw == 0) throw std::runtime_error("bench --oom: " + da.string() + ": no memory report for the OOM step");
     const double t_done = a.seen_step(st.oom_step);
-    std::vector<double> low_times;
+    // A normal step at the backed-off size: A's clean steps at it before the raise (a grow-back probe may
+    // end them early). And at the global batch: A's steps before the cut, the first one left out.
+    std::vector<double> low_times, before_times;
     for (const auto& l : a_steps) {
       const int64_t s = l.value("step", int64_t{0});
       if (s > st.oom_step && s <= st.raise_step && l.value("micro_batch", int64_t{0}) == st.low_micro &&
           l.value("oom_retries", int64_t{0}) == 0)
         low_times.push_back(l.at("step_time_s").get<double>());
+      if (s > 1 && s <= opts.warmup) before_times.push_back(l.at("step_time_s").get<double>());
     }
+    if (low_times.empty())
+      throw std::runtime_error("bench --oom: " + da.string() + ": no clean step at the backed-off micro-batch before "
+                               "the raise; raise memory.grow_after");
     const double rec = t_done - t_throw, norm = median_of(low_times);
+    normal_pooled.insert(normal_pooled.end(), low_times.begin(), low_times.end());
+    before.insert(before.end(), before_times.begin(), before_times.end());
 
     // Grow-back: the run must have settled at its final micro-batch before the compared window.
     const int64_t final_micro = a_steps.back().at("micro_batch").get<int64_t>();
@@ -807,6 +823,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
                       {"recovery_s", rec},
                       {"normal_step_s", norm},
                       {"normal_steps", low_times.size()},
+                      {"step_before_cut_s", median_of(before_times)},
                       {"recovery_over_normal", rec / norm},
                       {"oom_step_time_s", oom_line->at("step_time_s").get<double>()},
                       {"raised_after_step", st.raise_step},
@@ -838,6 +855,9 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   j["auto_vs_exhaustive"] = autos;
   j["recovery"] = {{"recovery_s_median", median_of(recovery)},
                    {"normal_step_s_median", median_of(normal)},
+                   {"normal_step_s_pooled_median", median_of(normal_pooled)},
+                   {"normal_steps_pooled", normal_pooled.size()},
+                   {"step_before_cut_s_median", median_of(before)},
                    {"recovery_over_normal_median", median_of(over)},
                    {"overhead_s_median", median_of(overhead)}};
   j["grow_back"] = {{"step_time_ratio_median", median_of(step_ratio)},

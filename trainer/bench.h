@@ -127,8 +127,9 @@ struct BenchOomOptions {
 ///      `warmup` steps (OOMs, backoff), raised again `low_steps` steps after the OOM step (grow-back);
 ///      (B) a run that starts at A's final micro-batch under the high limit. Recovery = when the OOM step's
 ///      metrics line appeared - the time_unix_s of the step's first OOM memory report; against the median
-///      step time at the backed-off micro-batch. Throughput: median samples/s of A's and B's last `steps`
-///      steps.
+///      step time of A's clean steps at the backed-off micro-batch before the raise (per round, and pooled
+///      over the rounds) and of A's steps 2..warmup at G. Throughput: median samples/s of A's and B's last
+///      `steps` steps.
 /// Returns mode "oom": calibration_peak_bytes, limits_bytes, auto_vs_exhaustive (per limit), recovery and
 /// grow_back (medians over the rounds), rounds (every figure per round), and the environment. Throws
 /// std::runtime_error naming the run folder (which is then kept) when a run fails or the scenario did
