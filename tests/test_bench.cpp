@@ -437,7 +437,7 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
   const auto runs = dir / "runs";
   const auto out = (dir / "oom.json").string();
   auto r = testutil::run(bench_cmd("--oom --config " + testutil::source_dir() + "/configs/bench_oom_tiny.yaml" +
-                                   " --rounds 1 --warmup 2 --steps 3 --run-dir " + runs.string() + " --out " + out));
+                                   " --rounds 2 --warmup 2 --steps 3 --run-dir " + runs.string() + " --out " + out));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("bench --oom: plain_cnn batch 16: recovery "), std::string::npos) << r.output;
   const json j = read_json(out);
@@ -503,9 +503,17 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
     EXPECT_GT(a["auto_search_s"].get<double>(), 0.0);
   }
 
-  // Recovery, from the backoff run's own files.
-  ASSERT_EQ(j["rounds"].size(), 1u);
+  // Recovery, from the backoff run's own files (round 1 in detail; round 2 ran the fresh run first).
+  ASSERT_EQ(j["rounds"].size(), 2u);
   const auto& round = j["rounds"][0];
+  EXPECT_EQ(round["order"], "backoff first");
+  EXPECT_EQ(j["rounds"][1]["order"], "fresh first");
+  EXPECT_EQ(j["rounds"][1]["final_micro_batch"], 16);
+  EXPECT_EQ(j["rounds"][1]["ooms_in_step"], 2);
+  for (const auto& l : jsonl_of(runs / "round2_fresh" / "metrics.jsonl"))
+    if (!l.contains("event")) EXPECT_EQ(l["micro_batch"], 16);
+  EXPECT_DOUBLE_EQ(j["recovery"]["recovery_s_median"].get<double>(),
+                   (j["rounds"][0]["recovery_s"].get<double>() + j["rounds"][1]["recovery_s"].get<double>()) / 2);
   const auto a_lines = jsonl_of(runs / "round1_backoff" / "metrics.jsonl");
   std::vector<json> a_steps, ooms;
   for (const auto& l : a_lines) {
@@ -528,17 +536,24 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
   // From the first OOM to the step's line: within the step (plus the time to write its line).
   EXPECT_GT(round["recovery_s"].get<double>(), 0.0);
   EXPECT_LT(round["recovery_s"].get<double>(), oom_step_time + 2.0);
-  std::vector<double> normal;
-  for (const auto& l : a_steps) {
-    const int64_t s = l["step"].get<int64_t>();
-    if (s > oom_step && s <= round["raised_after_step"].get<int64_t>() && l["micro_batch"] == 4 && l["oom_retries"] == 0)
-      normal.push_back(l["step_time_s"].get<double>());
+  // A normal step: the clean steps at 4 between the OOM step and the raise, per round and pooled.
+  std::vector<double> pooled;
+  for (int r = 1; r <= 2; ++r) {
+    const auto& rd = j["rounds"][r - 1];
+    std::vector<double> normal;
+    for (const auto& l : jsonl_of(runs / ("round" + std::to_string(r) + "_backoff") / "metrics.jsonl")) {
+      if (l.contains("event")) continue;
+      const int64_t s = l["step"].get<int64_t>();
+      if (s > rd["oom_step"].get<int64_t>() && s <= rd["raised_after_step"].get<int64_t>() && l["micro_batch"] == 4 &&
+          l["oom_retries"] == 0)
+        normal.push_back(l["step_time_s"].get<double>());
+    }
+    ASSERT_FALSE(normal.empty());
+    EXPECT_EQ(rd["normal_steps"].get<size_t>(), normal.size());
+    EXPECT_DOUBLE_EQ(rd["normal_step_s"].get<double>(), median_of(normal));
+    pooled.insert(pooled.end(), normal.begin(), normal.end());
   }
-  ASSERT_FALSE(normal.empty());
-  EXPECT_EQ(round["normal_steps"].get<size_t>(), normal.size());
-  EXPECT_DOUBLE_EQ(round["normal_step_s"].get<double>(), median_of(normal));
-  EXPECT_DOUBLE_EQ(j["recovery"]["recovery_s_median"].get<double>(), round["recovery_s"].get<double>());
-  EXPECT_DOUBLE_EQ(j["recovery"]["normal_step_s_pooled_median"].get<double>(), median_of(normal));
+  EXPECT_DOUBLE_EQ(j["recovery"]["normal_step_s_pooled_median"].get<double>(), median_of(pooled));
   EXPECT_DOUBLE_EQ(round["step_before_cut_s"].get<double>(), a_steps[1]["step_time_s"].get<double>())
       << "with --warmup 2, step 2 is the one step before the cut that is not the first";
 
@@ -565,6 +580,8 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
   EXPECT_DOUBLE_EQ(round["fresh_run_step_time_s_p50"].get<double>(), median_of(b_win));
   EXPECT_DOUBLE_EQ(round["step_time_ratio"].get<double>(), median_of(a_win) / median_of(b_win));
   EXPECT_EQ(round["fresh_run_ooms"], 0);
+  EXPECT_GE(round["backoff_run_page_faults_per_step"].get<double>(), 0.0);
+  EXPECT_GE(round["fresh_run_page_faults_per_step"].get<double>(), 0.0);
   EXPECT_GT(j["grow_back"]["throughput_ratio_median"].get<double>(), 0.0);
 }
 

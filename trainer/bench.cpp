@@ -513,8 +513,9 @@ namespace {
 struct Job {
   int rc = 0;
   fs::path dir;
-  std::vector<json> lines;   // metrics.jsonl in file order
-  std::vector<double> seen;  // wall time (seconds since 1970) at which lines[i] appeared
+  std::vector<json> lines;     // metrics.jsonl in file order
+  std::vector<double> seen;    // wall time (seconds since 1970) at which lines[i] appeared
+  std::vector<int64_t> minflt;  // the process's minor page faults so far when lines[i] appeared
 
   std::vector<json> steps() const {
     std::vector<json> out;
@@ -552,10 +553,13 @@ Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::
   ro.no_resume = true;
   {
     MetricsWatcher watcher(dir, "metrics.jsonl", [&](const json& line, double t) {
+      rusage ru{};
+      getrusage(RUSAGE_SELF, &ru);
       {
         std::lock_guard<std::mutex> lock(mu);
         job.lines.push_back(line);
         job.seen.push_back(t);
+        job.minflt.push_back(static_cast<int64_t>(ru.ru_minflt));
       }
       if (hook) hook(line);
     });
@@ -698,6 +702,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   const int64_t total = opts.warmup + 2 + 1 + opts.low_steps + 2 + grow_budget + opts.steps;
   const int64_t window_start = total - opts.steps + 1;
   json rounds = json::array();
+  int64_t last_final_micro = G;
   std::vector<double> recovery, normal, normal_pooled, before, over, overhead, step_ratio, sps_ratio;
   for (int64_t r = 1; r <= opts.rounds; ++r) {
     const std::vector<double> load = load_avg();
@@ -726,6 +731,17 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
         }
       }
     };
+    // The order alternates (A B, then B A, ...) so that running second is no advantage to either. B first
+    // starts at the size A grew back to in the round before.
+    const bool fresh_first = r % 2 == 0;
+    auto run_fresh = [&](int64_t micro) {
+      Job b = run_job(cfg, {"train.micro_batch=" + num(micro), "memory.limit=" + num(cap_high),
+                            "train.steps=" + num(total), no_growth}, root / ("round" + num(r) + "_fresh"));
+      if (b.rc != kExitOk) throw std::runtime_error(job_failed(b, "the fresh run failed"));
+      return b;
+    };
+    Job b;
+    if (fresh_first) b = run_fresh(last_final_micro);
     Job a = run_job(cfg, {"train.micro_batch=0", "memory.limit=" + num(cap_high), "train.steps=" + num(total)}, da, hook);
     if (a.rc != kExitOk) throw std::runtime_error(job_failed(a, "the backoff run failed"));
     if (!st.cut || st.oom_step == 0 || !st.raised)
@@ -784,23 +800,36 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
       throw std::runtime_error("bench --oom: " + da.string() + ": the run settled at micro-batch " + num(final_micro) +
                                " only at step " + num(settled) + ", after the compared steps began (" + num(window_start) +
                                "); lower memory.grow_after");
-    Job b = run_job(cfg, {"train.micro_batch=" + num(final_micro), "memory.limit=" + num(cap_high),
-                          "train.steps=" + num(total), no_growth}, root / ("round" + num(r) + "_fresh"));
-    if (b.rc != kExitOk) throw std::runtime_error(job_failed(b, "the fresh run failed"));
-    auto window = [&](const Job& j, double& step_p50, double& sps_p50) {
+    if (fresh_first && final_micro != last_final_micro)
+      throw std::runtime_error("bench --oom: " + da.string() + ": grew back to micro-batch " + num(final_micro) +
+                               ", not to " + num(last_final_micro) + " as in the round before, at which the fresh "
+                               "run of this round started; run --rounds 1 to see why");
+    if (!fresh_first) b = run_fresh(final_micro);
+    last_final_micro = final_micro;
+    // Median step time and samples/s of the compared steps, and minor page faults per step over them
+    // (process-wide, read when each line appeared: glibc handing freed memory back and faulting it in
+    // again costs time, docs/BENCHMARKS.md).
+    auto window = [&](const Job& j, double& step_p50, double& sps_p50, double& faults) {
       std::vector<double> st_times, sps;
-      for (const auto& l : j.steps()) {
-        if (l.value("step", int64_t{0}) < window_start) continue;
+      int64_t f0 = -1, f1 = 0;
+      for (size_t i = 0; i < j.lines.size(); ++i) {
+        const json& l = j.lines[i];
+        if (l.contains("event")) continue;
+        const int64_t s = l.value("step", int64_t{0});
+        if (s == window_start - 1) f0 = j.minflt[i];
+        if (s < window_start) continue;
+        f1 = j.minflt[i];
         const double t = l.at("step_time_s").get<double>(), w = l.value("data_wait_s", 0.0);
         st_times.push_back(t);
         sps.push_back(static_cast<double>(G) / (t + w));
       }
       step_p50 = median_of(st_times);
       sps_p50 = median_of(sps);
+      faults = f0 < 0 ? 0.0 : static_cast<double>(f1 - f0) / static_cast<double>(opts.steps);
     };
-    double a_step, a_sps, b_step, b_sps;
-    window(a, a_step, a_sps);
-    window(b, b_step, b_sps);
+    double a_step, a_sps, a_faults, b_step, b_sps, b_faults;
+    window(a, a_step, a_sps, a_faults);
+    window(b, b_step, b_sps, b_faults);
 
     recovery.push_back(rec);
     normal.push_back(norm);
@@ -836,6 +865,9 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
                       {"backoff_run_samples_per_s_p50", a_sps},
                       {"fresh_run_samples_per_s_p50", b_sps},
                       {"fresh_run_ooms", b.events("oom").size()},
+                      {"order", fresh_first ? "fresh first" : "backoff first"},
+                      {"backoff_run_page_faults_per_step", a_faults},
+                      {"fresh_run_page_faults_per_step", b_faults},
                       {"step_time_ratio", a_step / b_step},
                       {"throughput_ratio", a_sps / b_sps}});
     std::cerr << "bench --oom: round " << r << ": recovery " << rec << " s (normal step " << norm << " s), grew back to "

@@ -123,13 +123,14 @@ struct BenchOomOptions {
 ///      fresh 2-step run at every size from G down to half the largest that fits, each pinned to its
 ///      size: floor = size, no recomputation; sizes below the largest that still fail are listed),
 ///      against what `train.micro_batch: auto` picks (and where it is after 3 steps);
-///   3. `rounds` times, alternating: (A) a run at G under the high limit, cut through control.yaml after
-///      `warmup` steps (OOMs, backoff), raised again `low_steps` steps after the OOM step (grow-back);
-///      (B) a run that starts at A's final micro-batch under the high limit. Recovery = when the OOM step's
+///   3. `rounds` times: (A) a run at G under the high limit, cut through control.yaml after `warmup`
+///      steps (OOMs, backoff), raised again `low_steps` steps after the OOM step (grow-back); (B) a run
+///      that starts at A's final micro-batch under the high limit, with no growth; A then B in odd
+///      rounds, B then A in even ones (B at the size A reached in the round before). Recovery = when the OOM step's
 ///      metrics line appeared - the time_unix_s of the step's first OOM memory report; against the median
 ///      step time of A's clean steps at the backed-off micro-batch before the raise (per round, and pooled
 ///      over the rounds) and of A's steps 2..warmup at G. Throughput: median samples/s of A's and B's last
-///      `steps` steps.
+///      `steps` steps, and the process's minor page faults per step over them.
 /// Returns mode "oom": calibration_peak_bytes, limits_bytes, auto_vs_exhaustive (per limit), recovery and
 /// grow_back (medians over the rounds), rounds (every figure per round), and the environment. Throws
 /// std::runtime_error naming the run folder (which is then kept) when a run fails or the scenario did
