@@ -536,6 +536,16 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
   // From the first OOM to the step's line: within the step (plus the time to write its line).
   EXPECT_GT(round["recovery_s"].get<double>(), 0.0);
   EXPECT_LT(round["recovery_s"].get<double>(), oom_step_time + 2.0);
+  // Two reports, each with its time: the span between them lies inside the recovery.
+  double t_first = 1e300, t_last = 0;
+  for (const char* f : {".json", "_2.json"}) {
+    const double t = read_json((runs / "round1_backoff" / ("memory_report_" + std::to_string(oom_step) + f)).string())
+                         ["time_unix_s"].get<double>();
+    t_first = std::min(t_first, t);
+    t_last = std::max(t_last, t);
+  }
+  EXPECT_DOUBLE_EQ(round["first_to_last_oom_s"].get<double>(), t_last - t_first);
+  EXPECT_LT(round["first_to_last_oom_s"].get<double>(), round["recovery_s"].get<double>());
   // A normal step: the clean steps at 4 between the OOM step and the raise, per round and pooled.
   std::vector<double> pooled;
   for (int r = 1; r <= 2; ++r) {

@@ -643,10 +643,11 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   // 2. micro_batch: auto against an exhaustive search under the same cap: every micro-batch from the global
   //    batch down, each a fresh 2-step run (the second step carries the optimizer state the first one
   //    created) that may not back off (floor = that size, no recomputation). Not only down to the first
-  //    that fits: a step's peak need not be monotone in the micro-batch (accumulating a second
-  //    micro-batch holds a second gradient per parameter), so the search goes on to half the largest
-  //    that fits, the range that decides whether auto's pick is "at least half", and lists the sizes
-  //    there that still fail. (Further down every run is slower, and nothing changes the figures.)
+  //    that fits: a step's peak need not be monotone in the micro-batch (every micro-batch after the
+  //    first runs with the step's gradients alive, so a split {12, 4} can peak below {8, 8}), so the
+  //    search goes on to half the largest that fits, the range that decides whether auto's pick is "at
+  //    least half", and lists the sizes there that still fail. (Further down every run is slower, and
+  //    nothing there changes the figures.)
   json autos = json::array();
   for (const auto& [name, cap] : std::vector<std::pair<std::string, int64_t>>{{"cut", cap_cut}, {"mid", cap_mid}}) {
     json tried = json::array(), failing_below = json::array();
@@ -755,7 +756,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
     if (!oom_line) throw std::runtime_error("bench --oom: " + da.string() + ": no step line for the OOM step");
     // The OOM was thrown just before its memory report was built (the first thing the step does when it
     // catches one); the report's time_unix_s marks it. Several OOMs in the step: the first one.
-    double t_throw = 0;
+    double t_throw = 0, t_last_throw = 0;
     int64_t ooms = 0;
     for (const auto& f : fs::directory_iterator(da)) {
       const std::string n = f.path().filename().string();
@@ -769,6 +770,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
       ++ooms;
       const double t = rep.at("time_unix_s").get<double>();
       t_throw = t_throw == 0 ? t : std::min(t_throw, t);
+      t_last_throw = std::max(t_last_throw, t);
     }
     if (t_throw == 0) throw std::runtime_error("bench --oom: " + da.string() + ": no memory report for the OOM step");
     const double t_done = a.seen_step(st.oom_step);
@@ -850,6 +852,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
                       {"micro_batch_before", G},
                       {"micro_batch_after", st.low_micro},
                       {"recovery_s", rec},
+                      {"first_to_last_oom_s", t_last_throw - t_throw},
                       {"normal_step_s", norm},
                       {"normal_steps", low_times.size()},
                       {"step_before_cut_s", median_of(before_times)},
