@@ -9,4 +9,16 @@ std::mutex& hdf5_lock() {
   return m;
 }
 
+void H5Handle::reset() {
+  if (id_ >= 0 && close_) close_(id_);
+  id_ = -1;
+}
+
+H5Quiet::H5Quiet() {
+  H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+H5Quiet::~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+
 }  // namespace data

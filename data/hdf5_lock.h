@@ -1,6 +1,9 @@
-// Debian's libhdf5 is the serial build, which is not thread-safe: every HDF5 call in the process, by any
-// reader or writer, must be made while holding this one lock.
+// What every HDF5 user in data/ shares. Debian's libhdf5 is the serial build, which is not thread-safe:
+// every HDF5 call in the process, by any reader or writer, must be made while holding the one lock
+// below. Under that lock, H5Handle owns an identifier and H5Quiet keeps HDF5's error stack off stderr.
 #pragma once
+
+#include <hdf5.h>
 
 #include <mutex>
 
@@ -8,5 +11,49 @@ namespace data {
 
 /// The process-wide lock around every HDF5 call.
 std::mutex& hdf5_lock();
+
+/// Owns an HDF5 identifier (file, dataset, dataspace, type, attribute, property list) and closes it with
+/// the function given (H5Fclose, H5Dclose, ...) when destroyed or reset. A negative id means "none"
+/// (a failed H5*open/create returns one), and nothing is closed for it. Closing is an HDF5 call: destroy
+/// handles while hdf5_lock() is held, i.e. declare the lock guard before any handle so they go first.
+class H5Handle {
+ public:
+  H5Handle() = default;
+  H5Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5Handle() { reset(); }
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+
+  hid_t get() const { return id_; }
+  /// True for an id that is not negative.
+  bool valid() const { return id_ >= 0; }
+  /// Gives the id up without closing it (the caller closes it).
+  hid_t release() {
+    const hid_t r = id_;
+    id_ = -1;
+    return r;
+  }
+  /// Closes the id now (if any); the handle is then empty.
+  void reset();
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+/// Turns HDF5's automatic error printing off for a scope and restores the previous handler after:
+/// failures become one exception line of ours instead of a stack dump on stderr, and other HDF5 users
+/// keep their setting. Construct and destroy it while hdf5_lock() is held.
+class H5Quiet {
+ public:
+  H5Quiet();
+  ~H5Quiet();
+  H5Quiet(const H5Quiet&) = delete;
+  H5Quiet& operator=(const H5Quiet&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
 
 }  // namespace data

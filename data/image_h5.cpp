@@ -15,51 +15,9 @@ static_assert(std::is_same<hid_t, int64_t>::value, "hid_t must be int64_t (HDF5 
 
 namespace data {
 
-
 namespace {
 
 namespace fs = std::filesystem;
-
-// An hid_t and its close function. Must be destroyed while hdf5_lock() is held: declare the lock
-// before any Id so that the Ids go first.
-class Id {
- public:
-  Id() = default;
-  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Id() { reset(); }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  hid_t release() {
-    const hid_t r = id_;
-    id_ = -1;
-    return r;
-  }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-// Turns HDF5's automatic error printing off for a scope and restores it after: failures become one
-// exception line of ours instead of a stack dump on stderr, and other HDF5 users keep their setting.
-class Quiet {
- public:
-  Quiet() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
 
 // The most specific message on HDF5's error stack, for our error text.
 std::string h5_error() {
@@ -90,55 +48,55 @@ hid_t check_id(hid_t id, const std::string& what) {
 
 // ---- attributes ------------------------------------------------------------------------------------
 
-Id create_attr(hid_t loc, const char* name, hid_t type, hid_t space) {
-  return Id(check_id(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT),
-                     std::string("creating attribute '") + name + "'"),
-            H5Aclose);
+H5Handle create_attr(hid_t loc, const char* name, hid_t type, hid_t space) {
+  return H5Handle(check_id(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT),
+                           std::string("creating attribute '") + name + "'"),
+                  H5Aclose);
 }
 
 // Strings are variable-length UTF-8, the kind h5py reads as str.
 void write_strings_attr(hid_t loc, const char* name, const std::vector<std::string>& values, bool scalar) {
-  Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   check(H5Tset_size(type.get(), H5T_VARIABLE), "string type");
   check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "string type");
   const hsize_t n = values.size();
-  Id space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr), H5Sclose);
-  Id attr = create_attr(loc, name, type.get(), space.get());
+  H5Handle space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5Handle attr = create_attr(loc, name, type.get(), space.get());
   std::vector<const char*> ptrs;
   for (const auto& v : values) ptrs.push_back(v.c_str());
   check(H5Awrite(attr.get(), type.get(), ptrs.data()), std::string("writing attribute '") + name + "'");
 }
 
 void write_int64_attr(hid_t loc, const char* name, int64_t value) {
-  Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  Id attr = create_attr(loc, name, H5T_STD_I64LE, space.get());
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle attr = create_attr(loc, name, H5T_STD_I64LE, space.get());
   check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
 }
 
 void write_floats_attr(hid_t loc, const char* name, const std::vector<float>& values) {
   const hsize_t n = values.size();
-  Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  Id attr = create_attr(loc, name, H5T_IEEE_F32LE, space.get());
+  H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5Handle attr = create_attr(loc, name, H5T_IEEE_F32LE, space.get());
   check(H5Awrite(attr.get(), H5T_NATIVE_FLOAT, values.data()), std::string("writing attribute '") + name + "'");
 }
 
 bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
 
-Id open_attr(hid_t loc, const char* name) {
+H5Handle open_attr(hid_t loc, const char* name) {
   if (!has_attr(loc, name)) throw FormatError(std::string("missing root attribute '") + name + "'");
-  return Id(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"),
-            H5Aclose);
+  return H5Handle(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"),
+                  H5Aclose);
 }
 
 int64_t attr_points(hid_t attr) {
-  Id space(H5Aget_space(attr), H5Sclose);
+  H5Handle space(H5Aget_space(attr), H5Sclose);
   return static_cast<int64_t>(H5Sget_simple_extent_npoints(space.get()));
 }
 
 // Reads a string attribute (scalar or 1-D; variable or fixed length, as h5py or h5py-like tools write).
 std::vector<std::string> read_strings_attr(hid_t loc, const char* name) {
-  Id attr = open_attr(loc, name);
-  Id ftype(H5Aget_type(attr.get()), H5Tclose);
+  H5Handle attr = open_attr(loc, name);
+  H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(ftype.get()) != H5T_STRING) {
     throw FormatError(std::string("root attribute '") + name + "' is not a string");
   }
@@ -146,7 +104,7 @@ std::vector<std::string> read_strings_attr(hid_t loc, const char* name) {
   std::vector<std::string> out;
   const std::string what = std::string("reading attribute '") + name + "'";
   if (H5Tis_variable_str(ftype.get()) > 0) {
-    Id mtype(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
     check(H5Tset_size(mtype.get(), H5T_VARIABLE), what);
     check(H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get())), what);
     std::vector<char*> ptrs(static_cast<size_t>(n), nullptr);
@@ -157,7 +115,7 @@ std::vector<std::string> read_strings_attr(hid_t loc, const char* name) {
     }
   } else {
     const size_t len = H5Tget_size(ftype.get());
-    Id mtype(H5Tcopy(ftype.get()), H5Tclose);
+    H5Handle mtype(H5Tcopy(ftype.get()), H5Tclose);
     std::vector<char> buf(static_cast<size_t>(n) * len);
     check(H5Aread(attr.get(), mtype.get(), buf.data()), what);
     for (int64_t i = 0; i < n; ++i) {
@@ -169,8 +127,8 @@ std::vector<std::string> read_strings_attr(hid_t loc, const char* name) {
 }
 
 std::vector<int64_t> read_ints_attr(hid_t loc, const char* name) {
-  Id attr = open_attr(loc, name);
-  Id ftype(H5Aget_type(attr.get()), H5Tclose);
+  H5Handle attr = open_attr(loc, name);
+  H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(ftype.get()) != H5T_INTEGER) {
     throw FormatError(std::string("root attribute '") + name + "' is not an integer");
   }
@@ -180,8 +138,8 @@ std::vector<int64_t> read_ints_attr(hid_t loc, const char* name) {
 }
 
 std::vector<float> read_floats_attr(hid_t loc, const char* name) {
-  Id attr = open_attr(loc, name);
-  Id ftype(H5Aget_type(attr.get()), H5Tclose);
+  H5Handle attr = open_attr(loc, name);
+  H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(ftype.get()) != H5T_FLOAT && H5Tget_class(ftype.get()) != H5T_INTEGER) {
     throw FormatError(std::string("root attribute '") + name + "' is not numeric");
   }
@@ -249,30 +207,30 @@ ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_sha
                                                   : std::clamp<int64_t>((int64_t{1} << 20) / bytes, 1, 256);
 
   std::lock_guard<std::mutex> lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   try {
-    Id file(check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                     "cannot create " + tmp_path_ + " (does the folder exist and is it writable?)"),
-            H5Fclose);
+    H5Handle file(check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                           "cannot create " + tmp_path_ + " (does the folder exist and is it writable?)"),
+                  H5Fclose);
     auto make = [&](const char* name, int rank, const hsize_t* chunk_dims, hid_t type) {
       std::vector<hsize_t> dims(chunk_dims, chunk_dims + rank), maxdims(dims);
       dims[0] = 0;
       maxdims[0] = H5S_UNLIMITED;
-      Id space(H5Screate_simple(rank, dims.data(), maxdims.data()), H5Sclose);
-      Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      H5Handle space(H5Screate_simple(rank, dims.data(), maxdims.data()), H5Sclose);
+      H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
       check(H5Pset_chunk(dcpl.get(), rank, chunk_dims), std::string("chunking '") + name + "'");
       // Every element is written by append(), so fill values would only cost a second write.
       check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time");
       if (options.gzip_level > 0) check(H5Pset_deflate(dcpl.get(), options.gzip_level), "gzip filter");
-      return Id(check_id(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                         std::string("creating dataset '") + name + "'"),
-                H5Dclose);
+      return H5Handle(check_id(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                               std::string("creating dataset '") + name + "'"),
+                      H5Dclose);
     };
     const hsize_t image_chunk[4] = {static_cast<hsize_t>(chunk), static_cast<hsize_t>(shape_[0]),
                                     static_cast<hsize_t>(shape_[1]), static_cast<hsize_t>(shape_[2])};
     const hsize_t label_chunk[1] = {16384};
-    Id images = make("images", 4, image_chunk, H5T_STD_U8LE);
-    Id labels = make("labels", 1, label_chunk, H5T_STD_I64LE);
+    H5Handle images = make("images", 4, image_chunk, H5T_STD_U8LE);
+    H5Handle labels = make("labels", 1, label_chunk, H5T_STD_I64LE);
     file_ = file.release();
     images_ = images.release();
     labels_ = labels.release();
@@ -291,7 +249,7 @@ ImageH5Writer::~ImageH5Writer() {
 
 void ImageH5Writer::close_quietly() {
   std::lock_guard<std::mutex> lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   if (images_ >= 0) H5Dclose(images_);
   if (labels_ >= 0) H5Dclose(labels_);
   if (file_ >= 0) H5Fclose(file_);
@@ -311,7 +269,7 @@ void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t
     max_label_ = std::max(max_label_, labels[k]);
   }
   std::lock_guard<std::mutex> lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   try {
     const hsize_t start[4] = {static_cast<hsize_t>(size_), 0, 0, 0};
     const hsize_t count[4] = {static_cast<hsize_t>(n), static_cast<hsize_t>(shape_[0]),
@@ -319,9 +277,9 @@ void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t
     const hsize_t extent[4] = {static_cast<hsize_t>(size_ + n), count[1], count[2], count[3]};
     auto write = [&](hid_t dset, int rank, hid_t memtype, const void* buf, const char* name) {
       check(H5Dset_extent(dset, extent), std::string("extending '") + name + "'");
-      Id fspace(H5Dget_space(dset), H5Sclose);
+      H5Handle fspace(H5Dget_space(dset), H5Sclose);
       check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selection");
-      Id mspace(H5Screate_simple(rank, count, nullptr), H5Sclose);
+      H5Handle mspace(H5Screate_simple(rank, count, nullptr), H5Sclose);
       check(H5Dwrite(dset, memtype, mspace.get(), fspace.get(), H5P_DEFAULT, buf),
             std::string("writing '") + name + "'");
     };
@@ -360,7 +318,7 @@ void ImageH5Writer::finish(const ImageMeta& meta) {
   for (int64_t k = static_cast<int64_t>(names.size()); k < meta.num_classes; ++k) names.push_back(std::to_string(k));
   {
     std::lock_guard<std::mutex> lock(hdf5_lock());
-    Quiet quiet;
+    H5Quiet quiet;
     try {
       write_strings_attr(file_, "format", {kImageH5Format}, /*scalar=*/true);
       write_int64_attr(file_, "format_version", kImageH5Version);
@@ -407,12 +365,12 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
   if (fs::is_directory(path_, ec)) fail("is a directory, expected a trainer.images HDF5 file");
 
   std::lock_guard<std::mutex> lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   try {
     if (H5Fis_hdf5(path_.c_str()) <= 0) {
       throw FormatError("not an HDF5 file (convert raw data with `trainer convert-idx` or data::write_image_h5)");
     }
-    Id file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
+    H5Handle file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
     const hid_t f = file.get();
 
     const std::string hint = " (write trainer.images files with `trainer convert-idx` or data::write_image_h5)";
@@ -430,18 +388,18 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
 
     auto open_dataset = [&](const char* name, hid_t dapl) {
       if (H5Lexists(f, name, H5P_DEFAULT) <= 0) throw FormatError(std::string("missing dataset '") + name + "'");
-      return Id(check_id(H5Dopen2(f, name, dapl), std::string("opening dataset '") + name + "'"), H5Dclose);
+      return H5Handle(check_id(H5Dopen2(f, name, dapl), std::string("opening dataset '") + name + "'"), H5Dclose);
     };
     auto dims_of = [](hid_t dset) {
-      Id space(H5Dget_space(dset), H5Sclose);
+      H5Handle space(H5Dget_space(dset), H5Sclose);
       std::vector<hsize_t> dims(static_cast<size_t>(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
       H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
       return dims;
     };
 
-    Id images = open_dataset("images", H5P_DEFAULT);
+    H5Handle images = open_dataset("images", H5P_DEFAULT);
     {
-      Id type(H5Dget_type(images.get()), H5Tclose);
+      H5Handle type(H5Dget_type(images.get()), H5Tclose);
       if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 ||
           H5Tget_sign(type.get()) != H5T_SGN_NONE) {
         throw FormatError("dataset 'images' must hold uint8 pixels");
@@ -458,9 +416,9 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     shape_ = {static_cast<int64_t>(idims[1]), static_cast<int64_t>(idims[2]), static_cast<int64_t>(idims[3])};
     const int64_t n = static_cast<int64_t>(idims[0]);
 
-    Id labels = open_dataset("labels", H5P_DEFAULT);
+    H5Handle labels = open_dataset("labels", H5P_DEFAULT);
     {
-      Id type(H5Dget_type(labels.get()), H5Tclose);
+      H5Handle type(H5Dget_type(labels.get()), H5Tclose);
       if (H5Tget_class(type.get()) != H5T_INTEGER) throw FormatError("dataset 'labels' must hold integers");
     }
     const auto ldims = dims_of(labels.get());
@@ -491,7 +449,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     }
 
     {
-      Id dcpl(H5Dget_create_plist(images.get()), H5Pclose);
+      H5Handle dcpl(H5Dget_create_plist(images.get()), H5Pclose);
       if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
         hsize_t chunk[4] = {0, 0, 0, 0};
         H5Pget_chunk(dcpl.get(), 4, chunk);
@@ -517,10 +475,10 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
       // off; with the cache on, HDF5 would pull whole chunks (256 samples) into it for one sample each.
       // A compressed chunk must be inflated whole anyway, so there the cache keeps inflated chunks.
       images.reset();
-      Id dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
+      H5Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
       const size_t cache = gzip_level_ > 0 ? (size_t{64} << 20) : 0;
       check(H5Pset_chunk_cache(dapl.get(), gzip_level_ > 0 ? 12421 : 0, cache, 1.0), "chunk cache");
-      Id reopened = open_dataset("images", dapl.get());
+      H5Handle reopened = open_dataset("images", dapl.get());
       dset_ = reopened.release();
       file_ = file.release();
     }
@@ -532,7 +490,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
 ImageH5Dataset::~ImageH5Dataset() {
   if (dset_ < 0 && file_ < 0) return;
   std::lock_guard<std::mutex> lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   if (dset_ >= 0) H5Dclose(dset_);
   if (file_ >= 0) H5Fclose(file_);
 }
@@ -561,9 +519,9 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
   uint8_t* dst = in_order ? images_out : staging.data();
   {
     std::lock_guard<std::mutex> lock(hdf5_lock());
-    Quiet quiet;
+    H5Quiet quiet;
     try {
-      Id fspace(check_id(H5Dget_space(dset_), "dataspace of 'images'"), H5Sclose);
+      H5Handle fspace(check_id(H5Dget_space(dset_), "dataspace of 'images'"), H5Sclose);
       hsize_t start[4] = {0, 0, 0, 0};
       hsize_t count[4] = {0, static_cast<hsize_t>(shape_[0]), static_cast<hsize_t>(shape_[1]),
                           static_cast<hsize_t>(shape_[2])};
@@ -573,7 +531,7 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
         start[0] = static_cast<hsize_t>(sorted[a]);
         count[0] = static_cast<hsize_t>(b - a);
         check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selecting samples");
-        Id mspace(H5Screate_simple(4, count, nullptr), H5Sclose);
+        H5Handle mspace(H5Screate_simple(4, count, nullptr), H5Sclose);
         check(H5Dread(dset_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, dst + a * bytes),
               "reading samples " + std::to_string(sorted[a]) + ".." + std::to_string(sorted[b - 1]) + " of 'images'");
         a = b;

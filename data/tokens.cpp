@@ -24,43 +24,6 @@ using Lock = std::lock_guard<std::mutex>;
 
 // ---- HDF5 helpers (call with hdf5_lock() held) ---------------------------------------------------------
 
-// Owns an hid_t. Destroy it while the lock is held: declare the Lock before any Handle.
-class Handle {
- public:
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Handle() {
-    if (id_ >= 0) close_(id_);
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-  hid_t release() {
-    hid_t r = id_;
-    id_ = -1;
-    return r;
-  }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
-
-// HDF5 prints an error stack to stderr on every failure by default; we report one line of our own, so
-// printing is off while we work and restored after (someone else may want it).
-class Quiet {
- public:
-  Quiet() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
 // A problem found while holding the lock; public entry points prefix the class and path.
 struct H5Problem : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -75,22 +38,22 @@ hid_t check_id(hid_t id, const std::string& what) {
 }
 
 void write_string_attr(hid_t loc, const char* name, const std::string& value) {
-  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   check(H5Tset_size(type.get(), H5T_VARIABLE), "string type");
   check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "string type");
-  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attr(check_id(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                       std::string("creating attribute '") + name + "'"),
-              H5Aclose);
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle attr(check_id(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                         std::string("creating attribute '") + name + "'"),
+                H5Aclose);
   const char* p = value.c_str();
   check(H5Awrite(attr.get(), type.get(), &p), std::string("writing attribute '") + name + "'");
 }
 
 void write_int64_attr(hid_t loc, const char* name, int64_t value) {
-  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attr(check_id(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                       std::string("creating attribute '") + name + "'"),
-              H5Aclose);
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle attr(check_id(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                         std::string("creating attribute '") + name + "'"),
+                H5Aclose);
   check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
 }
 
@@ -98,15 +61,15 @@ bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
 
 // A scalar string attribute, variable or fixed length (h5py writes the former, some tools the latter).
 std::string read_string_attr(hid_t loc, const char* name) {
-  Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
-  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  H5Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(type.get()) != H5T_STRING) throw H5Problem(std::string("attribute '") + name + "' is not a string");
-  Handle space(H5Aget_space(attr.get()), H5Sclose);
+  H5Handle space(H5Aget_space(attr.get()), H5Sclose);
   if (H5Sget_simple_extent_npoints(space.get()) != 1) {
     throw H5Problem(std::string("attribute '") + name + "' is not a single string");
   }
   if (H5Tis_variable_str(type.get()) > 0) {
-    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
     check(H5Tset_size(mem.get(), H5T_VARIABLE), "string type");
     check(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), "string type");
     char* s = nullptr;
@@ -117,15 +80,15 @@ std::string read_string_attr(hid_t loc, const char* name) {
   }
   const size_t n = H5Tget_size(type.get());
   std::string buf(n, '\0');
-  Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   check(H5Tset_size(mem.get(), n), "string type");
   check(H5Aread(attr.get(), mem.get(), buf.data()), std::string("reading attribute '") + name + "'");
   return buf.substr(0, buf.find('\0'));
 }
 
 int64_t read_int_attr(hid_t loc, const char* name) {
-  Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
-  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  H5Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(type.get()) != H5T_INTEGER) throw H5Problem(std::string("attribute '") + name + "' is not an integer");
   int64_t v = 0;
   check(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), std::string("reading attribute '") + name + "'");
@@ -175,19 +138,19 @@ TokenWriter::TokenWriter(std::string path, int64_t vocab_size, std::string sourc
                                 std::to_string(vocab_));
   }
   Lock lock(hdf5_lock());
-  Quiet quiet;
-  Handle file(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.ok()) {
+  H5Quiet quiet;
+  H5Handle file(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) {
     throw std::runtime_error("TokenWriter '" + path_ + "': cannot create '" + tmp_ +
                              "' (does the folder exist and is it writable?)");
   }
   const hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = kTokensChunk;
-  Handle space(H5Screate_simple(1, &dims, &maxdims), H5Sclose);
-  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Handle space(H5Screate_simple(1, &dims, &maxdims), H5Sclose);
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_chunk(dcpl.get(), 1, &chunk);
   const hid_t type = vocab_ <= 65536 ? H5T_STD_U16LE : H5T_STD_I32LE;
-  Handle dset(H5Dcreate2(file.get(), "tokens", type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!dset.ok()) throw std::runtime_error("TokenWriter '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
+  H5Handle dset(H5Dcreate2(file.get(), "tokens", type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) throw std::runtime_error("TokenWriter '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
   dset_ = dset.release();
   file_ = file.release();
 }
@@ -227,13 +190,13 @@ void TokenWriter::flush() {
   else i32.assign(buffer_.begin(), buffer_.end());
 
   Lock lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   const hsize_t start = written_, count = buffer_.size(), size = start + count;
   try {
     check(H5Dset_extent(dset_, &size), "extending /tokens");
-    Handle fspace(H5Dget_space(dset_), H5Sclose);
+    H5Handle fspace(H5Dget_space(dset_), H5Sclose);
     check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "selecting tokens");
-    Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    H5Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
     check(H5Dwrite(dset_, small ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, mspace.get(), fspace.get(), H5P_DEFAULT,
                    small ? static_cast<const void*>(u16.data()) : static_cast<const void*>(i32.data())),
           "writing tokens");
@@ -249,7 +212,7 @@ int64_t TokenWriter::finish() {
   flush();
   {
     Lock lock(hdf5_lock());
-    Quiet quiet;
+    H5Quiet quiet;
     try {
       write_string_attr(file_, "format", kTokensFormat);
       write_int64_attr(file_, "format_version", kTokensVersion);
@@ -404,10 +367,10 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
                                      "docs/TRANSFORMERS.md)");
   }
   Lock lock(hdf5_lock());
-  Quiet quiet;
+  H5Quiet quiet;
   if (H5Fis_hdf5(path.c_str()) <= 0) throw std::runtime_error(where + "not an HDF5 file");
-  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok()) throw std::runtime_error(where + "cannot open the HDF5 file");
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw std::runtime_error(where + "cannot open the HDF5 file");
   try {
     if (!has_attr(file.get(), "format")) {
       throw H5Problem("no root attribute 'format'; expected a trainer.tokens file (docs/TRANSFORMERS.md)");
@@ -428,10 +391,10 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
     if (has_attr(file.get(), "source")) source_ = read_string_attr(file.get(), "source");
 
     if (H5Lexists(file.get(), "tokens", H5P_DEFAULT) <= 0) throw H5Problem("no dataset /tokens");
-    Handle dset(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);
-    if (!dset.ok()) throw H5Problem("/tokens is not a dataset");
-    Handle type(H5Dget_type(dset.get()), H5Tclose);
-    Handle space(H5Dget_space(dset.get()), H5Sclose);
+    H5Handle dset(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);
+    if (!dset.valid()) throw H5Problem("/tokens is not a dataset");
+    H5Handle type(H5Dget_type(dset.get()), H5Tclose);
+    H5Handle space(H5Dget_space(dset.get()), H5Sclose);
     const bool is_u16 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 2 &&
                         H5Tget_sign(type.get()) == H5T_SGN_NONE;
     const bool is_i32 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 4 &&
@@ -489,10 +452,10 @@ void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
   }
   {
     Lock lock(hdf5_lock());
-    Quiet quiet;
+    H5Quiet quiet;
     const hsize_t start = begin, count = n;
-    Handle fspace(H5Dget_space(dset_), H5Sclose);
-    Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    H5Handle fspace(H5Dget_space(dset_), H5Sclose);
+    H5Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
     if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
         H5Dread(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
       throw std::runtime_error("TokenDataset '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +

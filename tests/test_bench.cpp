@@ -517,3 +517,202 @@ TEST(BenchCompare, TokenJobReportsTokensPerSecondOnBothSides) {
   EXPECT_NEAR(l["tokens_per_s"].get<double>(), 32 * l["samples_per_s"].get<double>(), 1e-6);
   EXPECT_GT(s["loader_headroom"].get<double>(), 0);
 }
+
+// ---- the OOM recovery benchmark -------------------------------------------------------------------------
+
+namespace {
+
+std::vector<json> jsonl_of(const testutil::fs::path& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+double median_of(std::vector<double> v) { return v.empty() ? 0.0 : trainer::percentile(v, 50); }
+
+}  // namespace
+
+// The whole benchmark on configs/bench_oom_tiny.yaml, one round, with the run folders kept: every figure
+// of the JSON is checked against the runs' own metrics.jsonl and memory reports, and the scenario (cut,
+// OOMs down the ladder, raise, grow-back) against what the calibrated limits imply. No speed is asserted.
+TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
+  TempDir dir;
+  const auto runs = dir / "runs";
+  const auto out = (dir / "oom.json").string();
+  auto r = testutil::run(bench_cmd("--oom --config " + testutil::source_dir() + "/configs/bench_oom_tiny.yaml" +
+                                   " --rounds 2 --warmup 2 --steps 3 --run-dir " + runs.string() + " --out " + out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("bench --oom: plain_cnn batch 16: recovery "), std::string::npos) << r.output;
+  const json j = read_json(out);
+  EXPECT_EQ(j["schema"], "trainer-bench/1");
+  EXPECT_EQ(j["mode"], "oom");
+  EXPECT_EQ(j["model"], "plain_cnn");
+  EXPECT_EQ(j["global_batch"], 16);
+  EXPECT_EQ(j["run_dir"], runs.string());
+  for (const char* k : {"date", "host", "versions", "device", "config_yaml", "command_line", "wall_s", "options"})
+    EXPECT_TRUE(j.contains(k)) << k;
+
+  // Calibration: the largest step peak of each uncapped run; the limits placed between them.
+  std::map<int64_t, int64_t> peak;
+  for (int64_t m : {16, 8, 4}) {
+    for (const auto& l : jsonl_of(runs / ("calibrate_mb" + std::to_string(m)) / "metrics.jsonl"))
+      if (!l.contains("event")) peak[m] = std::max(peak[m], l["mem_peak_bytes"].get<int64_t>());
+    EXPECT_EQ(j["calibration_peak_bytes"][std::to_string(m)].get<int64_t>(), peak[m]) << m;
+  }
+  ASSERT_LT(peak[4], peak[8]);
+  ASSERT_LT(peak[8], peak[16]);
+  const auto& lim = j["limits_bytes"];
+  EXPECT_EQ(lim["high"].get<int64_t>(), peak[16] + peak[16] / 4);
+  EXPECT_EQ(lim["cut"].get<int64_t>(), (peak[4] + peak[8]) / 2);
+  EXPECT_EQ(lim["mid"].get<int64_t>(), (peak[8] + peak[16]) / 2);
+
+  // auto against the exhaustive search: every size from 16 down to half the largest that fits, each run's
+  // verdict its own (an OOM event or none); the largest that fits is at least the calibrated size under
+  // the cap, and the calibrated size over it does not fit. (The peak need not be monotone in the
+  // micro-batch, so nothing else is implied.)
+  ASSERT_EQ(j["auto_vs_exhaustive"].size(), 2u);
+  for (const auto& a : j["auto_vs_exhaustive"]) {
+    const std::string cap = a["cap"];
+    const bool cut = cap == "cut";
+    EXPECT_EQ(a["limit_bytes"], cut ? lim["cut"] : lim["mid"]);
+    const int64_t largest = a["largest_fitting_micro_batch"].get<int64_t>();
+    const auto& searched = a["searched"];
+    ASSERT_EQ(static_cast<int64_t>(searched.size()), 16 - (largest + 1) / 2 + 1);
+    json failing_below = json::array();
+    for (int64_t i = 0; i < static_cast<int64_t>(searched.size()); ++i) {
+      const int64_t m = 16 - i;
+      EXPECT_EQ(searched[i]["micro_batch"].get<int64_t>(), m);
+      const bool fits = searched[i]["fits"].get<bool>();
+      bool oom = false;
+      for (const auto& l : jsonl_of(runs / ("search_" + cap + "_mb" + std::to_string(m)) / "metrics.jsonl"))
+        oom = oom || l.value("event", "") == "oom";
+      EXPECT_EQ(fits, !oom) << cap << " " << m;
+      if (m > largest) EXPECT_FALSE(fits) << cap << " " << m;
+      if (m == largest) EXPECT_TRUE(fits) << cap << " " << m;
+      if (m < largest && !fits) failing_below.push_back(m);
+    }
+    EXPECT_EQ(a["failing_below_largest"], failing_below);
+    EXPECT_GE(largest, cut ? 4 : 8);
+    EXPECT_FALSE(searched[16 - (cut ? 8 : 16)]["fits"].get<bool>());
+    // The pick is what the auto run logged, and the figures are its ratios.
+    auto autorun = jsonl_of(runs / ("auto_" + a["cap"].get<std::string>()) / "metrics.jsonl");
+    int64_t picked = 0;
+    for (const auto& l : autorun)
+      if (l.value("event", "") == "auto_micro_batch") picked = l["micro_batch"].get<int64_t>();
+    EXPECT_EQ(a["auto_micro_batch"].get<int64_t>(), picked);
+    EXPECT_GE(picked, 1);
+    EXPECT_DOUBLE_EQ(a["auto_fraction"].get<double>(), static_cast<double>(picked) / largest);
+    EXPECT_LE(a["micro_batch_after_3_steps"].get<int64_t>(), picked);
+    EXPECT_GT(a["auto_search_s"].get<double>(), 0.0);
+  }
+
+  // Recovery, from the backoff run's own files (round 1 in detail; round 2 ran the fresh run first).
+  ASSERT_EQ(j["rounds"].size(), 2u);
+  const auto& round = j["rounds"][0];
+  EXPECT_EQ(round["order"], "backoff first");
+  EXPECT_EQ(j["rounds"][1]["order"], "fresh first");
+  EXPECT_EQ(j["rounds"][1]["final_micro_batch"], 16);
+  EXPECT_EQ(j["rounds"][1]["ooms_in_step"], 2);
+  for (const auto& l : jsonl_of(runs / "round2_fresh" / "metrics.jsonl"))
+    if (!l.contains("event")) EXPECT_EQ(l["micro_batch"], 16);
+  EXPECT_DOUBLE_EQ(j["recovery"]["recovery_s_median"].get<double>(),
+                   (j["rounds"][0]["recovery_s"].get<double>() + j["rounds"][1]["recovery_s"].get<double>()) / 2);
+  const auto a_lines = jsonl_of(runs / "round1_backoff" / "metrics.jsonl");
+  std::vector<json> a_steps, ooms;
+  for (const auto& l : a_lines) {
+    if (!l.contains("event")) a_steps.push_back(l);
+    else if (l["event"] == "oom") ooms.push_back(l);
+  }
+  ASSERT_FALSE(ooms.empty());
+  const int64_t oom_step = ooms.front()["step"].get<int64_t>();
+  EXPECT_EQ(round["oom_step"], oom_step);
+  EXPECT_GT(oom_step, 2) << "the cut comes after the 2 warmup steps";
+  // The cut limit fits a quarter of the batch and not half: the ladder went 16 -> 8 -> 4 in one step.
+  EXPECT_EQ(round["ooms_in_step"], 2);
+  EXPECT_EQ(ooms[0]["new_micro_batch"], 8);
+  EXPECT_EQ(ooms[1]["new_micro_batch"], 4);
+  EXPECT_EQ(ooms[1]["step"], oom_step);
+  EXPECT_EQ(round["micro_batch_after"], 4);
+  EXPECT_TRUE(testutil::fs::exists(runs / "round1_backoff" / ("memory_report_" + std::to_string(oom_step) + ".json")));
+  const double oom_step_time = a_steps[oom_step - 1]["step_time_s"].get<double>();
+  EXPECT_DOUBLE_EQ(round["oom_step_time_s"].get<double>(), oom_step_time);
+  // From the first OOM to the step's line: within the step (plus the time to write its line).
+  EXPECT_GT(round["recovery_s"].get<double>(), 0.0);
+  EXPECT_LT(round["recovery_s"].get<double>(), oom_step_time + 2.0);
+  // Two reports, each with its time: the span between them lies inside the recovery.
+  double t_first = 1e300, t_last = 0;
+  for (const char* f : {".json", "_2.json"}) {
+    const double t = read_json((runs / "round1_backoff" / ("memory_report_" + std::to_string(oom_step) + f)).string())
+                         ["time_unix_s"].get<double>();
+    t_first = std::min(t_first, t);
+    t_last = std::max(t_last, t);
+  }
+  EXPECT_DOUBLE_EQ(round["first_to_last_oom_s"].get<double>(), t_last - t_first);
+  EXPECT_LT(round["first_to_last_oom_s"].get<double>(), round["recovery_s"].get<double>());
+  // A normal step: the clean steps at 4 between the OOM step and the raise, per round and pooled.
+  std::vector<double> pooled;
+  for (int r = 1; r <= 2; ++r) {
+    const auto& rd = j["rounds"][r - 1];
+    std::vector<double> normal;
+    for (const auto& l : jsonl_of(runs / ("round" + std::to_string(r) + "_backoff") / "metrics.jsonl")) {
+      if (l.contains("event")) continue;
+      const int64_t s = l["step"].get<int64_t>();
+      if (s > rd["oom_step"].get<int64_t>() && s <= rd["raised_after_step"].get<int64_t>() && l["micro_batch"] == 4 &&
+          l["oom_retries"] == 0)
+        normal.push_back(l["step_time_s"].get<double>());
+    }
+    ASSERT_FALSE(normal.empty());
+    EXPECT_EQ(rd["normal_steps"].get<size_t>(), normal.size());
+    EXPECT_DOUBLE_EQ(rd["normal_step_s"].get<double>(), median_of(normal));
+    pooled.insert(pooled.end(), normal.begin(), normal.end());
+  }
+  EXPECT_DOUBLE_EQ(j["recovery"]["normal_step_s_pooled_median"].get<double>(), median_of(pooled));
+  EXPECT_DOUBLE_EQ(round["step_before_cut_s"].get<double>(), a_steps[1]["step_time_s"].get<double>())
+      << "with --warmup 2, step 2 is the one step before the cut that is not the first";
+
+  // Grow-back: the raised limit fits the whole batch again; the compared steps are the last 3 of both runs.
+  EXPECT_EQ(round["final_micro_batch"], 16);
+  EXPECT_EQ(a_steps.back()["micro_batch"], 16);
+  const int64_t total = j["options"]["steps_per_run"].get<int64_t>();
+  EXPECT_EQ(static_cast<int64_t>(a_steps.size()), total);
+  EXPECT_EQ(round["compared_steps"], json::array({total - 2, total}));
+  EXPECT_LE(round["settled_at_step"].get<int64_t>(), total - 2);
+  EXPECT_GT(round["settled_at_step"].get<int64_t>(), round["raised_after_step"].get<int64_t>());
+  const auto b_lines = jsonl_of(runs / "round1_fresh" / "metrics.jsonl");
+  std::vector<double> a_win, b_win;
+  for (const auto& l : a_steps)
+    if (l["step"].get<int64_t>() > total - 3) a_win.push_back(l["step_time_s"].get<double>());
+  for (const auto& l : b_lines) {
+    if (l.contains("event")) continue;
+    EXPECT_EQ(l["micro_batch"], 16) << "the fresh run starts at the grown-back size and stays there";
+    if (l["step"].get<int64_t>() > total - 3) b_win.push_back(l["step_time_s"].get<double>());
+  }
+  ASSERT_EQ(a_win.size(), 3u);
+  ASSERT_EQ(b_win.size(), 3u);
+  EXPECT_DOUBLE_EQ(round["backoff_run_step_time_s_p50"].get<double>(), median_of(a_win));
+  EXPECT_DOUBLE_EQ(round["fresh_run_step_time_s_p50"].get<double>(), median_of(b_win));
+  EXPECT_DOUBLE_EQ(round["step_time_ratio"].get<double>(), median_of(a_win) / median_of(b_win));
+  EXPECT_EQ(round["fresh_run_ooms"], 0);
+  EXPECT_GE(round["backoff_run_page_faults_per_step"].get<double>(), 0.0);
+  EXPECT_GE(round["fresh_run_page_faults_per_step"].get<double>(), 0.0);
+  EXPECT_GT(j["grow_back"]["throughput_ratio_median"].get<double>(), 0.0);
+}
+
+TEST(BenchOom, BadArgumentsAreOneLineErrors) {
+  TempDir dir;
+  const std::string cfg = testutil::source_dir() + "/configs/bench_oom_tiny.yaml";
+  auto r = testutil::run(bench_cmd("--oom --config " + cfg + " --set train.global_batch=3"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output),
+            "error: bench --oom: train.global_batch must be at least 4 (the cut backs off to a quarter of it), got 3");
+  r = testutil::run(bench_cmd("--oom --config " + cfg + " --rounds 0"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: bench --oom: --rounds must be >= 1, got 0");
+  testutil::write_file(dir / "x", "");
+  r = testutil::run(bench_cmd("--oom --config " + cfg + " --run-dir " + dir.str()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: bench --oom: " + dir.str() + " is not empty; give --run-dir a new folder");
+}

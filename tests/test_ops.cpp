@@ -19,7 +19,9 @@
 #include <regex>
 #include <thread>
 
+#include "models/registry.h"
 #include "test_util.h"
+#include "train_util.h"
 #include "trainer/compare.h"
 #include "trainer/http.h"
 #include "trainer/memory.h"
@@ -503,6 +505,141 @@ TEST(OpsMemoryReport, WrittenOnARealCappedCpuOom) {
   EXPECT_NE(rep3.write_error.find("memory report: cannot write " + (dir / "not_a_folder").string() +
                                   "/memory_report_8.json.tmp"), std::string::npos) << rep3.write_error;
   EXPECT_NE(rep3.text.find("error: boom"), std::string::npos) << rep3.text;
+}
+
+// Per-phase peaks by hand: tensors of known sizes allocated and freed in each phase.
+TEST(OpsMemoryReport, PhasePeaksOfKnownAllocationsAndTheStepPeakKept) {
+  TempDir dir;
+  trainer::PhasePeakBackend mem(std::make_unique<trainer::CpuMemoryBackend>());
+  trainer::MemoryReporter reporter(dir.str());
+  constexpr int64_t MiB = 1 << 20;
+  mem.reset_peak();
+  const int64_t base = mem.current_bytes();
+  {
+    trainer::PhasePeakRecorder phases(mem, reporter, 3, 8);
+    phases.enter("forward");
+    auto kept = torch::empty({MiB / 4});  // 1 MiB of floats, kept
+    { auto tmp = torch::empty({MiB / 2}); }  // 2 MiB, freed: the forward peak is base + 3 MiB
+    phases.enter("backward");
+    auto grad = torch::empty({MiB / 16});  // 256 KiB, kept
+    phases.enter("optimizer");
+    { auto tmp = torch::empty({MiB / 8}); }  // 512 KiB on top of 1.25 MiB
+    EXPECT_EQ(mem.phase_peak_bytes(), base + MiB + MiB / 4 + MiB / 2);
+  }
+  // The wrapped allocator's own peak restarted with each phase; the wrapper still knows the step's.
+  EXPECT_EQ(trainer::cpu_allocator::peak_bytes(), base + MiB + MiB / 4 + MiB / 2);
+  EXPECT_EQ(mem.peak_bytes(), base + 3 * MiB);
+  // An attempt that an exception ends is marked failed in the phase it was in.
+  try {
+    trainer::PhasePeakRecorder phases(mem, reporter, 3, 4);
+    phases.enter("forward");
+    auto x = torch::empty({MiB / 4});
+    phases.enter("backward");
+    throw std::runtime_error("out of memory (a stand-in)");
+  } catch (const std::runtime_error&) {
+  }
+  const json peaks = reporter.build(3, mem, "request")["phase_peaks"];
+  EXPECT_EQ(peaks, json::parse("[{\"step\": 3, \"micro_batch\": 8, \"forward\": " + std::to_string(base + 3 * MiB) +
+                               ", \"backward\": " + std::to_string(base + MiB + MiB / 4) +
+                               ", \"optimizer\": " + std::to_string(base + MiB + MiB / 4 + MiB / 2) +
+                               "}, {\"step\": 3, \"micro_batch\": 4, \"forward\": " + std::to_string(base + MiB) +
+                               ", \"backward\": " + std::to_string(base + MiB) + ", \"failed_in\": \"backward\"}]"))
+      << peaks.dump();
+  const std::string text = trainer::MemoryReporter::format(reporter.build(3, mem, "request"));
+  EXPECT_NE(text.find("failed in backward"), std::string::npos) << text;
+  EXPECT_NE(text.find("micro-batch"), std::string::npos) << text;
+  mem.reset_peak();
+  EXPECT_EQ(mem.peak_bytes(), mem.current_bytes());
+
+  // Any other backend: the recorder records nothing and leaves its peak alone.
+  trainer::CpuMemoryBackend plain;
+  trainer::MemoryReporter quiet(dir.str());
+  auto big = torch::empty({MiB / 4});
+  big.reset();
+  const int64_t peak_before = plain.peak_bytes();
+  {
+    trainer::PhasePeakRecorder phases(plain, quiet, 1, 1);
+    phases.enter("forward");
+  }
+  EXPECT_EQ(plain.peak_bytes(), peak_before);
+  EXPECT_TRUE(quiet.build(1, plain, "request")["phase_peaks"].empty());
+  EXPECT_THROW(trainer::PhasePeakBackend(nullptr), std::invalid_argument);
+}
+
+// A real run under a cap that fits micro-batch 16 and not 24 (plain_cnn, global batch 32): step 1 fails
+// at 32 and completes at 16; step 2 probes 24 (grow_after 1, no headroom), fails, completes at 16. The
+// report of step 2's OOM lists the three attempts with their phases, checked against the step lines,
+// the parameter bytes and the error's own count of live bytes.
+TEST(OpsMemoryReport, PhasePeaksOfARealCappedRunThatOoms) {
+  TempDir dir;
+  const std::string job = "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,28,28]"
+                          " --set data.synthetic_size=640 --set data.test= --set data.workers=1 --set train.threads=1"
+                          " --set train.global_batch=32 --set train.epochs=0 --set schedule.name=constant"
+                          " --set checkpoint.every_seconds=0 --set log.every=1000 --set seed=5 --set train.steps=2";
+  auto peak_at = [&](int64_t mb) {
+    const std::string run_dir = (dir / ("peak" + std::to_string(mb))).string();
+    auto r = testutil::run(testutil::trainer_cmd(run_dir, job + " --set train.micro_batch=" + std::to_string(mb)));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    int64_t p = 0;
+    for (const auto& l : testutil::step_lines(run_dir)) p = std::max(p, l["mem_peak_bytes"].get<int64_t>());
+    return p;
+  };
+  const int64_t p16 = peak_at(16), p24 = peak_at(24);
+  ASSERT_GT(p24, p16 + 400000) << "the test needs a clear gap between micro-batches 16 and 24";
+  const int64_t cap = (p16 + p24) / 2;
+  const std::string run_dir = (dir / "capped").string();
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, job + " --set memory.limit=" + std::to_string(cap) +
+                                                            " --set memory.grow_after=1 --set memory.headroom=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto steps = testutil::step_lines(run_dir);
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_EQ(steps[0]["micro_batch"], 16);
+  ASSERT_EQ(steps[1]["micro_batch"], 16);
+  ASSERT_EQ(steps[1]["oom_retries"], 1) << "step 2 should have probed 24 and failed";
+
+  int64_t param_bytes = 0;
+  auto model = models::create_model("plain_cnn", models::ModelOptions().in_channels(1).num_classes(10));
+  for (const auto& p : model->parameters()) param_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
+
+  const json first = json::parse(testutil::read_file(dir / "capped" / "memory_report_1.json"));
+  const json rep = json::parse(testutil::read_file(dir / "capped" / "memory_report_2.json"));
+  const json& peaks = rep["phase_peaks"];
+  ASSERT_EQ(peaks.size(), 3u) << peaks.dump();
+  EXPECT_EQ(first["phase_peaks"], json::array({peaks[0]})) << "the first report saw the failed attempt only";
+  const std::vector<std::string> names = {"forward", "backward", "optimizer"};
+  // Failed attempts: step 1 at 32, step 2 at 24. The phase it failed in held at least the live bytes the
+  // allocator reported when it refused, and nothing passed the cap.
+  const std::regex live_re(R"(\((\d+) bytes\) live under a cap of [^(]*\((\d+) bytes\))");
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    const json& e = peaks[i];
+    EXPECT_EQ(e["step"], i == 0 ? 1 : 2);
+    EXPECT_EQ(e["micro_batch"], i == 0 ? 32 : 24);
+    ASSERT_TRUE(e.contains("failed_in")) << e.dump();
+    const std::string failed = e["failed_in"];
+    ASSERT_TRUE(e.contains(failed)) << e.dump();
+    for (const auto& n : names)
+      if (e.contains(n)) EXPECT_LE(e[n].get<int64_t>(), cap) << n;
+    std::smatch m;
+    const std::string error = (i == 0 ? first : rep)["error"];
+    ASSERT_TRUE(std::regex_search(error, m, live_re)) << error;
+    EXPECT_EQ(std::stoll(m[2].str()), cap);
+    EXPECT_GE(e[failed].get<int64_t>(), std::stoll(m[1].str())) << e.dump() << "\n" << error;
+  }
+  // The completed attempt of step 1 at 16: all three phases; together they are the step's peak.
+  const json& ok = peaks[1];
+  EXPECT_EQ(ok["step"], 1);
+  EXPECT_EQ(ok["micro_batch"], 16);
+  EXPECT_FALSE(ok.contains("failed_in"));
+  for (const auto& n : names) ASSERT_TRUE(ok.contains(n)) << ok.dump();
+  const int64_t fwd = ok["forward"], bwd = ok["backward"], opt = ok["optimizer"];
+  EXPECT_EQ(std::max({fwd, bwd, opt}), steps[0]["mem_peak_bytes"].get<int64_t>());
+  const int64_t start = steps[0]["mem_start_bytes"].get<int64_t>();
+  // Forward holds activations on top of what the step began with; backward ends with every gradient; the
+  // first optimizer step adds the momentum buffers on top of the gradients.
+  EXPECT_GT(fwd, start);
+  EXPECT_GE(bwd, start + param_bytes);
+  EXPECT_GE(opt, start + 2 * param_bytes);
+  for (int64_t v : {fwd, bwd, opt}) EXPECT_LE(v, cap);
 }
 
 // ---- the resource line ----------------------------------------------------------------------------------

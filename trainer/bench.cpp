@@ -22,9 +22,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -37,6 +37,7 @@
 #include "data/loader.h"
 #include "data/tokens.h"
 #include "models/registry.h"
+#include "trainer/checkpoint.h"
 #include "trainer/compat.h"
 #include "trainer/log.h"
 #include "trainer/memory.h"
@@ -60,7 +61,12 @@ using Clock = std::chrono::steady_clock;
 // appears. MetricsLog flushes every line, so the stamp trails the write by the wake-up latency only.
 class MetricsWatcher {
  public:
-  MetricsWatcher(const fs::path& dir, const std::string& name) : path_((dir / name).string()), t0_(Clock::now()) {
+  /// Called on the watcher's thread with every line of the file (events too) as it appears, and the wall
+  /// time (seconds since 1970, the system clock) at which it was seen.
+  using LineCallback = std::function<void(const json& line, double unix_s)>;
+
+  MetricsWatcher(const fs::path& dir, const std::string& name, LineCallback on_line = nullptr)
+      : path_((dir / name).string()), t0_(Clock::now()), on_line_(std::move(on_line)) {
     fd_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd_ >= 0 && inotify_add_watch(fd_, dir.c_str(), IN_MODIFY | IN_CREATE) < 0) {
       close(fd_);
@@ -111,6 +117,10 @@ class MetricsWatcher {
     while ((end = pending_.find('\n', start)) != std::string::npos) {
       const std::string line = pending_.substr(start, end - start);
       start = end + 1;
+      if (on_line_) {
+        auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object()) on_line_(j, unix_now());
+      }
       if (line.find("\"event\"") != std::string::npos) continue;
       auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_object() && j.contains("step")) {
@@ -121,8 +131,14 @@ class MetricsWatcher {
     pending_.erase(0, start);
   }
 
+  static double unix_now() {
+    const auto d = std::chrono::system_clock::now().time_since_epoch();
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(d).count()) / 1e6;
+  }
+
   std::string path_;
   Clock::time_point t0_;
+  LineCallback on_line_;
   int fd_ = -1, file_ = -1;
   std::string pending_;
   std::atomic<bool> stop_{false};
@@ -132,15 +148,6 @@ class MetricsWatcher {
 };
 
 // ---- the host -------------------------------------------------------------------------------------
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -352,7 +359,7 @@ double known_peak_tflops(const std::string& name, const std::string& precision) 
 
 json bench_environment(const std::string& device) {
   json j;
-  j["date"] = utc_now();
+  j["date"] = utc_now_iso();
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   j["host"] = {{"hostname", host},
@@ -564,7 +571,430 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
   return j;
 }
 
+// ---- OOM recovery ---------------------------------------------------------------------------------
+
+namespace {
+
+// One training run of the OOM benchmark: its exit code, every metrics line and when each appeared.
+struct Job {
+  int rc = 0;
+  fs::path dir;
+  std::vector<json> lines;     // metrics.jsonl in file order
+  std::vector<double> seen;    // wall time (seconds since 1970) at which lines[i] appeared
+  std::vector<int64_t> minflt;  // the process's minor page faults so far when lines[i] appeared
+
+  std::vector<json> steps() const {
+    std::vector<json> out;
+    for (const auto& l : lines)
+      if (!l.contains("event")) out.push_back(l);
+    return out;
+  }
+  std::vector<json> events(const std::string& kind) const {
+    std::vector<json> out;
+    for (const auto& l : lines)
+      if (l.value("event", "") == kind) out.push_back(l);
+    return out;
+  }
+  // When the step line of `step` appeared (0 if it never did).
+  double seen_step(int64_t step) const {
+    for (size_t i = 0; i < lines.size(); ++i)
+      if (!lines[i].contains("event") && lines[i].value("step", int64_t{-1}) == step) return seen[i];
+    return 0;
+  }
+};
+
+// Runs the job with `sets` on top of `base` into the new folder `dir`, through trainer::train() (the real
+// loop), calling `hook` on the watcher's thread with every metrics line as it appears.
+Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir,
+            const std::function<void(const json&)>& hook = nullptr) {
+  Config cfg = base;
+  for (const auto& s : sets) apply_override(cfg, s);
+  validate(cfg);
+  fs::create_directories(dir);
+  Job job;
+  job.dir = dir;
+  std::mutex mu;
+  RunOptions ro;
+  ro.run_dir = dir.string();
+  ro.no_resume = true;
+  {
+    MetricsWatcher watcher(dir, "metrics.jsonl", [&](const json& line, double t) {
+      rusage ru{};
+      getrusage(RUSAGE_SELF, &ru);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        job.lines.push_back(line);
+        job.seen.push_back(t);
+        job.minflt.push_back(static_cast<int64_t>(ru.ru_minflt));
+      }
+      if (hook) hook(line);
+    });
+    job.rc = train(cfg, ro);
+    watcher.stop();
+  }
+  setup_logging("", base.log.level);  // let go of the run folder's train.log
+  return job;
+}
+
+// The operator's way to move the cap of a running trainer: control.yaml, written aside and renamed so the
+// loop never reads half a file.
+void write_control(const fs::path& dir, int64_t limit_bytes) {
+  const fs::path tmp = dir / "control.yaml.tmp";
+  {
+    std::ofstream f(tmp);
+    f << "memory:\n  limit: " << limit_bytes << "\n";
+    if (!f.flush()) throw std::runtime_error(tmp.string() + ": cannot write the control file");
+  }
+  fs::rename(tmp, dir / "control.yaml");
+}
+
+double median_of(const std::vector<double>& v) { return v.empty() ? 0.0 : percentile(v, 50); }
+
+std::string job_failed(const Job& j, const std::string& what) {
+  return "bench --oom: " + what + " (exit code " + std::to_string(j.rc) + "); see " + (j.dir / "train.log").string();
+}
+
+}  // namespace
+
+json bench_oom(Config cfg, const BenchOomOptions& opts) {
+  if (opts.rounds < 1) throw std::invalid_argument("bench --oom: --rounds must be >= 1, got " + std::to_string(opts.rounds));
+  if (opts.warmup < 1) throw std::invalid_argument("bench --oom: --warmup must be >= 1, got " + std::to_string(opts.warmup));
+  if (opts.steps < 1) throw std::invalid_argument("bench --oom: --steps must be >= 1, got " + std::to_string(opts.steps));
+  if (opts.low_steps < 1)
+    throw std::invalid_argument("bench --oom: low_steps must be >= 1, got " + std::to_string(opts.low_steps));
+  const int64_t G = cfg.train.global_batch;
+  if (G < 4)
+    throw std::invalid_argument("bench --oom: train.global_batch must be at least 4 (the cut backs off to a quarter "
+                                "of it), got " + std::to_string(G));
+  // As in `trainer bench`: no evaluation, no periodic checkpoints; every run sets its own steps and limit.
+  const std::vector<std::string> common = {"train.epochs=0", "data.test=", "checkpoint.every_steps=0",
+                                           "checkpoint.every_seconds=0"};
+  for (const auto& o : common) apply_override(cfg, o);
+  validate(cfg);
+
+  const bool temporary = opts.run_dir.empty();
+  fs::path root = opts.run_dir;
+  if (temporary) {
+    std::string tmpl = (fs::temp_directory_path() / "trainer-bench-oom-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error(tmpl + ": cannot create a temporary folder");
+    root = tmpl;
+  } else if (fs::exists(root) && !fs::is_empty(root)) {
+    throw std::runtime_error("bench --oom: " + root.string() + " is not empty; give --run-dir a new folder");
+  }
+  fs::create_directories(root);
+  const json env = bench_environment(resolve_device(cfg.train.device));
+  const auto t_start = Clock::now();
+  const std::string quiet = "log.level=error";  // the many short runs would bury the output in OOM reports
+  const std::string no_growth = "memory.grow_after=1000000";
+  auto num = [](int64_t v) { return std::to_string(v); };
+
+  // 1. Calibration: the peak tensor memory of uncapped runs at the global batch and two halvings of it
+  //    (the sizes the ladder takes), to place the caps between them.
+  const int64_t h1 = (G + 1) / 2, h2 = (h1 + 1) / 2;
+  std::map<int64_t, int64_t> peak;
+  for (int64_t m : {G, h1, h2}) {
+    Job j = run_job(cfg, {"train.micro_batch=" + num(m), "memory.limit=none", "train.steps=3", no_growth, quiet},
+                    root / ("calibrate_mb" + num(m)));
+    if (j.rc != kExitOk) throw std::runtime_error(job_failed(j, "the uncapped run at micro-batch " + num(m) + " failed"));
+    for (const auto& l : j.steps()) peak[m] = std::max(peak[m], l.value("mem_peak_bytes", int64_t{0}));
+  }
+  if (!(peak[h2] < peak[h1] && peak[h1] < peak[G]))
+    throw std::runtime_error("bench --oom: the peak memory does not grow with the micro-batch (" + num(peak[h2]) + ", " +
+                             num(peak[h1]) + ", " + num(peak[G]) + " bytes at " + num(h2) + ", " + num(h1) + ", " +
+                             num(G) + "), so no cap separates them; use a model or batch whose activations count");
+  const int64_t cap_high = peak[G] + peak[G] / 4;       // the global batch fits with room to spare
+  const int64_t cap_cut = (peak[h2] + peak[h1]) / 2;    // a quarter of the global batch fits, half does not
+  const int64_t cap_mid = (peak[h1] + peak[G]) / 2;     // half fits, the whole does not
+
+  // 2. micro_batch: auto against an exhaustive search under the same cap: every micro-batch from the global
+  //    batch down, each a fresh 2-step run (the second step carries the optimizer state the first one
+  //    created) that may not back off (floor = that size, no recomputation). Not only down to the first
+  //    that fits: a step's peak need not be monotone in the micro-batch (every micro-batch after the
+  //    first runs with the step's gradients alive, so a split {12, 4} can peak below {8, 8}), so the
+  //    search goes on to half the largest that fits, the range that decides whether auto's pick is "at
+  //    least half", and lists the sizes there that still fail. (Further down every run is slower, and
+  //    nothing there changes the figures.)
+  json autos = json::array();
+  for (const auto& [name, cap] : std::vector<std::pair<std::string, int64_t>>{{"cut", cap_cut}, {"mid", cap_mid}}) {
+    json tried = json::array(), failing_below = json::array();
+    int64_t largest = 0;
+    for (int64_t m = G; m >= 1 && (largest == 0 || 2 * m >= largest); --m) {
+      const fs::path d = root / ("search_" + name + "_mb" + num(m));
+      Job j = run_job(cfg, {"train.micro_batch=" + num(m), "memory.min_micro_batch=" + num(m),
+                            "memory.ladder_checkpointing=false", "memory.limit=" + num(cap), "train.steps=2",
+                            no_growth, quiet}, d);
+      if (j.rc != kExitOk && j.rc != kExitOomGaveUp)
+        throw std::runtime_error(job_failed(j, "the search run at micro-batch " + num(m) + " failed"));
+      const bool fits = j.rc == kExitOk && j.events("oom").empty();
+      tried.push_back({{"micro_batch", m}, {"fits", fits}});
+      if (fits && largest == 0) largest = m;
+      if (!fits && largest != 0) failing_below.push_back(m);
+      if (temporary) fs::remove_all(d);
+    }
+    if (largest == 0) throw std::runtime_error("bench --oom: nothing fits under the " + name + " cap " + num(cap));
+    Job a = run_job(cfg, {"train.micro_batch=auto", "memory.limit=" + num(cap), "train.steps=3", no_growth, quiet},
+                    root / ("auto_" + name));
+    if (a.rc != kExitOk) throw std::runtime_error(job_failed(a, "the micro_batch: auto run failed"));
+    const auto picked_ev = a.events("auto_micro_batch");
+    if (picked_ev.empty()) throw std::runtime_error("bench --oom: " + (a.dir / "metrics.jsonl").string() + " has no auto_micro_batch event");
+    const int64_t picked = picked_ev.front().at("micro_batch").get<int64_t>();
+    // The search's time: from the start event (after setup) to the pick (includes the first batch's wait).
+    double t_start_ev = 0, t_pick = 0;
+    for (size_t i = 0; i < a.lines.size(); ++i) {
+      const std::string ev = a.lines[i].value("event", "");
+      if (ev == "start" && t_start_ev == 0) t_start_ev = a.seen[i];
+      if (ev == "auto_micro_batch" && t_pick == 0) t_pick = a.seen[i];
+    }
+    const int64_t after = a.steps().back().at("micro_batch").get<int64_t>();
+    autos.push_back({{"cap", name},
+                     {"limit_bytes", cap},
+                     {"largest_fitting_micro_batch", largest},
+                     {"auto_micro_batch", picked},
+                     {"auto_fraction", static_cast<double>(picked) / static_cast<double>(largest)},
+                     {"auto_search_s", t_pick - t_start_ev},
+                     {"auto_ooms_in_3_steps", a.events("oom").size()},
+                     {"micro_batch_after_3_steps", after},
+                     {"fraction_after_3_steps", static_cast<double>(after) / static_cast<double>(largest)},
+                     {"failing_below_largest", failing_below},
+                     {"searched", tried}});
+  }
+
+  // 3. Rounds, alternating: (A) a run at the global batch whose cap is cut through control.yaml after
+  //    `warmup` steps (an OOM, backoff to a quarter), raised again after `low_steps` clean steps (grow-back),
+  //    then (B) a run that starts at the micro-batch A ended with, under the same high cap. The recovery
+  //    comes from A; throughput is compared over the last `steps` steps of both.
+  int64_t doublings = 0;
+  for (int64_t m = h2; m < G; m *= 2) ++doublings;
+  const int64_t grow_budget = (doublings + 1) * (cfg.memory.grow_after + 1) + 2;
+  const int64_t total = opts.warmup + 2 + 1 + opts.low_steps + 2 + grow_budget + opts.steps;
+  const int64_t window_start = total - opts.steps + 1;
+  json rounds = json::array();
+  int64_t last_final_micro = G;
+  std::vector<double> recovery, normal, normal_pooled, before, over, overhead, step_ratio, sps_ratio;
+  for (int64_t r = 1; r <= opts.rounds; ++r) {
+    const std::vector<double> load = load_avg();
+    struct {
+      bool cut = false, raised = false;
+      int64_t oom_step = 0, low_micro = 0, raise_step = 0;
+    } st;
+    const fs::path da = root / ("round" + num(r) + "_backoff");
+    auto hook = [&](const json& l) {
+      if (l.contains("event")) {
+        if (l.value("event", "") == "oom" && st.cut && st.oom_step == 0) st.oom_step = l.value("step", int64_t{0});
+        return;
+      }
+      const int64_t s = l.value("step", int64_t{0});
+      if (!st.cut) {
+        if (s >= opts.warmup) {
+          write_control(da, cap_cut);
+          st.cut = true;
+        }
+      } else if (st.oom_step > 0 && !st.raised) {
+        if (s == st.oom_step) st.low_micro = l.value("micro_batch", int64_t{0});
+        if (s >= st.oom_step + opts.low_steps) {
+          write_control(da, cap_high);
+          st.raised = true;
+          st.raise_step = s;
+        }
+      }
+    };
+    // The order alternates (A B, then B A, ...) so that running second is no advantage to either. B first
+    // starts at the size A grew back to in the round before.
+    const bool fresh_first = r % 2 == 0;
+    auto run_fresh = [&](int64_t micro) {
+      Job b = run_job(cfg, {"train.micro_batch=" + num(micro), "memory.limit=" + num(cap_high),
+                            "train.steps=" + num(total), no_growth}, root / ("round" + num(r) + "_fresh"));
+      if (b.rc != kExitOk) throw std::runtime_error(job_failed(b, "the fresh run failed"));
+      return b;
+    };
+    Job b;
+    if (fresh_first) b = run_fresh(last_final_micro);
+    Job a = run_job(cfg, {"train.micro_batch=0", "memory.limit=" + num(cap_high), "train.steps=" + num(total)}, da, hook);
+    if (a.rc != kExitOk) throw std::runtime_error(job_failed(a, "the backoff run failed"));
+    if (!st.cut || st.oom_step == 0 || !st.raised)
+      throw std::runtime_error("bench --oom: " + da.string() + ": " +
+                               (!st.cut ? "the cap was never cut" : st.oom_step == 0 ? "the cut caused no OOM" : "the cap was never raised again") +
+                               "; give it more steps");
+    const auto a_steps = a.steps();
+    const json* oom_line = nullptr;
+    for (const auto& l : a_steps)
+      if (l.value("step", int64_t{0}) == st.oom_step) oom_line = &l;
+    if (!oom_line) throw std::runtime_error("bench --oom: " + da.string() + ": no step line for the OOM step");
+    // The OOM was thrown just before its memory report was built (the first thing the step does when it
+    // catches one); the report's time_unix_s marks it. Several OOMs in the step: the first one.
+    double t_throw = 0, t_last_throw = 0;
+    int64_t ooms = 0;
+    for (const auto& f : fs::directory_iterator(da)) {
+      const std::string n = f.path().filename().string();
+      const std::string prefix = "memory_report_" + num(st.oom_step);
+      if (n.rfind(prefix, 0) != 0 || f.path().extension() != ".json") continue;
+      const std::string rest = n.substr(prefix.size());
+      if (rest != ".json" && rest.rfind("_", 0) != 0) continue;  // memory_report_12.json, _12_2.json, not _123.json
+      std::ifstream in(f.path());
+      const json rep = json::parse(in);
+      if (rep.value("reason", "") != "oom") continue;
+      ++ooms;
+      const double t = rep.at("time_unix_s").get<double>();
+      t_throw = t_throw == 0 ? t : std::min(t_throw, t);
+      t_last_throw = std::max(t_last_throw, t);
+    }
+    if (t_throw == 0) throw std::runtime_error("bench --oom: " + da.string() + ": no memory report for the OOM step");
+    const double t_done = a.seen_step(st.oom_step);
+    // A normal step at the backed-off size: A's clean steps at it before the raise (a grow-back probe may
+    // end them early). And at the global batch: A's steps before the cut, the first one left out.
+    std::vector<double> low_times, before_times;
+    for (const auto& l : a_steps) {
+      const int64_t s = l.value("step", int64_t{0});
+      if (s > st.oom_step && s <= st.raise_step && l.value("micro_batch", int64_t{0}) == st.low_micro &&
+          l.value("oom_retries", int64_t{0}) == 0)
+        low_times.push_back(l.at("step_time_s").get<double>());
+      if (s > 1 && s <= opts.warmup) before_times.push_back(l.at("step_time_s").get<double>());
+    }
+    if (low_times.empty())
+      throw std::runtime_error("bench --oom: " + da.string() + ": no clean step at the backed-off micro-batch before "
+                               "the raise; raise memory.grow_after");
+    const double rec = t_done - t_throw, norm = median_of(low_times);
+    normal_pooled.insert(normal_pooled.end(), low_times.begin(), low_times.end());
+    before.insert(before.end(), before_times.begin(), before_times.end());
+
+    // Grow-back: the run must have settled at its final micro-batch before the compared window.
+    const int64_t final_micro = a_steps.back().at("micro_batch").get<int64_t>();
+    int64_t settled = a_steps.back().at("step").get<int64_t>();
+    for (auto it = a_steps.rbegin(); it != a_steps.rend(); ++it) {
+      if (it->at("micro_batch").get<int64_t>() != final_micro || it->value("oom_retries", int64_t{0}) != 0) break;
+      settled = it->at("step").get<int64_t>();
+    }
+    if (settled > window_start)
+      throw std::runtime_error("bench --oom: " + da.string() + ": the run settled at micro-batch " + num(final_micro) +
+                               " only at step " + num(settled) + ", after the compared steps began (" + num(window_start) +
+                               "); lower memory.grow_after");
+    if (fresh_first && final_micro != last_final_micro)
+      throw std::runtime_error("bench --oom: " + da.string() + ": grew back to micro-batch " + num(final_micro) +
+                               ", not to " + num(last_final_micro) + " as in the round before, at which the fresh "
+                               "run of this round started; run --rounds 1 to see why");
+    if (!fresh_first) b = run_fresh(final_micro);
+    last_final_micro = final_micro;
+    // Median step time and samples/s of the compared steps, and minor page faults per step over them
+    // (process-wide, read when each line appeared: glibc handing freed memory back and faulting it in
+    // again costs time, docs/BENCHMARKS.md).
+    auto window = [&](const Job& j, double& step_p50, double& sps_p50, double& faults) {
+      std::vector<double> st_times, sps;
+      int64_t f0 = -1, f1 = 0;
+      for (size_t i = 0; i < j.lines.size(); ++i) {
+        const json& l = j.lines[i];
+        if (l.contains("event")) continue;
+        const int64_t s = l.value("step", int64_t{0});
+        if (s == window_start - 1) f0 = j.minflt[i];
+        if (s < window_start) continue;
+        f1 = j.minflt[i];
+        const double t = l.at("step_time_s").get<double>(), w = l.value("data_wait_s", 0.0);
+        st_times.push_back(t);
+        sps.push_back(static_cast<double>(G) / (t + w));
+      }
+      step_p50 = median_of(st_times);
+      sps_p50 = median_of(sps);
+      faults = f0 < 0 ? 0.0 : static_cast<double>(f1 - f0) / static_cast<double>(opts.steps);
+    };
+    double a_step, a_sps, a_faults, b_step, b_sps, b_faults;
+    window(a, a_step, a_sps, a_faults);
+    window(b, b_step, b_sps, b_faults);
+
+    recovery.push_back(rec);
+    normal.push_back(norm);
+    over.push_back(rec / norm);
+    overhead.push_back(rec - norm);
+    step_ratio.push_back(a_step / b_step);
+    sps_ratio.push_back(a_sps / b_sps);
+    json grow_events = json::array();
+    for (const auto& kind : {"probe", "probe_succeeded", "probe_failed"})
+      for (const auto& e : a.events(kind))
+        if (e.value("step", int64_t{0}) >= st.raise_step)
+          grow_events.push_back({{"event", kind}, {"step", e.value("step", int64_t{0})},
+                                 {"new_micro_batch", e.value("new_micro_batch", int64_t{0})}});
+    rounds.push_back({{"round", r},
+                      {"load_avg", load},
+                      {"oom_step", st.oom_step},
+                      {"ooms_in_step", ooms},
+                      {"micro_batch_before", G},
+                      {"micro_batch_after", st.low_micro},
+                      {"recovery_s", rec},
+                      {"first_to_last_oom_s", t_last_throw - t_throw},
+                      {"normal_step_s", norm},
+                      {"normal_steps", low_times.size()},
+                      {"step_before_cut_s", median_of(before_times)},
+                      {"recovery_over_normal", rec / norm},
+                      {"oom_step_time_s", oom_line->at("step_time_s").get<double>()},
+                      {"raised_after_step", st.raise_step},
+                      {"final_micro_batch", final_micro},
+                      {"settled_at_step", settled},
+                      {"grow_events", grow_events},
+                      {"compared_steps", json::array({window_start, total})},
+                      {"backoff_run_step_time_s_p50", a_step},
+                      {"fresh_run_step_time_s_p50", b_step},
+                      {"backoff_run_samples_per_s_p50", a_sps},
+                      {"fresh_run_samples_per_s_p50", b_sps},
+                      {"fresh_run_ooms", b.events("oom").size()},
+                      {"order", fresh_first ? "fresh first" : "backoff first"},
+                      {"backoff_run_page_faults_per_step", a_faults},
+                      {"fresh_run_page_faults_per_step", b_faults},
+                      {"step_time_ratio", a_step / b_step},
+                      {"throughput_ratio", a_sps / b_sps}});
+    std::cerr << "bench --oom: round " << r << ": recovery " << rec << " s (normal step " << norm << " s), grew back to "
+              << final_micro << ", throughput ratio " << a_sps / b_sps << std::endl;
+  }
+
+  json j;
+  j["schema"] = kBenchSchema;
+  j["mode"] = "oom";
+  j["implementation"] = "trainer";
+  j["model"] = cfg.model.name;
+  const auto shape = sample_shape_of(cfg);
+  j["sample_shape"] = {shape[0], shape[1], shape[2]};
+  j["global_batch"] = G;
+  j["calibration_peak_bytes"] = {{num(G), peak[G]}, {num(h1), peak[h1]}, {num(h2), peak[h2]}};
+  j["limits_bytes"] = {{"high", cap_high}, {"cut", cap_cut}, {"mid", cap_mid}};
+  j["auto_vs_exhaustive"] = autos;
+  j["recovery"] = {{"recovery_s_median", median_of(recovery)},
+                   {"normal_step_s_median", median_of(normal)},
+                   {"normal_step_s_pooled_median", median_of(normal_pooled)},
+                   {"normal_steps_pooled", normal_pooled.size()},
+                   {"step_before_cut_s_median", median_of(before)},
+                   {"recovery_over_normal_median", median_of(over)},
+                   {"overhead_s_median", median_of(overhead)}};
+  j["grow_back"] = {{"step_time_ratio_median", median_of(step_ratio)},
+                    {"throughput_ratio_median", median_of(sps_ratio)},
+                    {"compared_steps", opts.steps}};
+  j["rounds"] = rounds;
+  j["options"] = {{"rounds", opts.rounds}, {"warmup", opts.warmup}, {"low_steps", opts.low_steps},
+                  {"steps", opts.steps}, {"steps_per_run", total}};
+  j["threads"] = threads_of(cfg);
+  j["wall_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();
+  j["config_file"] = opts.config_path;
+  j["overrides"] = opts.overrides;
+  j["command_line"] = opts.command_line;
+  j["config_yaml"] = to_yaml(cfg);
+  j.update(env);
+  j["run_dir"] = temporary ? json(nullptr) : json(root.string());
+  if (temporary) {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  return j;
+}
+
 // ---- the command line -----------------------------------------------------------------------------
+
+namespace {
+void write_result(const json& j, const std::string& out) {
+  if (out.empty()) {
+    std::cout << j.dump(2) << std::endl;
+    return;
+  }
+  std::ofstream f(out);
+  f << j.dump(2) << '\n';
+  if (!f.flush()) throw std::runtime_error(out + ": cannot write the bench result");
+}
+}  // namespace
 
 int bench_main(int argc, char** argv) {
   cxxopts::Options o("trainer bench",
@@ -576,6 +1006,8 @@ int bench_main(int argc, char** argv) {
       "steps", "timed optimizer steps (batches)", cxxopts::value<int64_t>()->default_value("20"))(
       "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
       "loader-only", "measure the data pipeline alone")(
+      "oom", "the OOM recovery benchmark: recovery time, auto micro-batch, throughput after grow-back")(
+      "rounds", "--oom: alternating (backoff, fresh) run pairs", cxxopts::value<int64_t>()->default_value("3"))(
       "peak-tflops", "the device's peak TFLOP/s, for MFU (default: a table of known GPUs)",
       cxxopts::value<double>()->default_value("0"))(
       "run-dir", "keep the run folder here (default: a temporary one, removed)",
@@ -619,15 +1051,30 @@ int bench_main(int argc, char** argv) {
   for (const auto& o : bench_overrides(opts)) all_sets.push_back(o);
   Config cfg = load_config(opts.config_path, all_sets);
 
+  if (a.count("oom")) {
+    BenchOomOptions oo;
+    oo.rounds = a["rounds"].as<int64_t>();
+    oo.warmup = a.count("warmup") ? opts.warmup : 5;
+    oo.steps = a.count("steps") ? opts.steps : 10;
+    oo.run_dir = opts.run_dir;
+    oo.config_path = opts.config_path;
+    oo.overrides = sets;
+    oo.command_line = command_line;
+    json j = bench_oom(cfg, oo);  // it sets steps, limits and micro-batches per run itself
+    write_result(j, a["out"].as<std::string>());
+    const auto& rec = j["recovery"];
+    std::cerr << "bench --oom: " << cfg.model.name << " batch " << cfg.train.global_batch << ": recovery "
+              << rec["recovery_s_median"].get<double>() << " s against a " << rec["normal_step_s_median"].get<double>()
+              << " s step (median of " << oo.rounds << "), auto/largest";
+    for (const auto& x : j["auto_vs_exhaustive"])
+      std::cerr << " " << x["auto_micro_batch"] << "/" << x["largest_fitting_micro_batch"];
+    std::cerr << ", throughput after grow-back / fresh " << j["grow_back"]["throughput_ratio_median"].get<double>()
+              << std::endl;
+    return kExitOk;
+  }
   json j = a.count("loader-only") ? bench_loader(cfg, opts) : bench_training(cfg, opts);
   const std::string out = a["out"].as<std::string>();
-  if (out.empty()) {
-    std::cout << j.dump(2) << std::endl;
-  } else {
-    std::ofstream f(out);
-    f << j.dump(2) << '\n';
-    if (!f.flush()) throw std::runtime_error(out + ": cannot write the bench result");
-  }
+  write_result(j, out);
   if (j["mode"] == "loader") {
     std::cerr << "bench: loader " << cfg.data.kind << " " << j["samples_per_s"].get<double>() << " samples/s with "
               << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;

@@ -102,8 +102,44 @@ nlohmann::json bench_training(Config cfg, const BenchOptions& opts);
 /// bench_environment()'s fields.
 nlohmann::json bench_loader(const Config& cfg, const BenchOptions& opts);
 
+/// Options of the OOM recovery benchmark (bench_oom).
+struct BenchOomOptions {
+  int64_t rounds = 3;     ///< (backoff run, fresh run) pairs, alternating; >= 1
+  int64_t warmup = 5;     ///< steps at the global batch before the cap is cut; >= 1
+  int64_t low_steps = 4;  ///< steps after the OOM step before the cap is raised again; >= 1
+  int64_t steps = 10;     ///< last steps of both runs whose throughput is compared; >= 1
+  std::string run_dir;    ///< keep every run's folder under here (new or empty); "" = temporary, removed
+  std::string config_path;             ///< recorded in the result
+  std::vector<std::string> overrides;  ///< recorded in the result
+  std::string command_line;            ///< recorded in the result
+};
+
+/// The OOM recovery benchmark (docs/BENCHMARKS.md "OOM recovery"), under the real cap (memory.limit and
+/// control.yaml), every run through trainer::train():
+///   1. calibration: uncapped 3-step runs at micro-batches G (the global batch), h1 = ceil(G/2) and
+///      h2 = ceil(h1/2) give their peaks p(.); the limits are high = 1.25 p(G), cut = (p(h2) + p(h1)) / 2
+///      (h2 fits, h1 does not), mid = (p(h1) + p(G)) / 2;
+///   2. under the cut and the mid limit: the largest micro-batch that fits, by an exhaustive search (a
+///      fresh 2-step run at every size from G down to half the largest that fits, each pinned to its
+///      size: floor = size, no recomputation; sizes below the largest that still fail are listed),
+///      against what `train.micro_batch: auto` picks (and where it is after 3 steps);
+///   3. `rounds` times: (A) a run at G under the high limit, cut through control.yaml after `warmup`
+///      steps (OOMs, backoff), raised again `low_steps` steps after the OOM step (grow-back); (B) a run
+///      that starts at A's final micro-batch under the high limit, with no growth; A then B in odd
+///      rounds, B then A in even ones (B at the size A reached in the round before). Recovery = when the OOM step's
+///      metrics line appeared - the time_unix_s of the step's first OOM memory report; against the median
+///      step time of A's clean steps at the backed-off micro-batch before the raise (per round, and pooled
+///      over the rounds) and of A's steps 2..warmup at G. Throughput: median samples/s of A's and B's last
+///      `steps` steps, and the process's minor page faults per step over them.
+/// Returns mode "oom": calibration_peak_bytes, limits_bytes, auto_vs_exhaustive (per limit), recovery and
+/// grow_back (medians over the rounds), rounds (every figure per round), and the environment. Throws
+/// std::runtime_error naming the run folder (which is then kept) when a run fails or the scenario did
+/// not unfold, std::invalid_argument for bad options or a global batch below 4.
+nlohmann::json bench_oom(Config cfg, const BenchOomOptions& opts);
+
 /// `trainer bench --config FILE [--set k=v ...] [--warmup N] [--steps N] [--out FILE.json] [--loader-only]
-/// [--peak-tflops X] [--run-dir DIR]`: argv[0] is "bench". Prints a one-line summary to stderr and the
+/// [--peak-tflops X] [--run-dir DIR]`, or `trainer bench --oom [--rounds N] ...` (bench_oom; --warmup and
+/// --steps default to 5 and 10 there): argv[0] is "bench". Prints a one-line summary to stderr and the
 /// JSON to --out (or stdout). Returns the exit code; throws std::exception with a one-line message for
 /// bad input.
 int bench_main(int argc, char** argv);

@@ -166,15 +166,6 @@ void remove_quietly(const fs::path& p) {
   if (ec && ec.value() != ENOENT && ec.value() != ENOTDIR) spdlog::warn("checkpoint: could not remove {}: {}", p.string(), ec.message());
 }
 
-std::string utc_now_iso() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 std::string cuda_version() {
 #ifdef TRAINER_WITH_CUDA
   try {
@@ -287,6 +278,15 @@ std::optional<std::string> read_latest(const fs::path& dir, std::string& problem
 }
 
 }  // namespace
+
+std::string utc_now_iso() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
 
 const std::string& LoadedCheckpoint::file(const std::string& name) const {
   auto it = files.find(name);

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <type_traits>
 
+#include "trainer/checkpoint.h"
 #include "trainer/memory.h"
 #include "trainer/telemetry.h"
 
@@ -60,15 +60,6 @@ void fill_cuda_stats(MemoryStats& m, c10::DeviceIndex index) {
 }
 #endif
 
-std::string utc_now_iso() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // c10::Error's what() carries a C++ backtrace after the message; the report keeps the message.
 std::string without_backtrace(const std::string& error) {
   const auto cut = error.find("\nException raised from");
@@ -115,14 +106,37 @@ MemoryReporter::MemoryReporter(std::string run_dir, Telemetry* telemetry, int ke
     throw std::invalid_argument("memory report: keep_steps must be >= 1, got " + std::to_string(keep_steps));
 }
 
+void MemoryReporter::add_attempt(int64_t step, int64_t micro_batch) {
+  Attempt a;
+  a.step = step;
+  a.micro_batch = micro_batch;
+  attempts_.push_back(a);
+  // Keep the attempts of the last keep_steps_ steps (a step with OOM retries has several).
+  size_t steps = 0;
+  for (size_t i = 0; i < attempts_.size(); ++i)
+    if (i == 0 || attempts_[i].step != attempts_[i - 1].step) ++steps;
+  while (steps > keep_steps_) {
+    const int64_t oldest = attempts_.front().step;
+    while (!attempts_.empty() && attempts_.front().step == oldest) attempts_.pop_front();
+    --steps;
+  }
+}
+
+void MemoryReporter::begin_attempt(int64_t step, int64_t micro_batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  add_attempt(step, micro_batch);
+}
+
 void MemoryReporter::record_phase_peak(int64_t step, const std::string& phase, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (phases_.empty() || phases_.back().first != step) {
-    phases_.emplace_back(step, std::map<std::string, int64_t>{});
-    while (phases_.size() > keep_steps_) phases_.pop_front();
-  }
-  auto& slot = phases_.back().second[phase];
+  if (attempts_.empty() || attempts_.back().step != step) add_attempt(step, 0);
+  auto& slot = attempts_.back().peaks[phase];
   slot = std::max(slot, bytes);
+}
+
+void MemoryReporter::mark_failed(const std::string& phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!attempts_.empty()) attempts_.back().failed_in = phase;
 }
 
 void MemoryReporter::count_oom() {
@@ -142,6 +156,8 @@ nlohmann::json MemoryReporter::build(int64_t step, const MemoryBackend& backend,
   j["step"] = step;
   j["reason"] = reason;
   j["time"] = utc_now_iso();
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  j["time_unix_s"] = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(now).count()) / 1e6;
   j["device"] = m.device;
   j["allocated_bytes"] = m.allocated;
   j["reserved_bytes"] = m.reserved;
@@ -161,9 +177,11 @@ nlohmann::json MemoryReporter::build(int64_t step, const MemoryBackend& backend,
   {
     std::lock_guard<std::mutex> lock(mu_);
     j["ooms"] = ooms_;
-    for (const auto& [s, phases] : phases_) {
-      nlohmann::json p = {{"step", s}};
-      for (const auto& [name, bytes] : phases) p[name] = bytes;
+    for (const auto& a : attempts_) {
+      nlohmann::json p = {{"step", a.step}};
+      if (a.micro_batch > 0) p["micro_batch"] = a.micro_batch;
+      for (const auto& [name, bytes] : a.peaks) p[name] = bytes;
+      if (!a.failed_in.empty()) p["failed_in"] = a.failed_in;
       peaks.push_back(p);
     }
   }
@@ -232,14 +250,17 @@ std::string MemoryReporter::format(const nlohmann::json& j) {
     std::vector<std::string> cols = {"forward", "backward", "optimizer"};
     for (const auto& p : peaks)
       for (const auto& [k, v] : p.items())
-        if (k != "step" && std::find(cols.begin(), cols.end(), k) == cols.end()) cols.push_back(k);
+        if (k != "step" && k != "micro_batch" && k != "failed_in" && std::find(cols.begin(), cols.end(), k) == cols.end())
+          cols.push_back(k);
     o += "  phase peaks (recent steps):\n";
-    o += fmt::format("    {:>8}", "step");
+    o += fmt::format("    {:>8}  {:>11}", "step", "micro-batch");
     for (const auto& c : cols) o += fmt::format("  {:>14}", c);
     o += "\n";
     for (const auto& p : peaks) {
-      o += fmt::format("    {:>8}", p.value("step", int64_t{0}));
+      o += fmt::format("    {:>8}  {:>11}", p.value("step", int64_t{0}),
+                       p.contains("micro_batch") ? std::to_string(p["micro_batch"].get<int64_t>()) : "-");
       for (const auto& c : cols) o += fmt::format("  {:>14}", p.contains(c) ? format_bytes(p[c].get<int64_t>()) : "-");
+      if (p.contains("failed_in")) o += "  failed in " + p["failed_in"].get<std::string>();
       o += "\n";
     }
   } else {
@@ -248,6 +269,58 @@ std::string MemoryReporter::format(const nlohmann::json& j) {
   if (!j.value("error", std::string()).empty()) o += "  error: " + j["error"].get<std::string>() + "\n";
   o += rule;
   return o;
+}
+
+// ---- per-phase peaks -----------------------------------------------------------------------------------
+
+PhasePeakBackend::PhasePeakBackend(std::unique_ptr<MemoryBackend> inner) : inner_(std::move(inner)) {
+  if (!inner_) throw std::invalid_argument("PhasePeakBackend: no backend to wrap");
+  carried_ = inner_->peak_bytes();
+}
+
+void PhasePeakBackend::start_phase() {
+  carried_ = std::max(carried_.load(), inner_->peak_bytes());
+  inner_->reset_peak();
+}
+
+int64_t PhasePeakBackend::peak_bytes() const { return std::max(carried_.load(), inner_->peak_bytes()); }
+
+void PhasePeakBackend::reset_peak() {
+  inner_->reset_peak();
+  carried_ = 0;
+}
+
+PhasePeakRecorder::PhasePeakRecorder(MemoryBackend& backend, MemoryReporter& reporter, int64_t step,
+                                     int64_t micro_batch)
+    : backend_(dynamic_cast<PhasePeakBackend*>(&backend)),
+      reporter_(reporter),
+      step_(step),
+      uncaught_(std::uncaught_exceptions()) {
+  if (backend_) reporter_.begin_attempt(step_, micro_batch);
+}
+
+PhasePeakRecorder::~PhasePeakRecorder() {
+  // A destructor that throws while an OOM unwinds would terminate the process; the peaks are not worth it.
+  try {
+    const std::string phase = phase_;
+    end_phase();
+    // Destroyed by an exception unwinding the attempt: the phase in progress is where it failed.
+    if (backend_ && !phase.empty() && std::uncaught_exceptions() > uncaught_) reporter_.mark_failed(phase);
+  } catch (...) {
+  }
+}
+
+void PhasePeakRecorder::enter(const std::string& phase) {
+  end_phase();
+  if (!backend_) return;
+  backend_->start_phase();
+  phase_ = phase;
+}
+
+void PhasePeakRecorder::end_phase() {
+  if (!backend_ || phase_.empty()) return;
+  reporter_.record_phase_peak(step_, phase_, backend_->phase_peak_bytes());
+  phase_.clear();
 }
 
 }  // namespace trainer

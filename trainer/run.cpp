@@ -113,7 +113,7 @@ void TrainingRun::setup() {
   at::globalContext().setBenchmarkCuDNN(!cfg_.train.deterministic);
 
   // Memory: the cap is installed before the model exists so every tensor is counted.
-  memory_ = make_memory_backend(device_);
+  memory_ = std::make_unique<PhasePeakBackend>(make_memory_backend(device_));  // per-phase peaks (step.cpp)
   resources_ = std::make_unique<ResourceMonitor>(device_.is_cuda() ? std::max<int>(0, device_.index()) : -1);
   telemetry_.set_info("device", device_.str());
   telemetry_.set_info("model", cfg_.model.name);

@@ -27,6 +27,8 @@ torch::Tensor TrainingRun::micro_batch_loss(const torch::Tensor& images, const t
 }
 
 void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& r) {
+  // Per-phase peaks for the memory report; the last phase is recorded (as failed) also when an OOM unwinds.
+  PhasePeakRecorder phases(*memory_, *memory_report_, step_ + 1, controller_->micro_batch());
   optimizer_->zero_grad();
   const auto sizes = controller_->micro_batch_sizes();
   // The targets of the whole optimizer step over all ranks (every rank holds an equal slice): summed
@@ -43,10 +45,13 @@ void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& 
     try {
       // Gradients cross ranks once per step: the last backward sends them, bucket by bucket, as it goes.
       if (last && grad_sync_) grad_sync_->arm();
+      phases.enter("forward");
       torch::Tensor loss = micro_batch_loss(batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n), normalizer);
+      phases.enter("backward");
       scaler_->scale(loss).backward();
       loss_sum += loss.detach();
       if (last) {
+        phases.enter("optimizer");  // from here on: the gradient exchange, optimizer state, unscale, norm
         if (grad_sync_) {
           r.grad_buckets_in_backward = grad_sync_->sent_during_backward();
           grad_sync_->finish();
