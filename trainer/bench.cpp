@@ -657,11 +657,13 @@ std::string job_failed(const Job& j, const std::string& what) {
 }  // namespace
 
 json bench_oom(Config cfg, const BenchOomOptions& opts) {
-  if (opts.rounds < 1) throw std::invalid_argument("bench --oom: --rounds must be >= 1, got " + std::to_string(opts.rounds));
-  if (opts.warmup < 1) throw std::invalid_argument("bench --oom: --warmup must be >= 1, got " + std::to_string(opts.warmup));
-  if (opts.steps < 1) throw std::invalid_argument("bench --oom: --steps must be >= 1, got " + std::to_string(opts.steps));
-  if (opts.low_steps < 1)
-    throw std::invalid_argument("bench --oom: low_steps must be >= 1, got " + std::to_string(opts.low_steps));
+  auto at_least_1 = [](int64_t v, const std::string& what) {
+    if (v < 1) throw std::invalid_argument("bench --oom: " + what + " must be >= 1, got " + std::to_string(v));
+  };
+  at_least_1(opts.rounds, "--rounds");
+  at_least_1(opts.warmup, "--warmup");
+  at_least_1(opts.steps, "--steps");
+  at_least_1(opts.low_steps, "low_steps");
   const int64_t G = cfg.train.global_batch;
   if (G < 4)
     throw std::invalid_argument("bench --oom: train.global_batch must be at least 4 (the cut backs off to a quarter "
@@ -695,7 +697,8 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   for (int64_t m : {G, h1, h2}) {
     Job j = run_job(cfg, {"train.micro_batch=" + num(m), "memory.limit=none", "train.steps=3", no_growth, quiet},
                     root / ("calibrate_mb" + num(m)));
-    if (j.rc != kExitOk) throw std::runtime_error(job_failed(j, "the uncapped run at micro-batch " + num(m) + " failed"));
+    if (j.rc != kExitOk)
+      throw std::runtime_error(job_failed(j, "the uncapped run at micro-batch " + num(m) + " failed"));
     for (const auto& l : j.steps()) peak[m] = std::max(peak[m], l.value("mem_peak_bytes", int64_t{0}));
   }
   if (!(peak[h2] < peak[h1] && peak[h1] < peak[G]))
@@ -736,7 +739,8 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
                     root / ("auto_" + name));
     if (a.rc != kExitOk) throw std::runtime_error(job_failed(a, "the micro_batch: auto run failed"));
     const auto picked_ev = a.events("auto_micro_batch");
-    if (picked_ev.empty()) throw std::runtime_error("bench --oom: " + (a.dir / "metrics.jsonl").string() + " has no auto_micro_batch event");
+    if (picked_ev.empty())
+      throw std::runtime_error("bench --oom: " + (a.dir / "metrics.jsonl").string() + " has no auto_micro_batch event");
     const int64_t picked = picked_ev.front().at("micro_batch").get<int64_t>();
     // The search's time: from the start event (after setup) to the pick (includes the first batch's wait).
     double t_start_ev = 0, t_pick = 0;
@@ -809,12 +813,15 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
     };
     Job b;
     if (fresh_first) b = run_fresh(last_final_micro);
-    Job a = run_job(cfg, {"train.micro_batch=0", "memory.limit=" + num(cap_high), "train.steps=" + num(total)}, da, hook);
+    Job a = run_job(cfg, {"train.micro_batch=0", "memory.limit=" + num(cap_high), "train.steps=" + num(total)}, da,
+                    hook);
     if (a.rc != kExitOk) throw std::runtime_error(job_failed(a, "the backoff run failed"));
-    if (!st.cut || st.oom_step == 0 || !st.raised)
-      throw std::runtime_error("bench --oom: " + da.string() + ": " +
-                               (!st.cut ? "the cap was never cut" : st.oom_step == 0 ? "the cut caused no OOM" : "the cap was never raised again") +
-                               "; give it more steps");
+    if (!st.cut || st.oom_step == 0 || !st.raised) {
+      const std::string what = !st.cut ? "the cap was never cut"
+                               : st.oom_step == 0 ? "the cut caused no OOM"
+                                                  : "the cap was never raised again";
+      throw std::runtime_error("bench --oom: " + da.string() + ": " + what + "; give it more steps");
+    }
     const auto a_steps = a.steps();
     const json* oom_line = nullptr;
     for (const auto& l : a_steps)
@@ -866,8 +873,8 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
     }
     if (settled > window_start)
       throw std::runtime_error("bench --oom: " + da.string() + ": the run settled at micro-batch " + num(final_micro) +
-                               " only at step " + num(settled) + ", after the compared steps began (" + num(window_start) +
-                               "); lower memory.grow_after");
+                               " only at step " + num(settled) + ", after the compared steps began (" +
+                               num(window_start) + "); lower memory.grow_after");
     if (fresh_first && final_micro != last_final_micro)
       throw std::runtime_error("bench --oom: " + da.string() + ": grew back to micro-batch " + num(final_micro) +
                                ", not to " + num(last_final_micro) + " as in the round before, at which the fresh "
@@ -939,8 +946,8 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
                       {"fresh_run_page_faults_per_step", b_faults},
                       {"step_time_ratio", a_step / b_step},
                       {"throughput_ratio", a_sps / b_sps}});
-    std::cerr << "bench --oom: round " << r << ": recovery " << rec << " s (normal step " << norm << " s), grew back to "
-              << final_micro << ", throughput ratio " << a_sps / b_sps << std::endl;
+    std::cerr << "bench --oom: round " << r << ": recovery " << rec << " s (normal step " << norm
+              << " s), grew back to " << final_micro << ", throughput ratio " << a_sps / b_sps << std::endl;
   }
 
   json j;

@@ -250,7 +250,8 @@ std::string MemoryReporter::format(const nlohmann::json& j) {
     std::vector<std::string> cols = {"forward", "backward", "optimizer"};
     for (const auto& p : peaks)
       for (const auto& [k, v] : p.items())
-        if (k != "step" && k != "micro_batch" && k != "failed_in" && std::find(cols.begin(), cols.end(), k) == cols.end())
+        if (k != "step" && k != "micro_batch" && k != "failed_in" &&
+            std::find(cols.begin(), cols.end(), k) == cols.end())
           cols.push_back(k);
     o += "  phase peaks (recent steps):\n";
     o += fmt::format("    {:>8}  {:>11}", "step", "micro-batch");
