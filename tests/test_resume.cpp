@@ -56,7 +56,10 @@ TEST(Resume, SigkillThenRestartIsBitwiseTheUninterruptedRun) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resumes = testutil::events(killed, "resume");
   ASSERT_EQ(resumes.size(), 1u);
-  EXPECT_GE(resumes[0]["step"].get<int64_t>(), 8);
+  // Some checkpoint at or before the kill: under load the background writes of the last ones may not
+  // have committed yet (they are not counted until renamed), so any even step from 2 on is right.
+  EXPECT_GE(resumes[0]["step"].get<int64_t>(), 2);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>() % 2, 0);
   EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(killed)));
   expect_same_losses(whole, killed);
 }
