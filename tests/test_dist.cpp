@@ -369,3 +369,31 @@ TEST(DistManual, GlobalBatchMustSplitEvenly) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.global_batch: 32 is not divisible by the world size 3"), std::string::npos) << r.output;
 }
+
+// ---- the overhead benchmark (bench/ddp_overhead.py): its output is complete and consistent ----------------
+
+TEST(DistBench, OverheadScriptWritesConsistentJson) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TempDir dir;
+  const std::string out = (dir / "ddp.json").string();
+  auto r = testutil::run(testutil::python() + " " + testutil::source_dir() + "/bench/ddp_overhead.py --config " +
+                         testutil::source_dir() + "/configs/bench_resnet18_cpu.yaml --trainer " + testutil::trainer_bin() +
+                         " --python " + testutil::python() +
+                         " --ranks 2 --rounds 1 --steps 6 --warmup 2 --set model.name=plain_cnn --set data.shape=[1,28,28]"
+                         " --set data.synthetic_size=640 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(out);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["schema"], "trainer-ddp-overhead/1");
+  EXPECT_EQ(j["global_batch"], 32);
+  ASSERT_EQ(j["rounds"].size(), 1u);
+  const auto& round = j["rounds"][0];
+  for (const char* k : {"threads", "ranks", "one_rank_alone"}) EXPECT_GT(round[k]["step_time_s_p50"].get<double>(), 0) << k;
+  EXPECT_DOUBLE_EQ(round["ratio_ranks_over_one_rank_alone"].get<double>(),
+                   round["ranks"]["step_time_s_p50"].get<double>() / round["one_rank_alone"]["step_time_s_p50"].get<double>());
+  EXPECT_DOUBLE_EQ(j["median_ratio_ranks_over_threads"].get<double>(), round["ratio_ranks_over_threads"].get<double>());
+  EXPECT_EQ(round["ranks"]["grad_buckets"], 1);
+  // The same global batch with and without ranks: the same losses (no batch statistics in plain_cnn).
+  EXPECT_NEAR(round["ranks"]["loss_last"].get<double>(), round["threads"]["loss_last"].get<double>(), 1e-5);
+  std::filesystem::remove_all(j["work_dir"].get<std::string>());
+}
