@@ -76,7 +76,8 @@ double known_peak_tflops(const std::string& device_name, const std::string& prec
 
 /// Where and with what a measurement ran: date (UTC, ISO 8601), host {hostname, cpu_model (from
 /// /proc/cpuinfo), nproc (online CPUs), usable_cpus, load_avg [1, 5, 15 min]}, versions {trainer, torch,
-/// cuda, cudnn ("" without CUDA)}, and for a CUDA `device` its device_name ("" for the CPU).
+/// cuda, cudnn ("" without CUDA), blas (the BLAS libraries mapped into the process, from /proc/self/maps,
+/// comma-separated)}, and for a CUDA `device` its device_name ("" for the CPU).
 nlohmann::json bench_environment(const std::string& device);
 
 /// What the bench sets on top of the job: train.steps = warmup + steps, train.epochs = 0, data.test = ""
@@ -86,12 +87,15 @@ std::vector<std::string> bench_overrides(const BenchOptions& opts);
 
 /// Runs `cfg`, with bench_overrides(opts) applied (listed under "bench_overrides"), through
 /// trainer::train() for opts.warmup + opts.steps optimizer steps, and returns the result: summarize_steps()
-/// plus mode "train", implementation "trainer", model, sample_shape, global_batch, precision (fp32 | bf16 |
+/// plus mode "train", implementation "trainer", model, sample_shape ((C, H, W), or (T) for data.kind tokens,
+/// where a sample is one sequence), global_batch, precision (fp32 | bf16 |
 /// fp16), channels_last, device, threads, loader_workers, warmup_steps, flops_per_sample_forward
 /// (models::ModelImpl::forward_flops), flops_per_sample_train (3x forward), achieved_tflops (train FLOPs x
 /// samples_per_s_median / 1e12), peak_tflops, peak_tflops_source, mfu (achieved / peak; null when no
 /// peak is known), rss_peak_bytes, config_yaml (resolved, with the bench overrides), config_file,
-/// overrides, command_line, and bench_environment()'s fields. Throws std::runtime_error when training
+/// overrides, command_line, and bench_environment()'s fields; for a token job also context (T), vocab_size
+/// (the token file's, which the model is built with), tokens_per_s_median and tokens_per_s_aggregate
+/// (samples/s x T). Throws std::runtime_error when training
 /// fails (the message names the run folder, which is then kept) and ConfigError for a bad config.
 nlohmann::json bench_training(Config cfg, const BenchOptions& opts);
 
@@ -99,7 +103,8 @@ nlohmann::json bench_training(Config cfg, const BenchOptions& opts);
 /// augmentation, workers (data.workers, 0 = usable CPUs) and prefetch; opts.warmup batches untimed, then
 /// data::measure_loader_throughput over opts.steps batches. Returns mode "loader", samples_per_s,
 /// batches, global_batch, sample_shape, workers, prefetch, the augmentation, config_yaml, and
-/// bench_environment()'s fields.
+/// bench_environment()'s fields. For data.kind tokens: data::TokenLoader::next() timed in the calling
+/// thread (it has no workers), with tokens_per_s, workers 0, prefetch 0 and no augmentation.
 nlohmann::json bench_loader(const Config& cfg, const BenchOptions& opts);
 
 /// Options of the OOM recovery benchmark (bench_oom).
