@@ -81,7 +81,7 @@ void TrainingRun::attempt_step(const data::Batch& batch, double lr, StepResult& 
       if (oom) std::rethrow_exception(oom);
       for (int64_t k = 0; k < env_.world_size; ++k) {
         if (a[k] > 0) {
-          if (last && grad_sync_) optimizer_->zero_grad();
+          // train_step's recovery (drop_failed_attempt) drops the gradients, as for this rank's own OOM.
           throw PeerOutOfMemory("rank " + std::to_string(k) + " ran out of memory in micro-batch " + std::to_string(i + 1) +
                                 " of " + std::to_string(sizes.size()));
         }
