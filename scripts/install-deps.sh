@@ -6,7 +6,7 @@ set -euo pipefail
 # libgloo-dev: the headers of the Gloo library LibTorch's c10d uses (distributed training on the CPU).
 pkgs=(cmake ninja-build g++ libtorch-dev libopenblas0-openmp libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev
       zlib1g-dev libgtest-dev libgmock-dev libgloo-dev libcpp-httplib-dev nlohmann-json3-dev
-      python3-torch python3-torchvision python3-matplotlib python3-protobuf
+      python3-torch python3-torchvision python3-matplotlib python3-protobuf python3-venv
       dataset-fashion-mnist fortunes)
 missing=()
 for p in "${pkgs[@]}"; do

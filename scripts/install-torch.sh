@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The second toolchain: LibTorch 2.11.0 with CUDA 13.0, from PyTorch's pip wheel (the GPU hosts'
+# version), in a virtual environment that is created once and reused. Never touches the system Python.
+#
+#   scripts/install-torch.sh            create or reuse the environment; print the LibTorch root
+#   scripts/install-torch.sh --python   ... print the environment's python instead
+#
+# The LibTorch root is the wheel's `torch` folder (lib/, include/, share/cmake/Torch), the same layout
+# as pytorch.org's LibTorch zip, so one CMake line serves both: -DCMAKE_PREFIX_PATH=<root>.
+# TRAINER_TORCH_VENV picks the folder (default ~/.cache/trainer/torch-2.11.0-cu130). The first run
+# downloads about 3 GB from PyPI; progress goes to stderr, the answer to stdout.
+set -euo pipefail
+
+# Pinned: the wheel the GPU hosts run (torch 2.11.0+cu130 is PyPI's default build of 2.11.0) and what
+# the Python references import (bench/reference.py, tests/ref/, the TensorBoard and plot checks).
+pins=(torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 pyyaml==6.0.3 protobuf==7.36.2 matplotlib==3.11.2)
+venv=${TRAINER_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/trainer/torch-2.11.0-cu130}
+stamp="$venv/.trainer-pins"
+
+want=${1:-}
+if [[ ! -f $stamp || $(cat "$stamp") != "${pins[*]}" ]]; then
+  # Debian's interpreter (python3-venv); `python3` on PATH may be another one.
+  py=/usr/bin/python3
+  [[ -x $py ]] || py=$(command -v python3)
+  echo "install-torch: creating $venv (${pins[*]})" >&2
+  start=$SECONDS
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$py" -m venv "$venv" >&2 || { echo "install-torch: '$py -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+  "$venv/bin/pip" install --no-cache-dir --progress-bar off -q "${pins[@]}" >&2
+  echo "${pins[*]}" > "$stamp"
+  echo "install-torch: done in $((SECONDS - start)) s ($(du -sh "$venv" | cut -f1))" >&2
+fi
+
+case $want in
+  --python) echo "$venv/bin/python" ;;
+  "") "$venv/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' ;;
+  *) echo "usage: scripts/install-torch.sh [--python]" >&2; exit 2 ;;
+esac
