@@ -270,6 +270,11 @@ constexpr size_t kAggregate = 0;
 CudaMemoryBackend::CudaMemoryBackend(c10::DeviceIndex index) : index_(index) {
   TORCH_CHECK(index >= 0 && index < c10::cuda::device_count(), "memory: no CUDA device ", int(index),
               " (this host has ", int(c10::cuda::device_count()), ")");
+  // LibTorch 2.x starts CUDA (context, caching allocator) lazily, at the first CUDA tensor; until then
+  // setMemoryFraction and getDeviceStats throw "Invalid device argument ... did you call init?". The
+  // backend is created before the model, so it starts CUDA itself, the way every CUDA tensor factory
+  // does: an empty tensor on the device (no bytes are allocated).
+  (void)at::empty({0}, at::TensorOptions().device(c10::kCUDA, index));
 }
 std::string CudaMemoryBackend::name() const { return "cuda:" + std::to_string(int(index_)); }
 int64_t CudaMemoryBackend::current_bytes() const {
