@@ -52,12 +52,19 @@ inline CommandResult run(const std::string& cmd) {
   return r;
 }
 
-/// Path of the trainer executable under test.
-inline std::string trainer_bin() { return TRAINER_BIN; }
-/// Root of the source tree (configs/, tests/ref/).
-inline std::string source_dir() { return TRAINER_SOURCE_DIR; }
-/// The Python interpreter with Debian's torch and torchvision.
-inline std::string python() { return TRAINER_PYTHON; }
+/// `fallback` (the path compiled in), unless the environment variable `name` is set: the GPU bundle
+/// (scripts/bundle-gpu.sh) runs the tests on a host where the build folder does not exist.
+inline std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+/// Path of the trainer executable under test (TRAINER_TEST_BIN overrides).
+inline std::string trainer_bin() { return env_or("TRAINER_TEST_BIN", TRAINER_BIN); }
+/// Root of the source tree: configs/, tests/ref/ (TRAINER_TEST_SOURCE_DIR overrides).
+inline std::string source_dir() { return env_or("TRAINER_TEST_SOURCE_DIR", TRAINER_SOURCE_DIR); }
+/// The reference Python interpreter, with torch and torchvision of the LibTorch under test: Debian's
+/// for 1.13, the wheel's virtual environment for 2.11 (TRAINER_TEST_PYTHON overrides).
+inline std::string python() { return env_or("TRAINER_TEST_PYTHON", TRAINER_PYTHON); }
 
 inline std::string read_file(const fs::path& p) {
   std::ifstream f(p);

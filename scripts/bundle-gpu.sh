@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Packs the CUDA build (LibTorch 2.11.0 + CUDA 13.0, built here by scripts/test.sh or by hand) into one
+# folder that runs on a GPU host with the same PyTorch (2.11.0+cu130) without building there:
+#
+#   bin/trainer, bin/trainer_tests   stripped
+#   lib/                             every shared library they need except LibTorch (torch/lib), CUDA
+#                                    (the wheel's nvidia-* libraries, the driver) and the C/C++ runtime
+#                                    (glibc, libstdc++, libgcc_s: every host has them)
+#   run                              sets LD_LIBRARY_PATH to lib/ and the host's torch/lib, then runs
+#                                    bin/<first argument>
+#   src/                             what the tests and jobs read at run time: configs/, tests/ref/, bench/
+#
+# Usage: scripts/bundle-gpu.sh [BUILD_DIR (build-cuda)] [OUT (.gpu-run/bundle)]
+# On the host:  OUT/run trainer --config OUT/src/configs/...   or   OUT/run trainer_tests --gtest_filter=...
+# The host's torch is found with TRAINER_TORCH_LIB, else `python3 -c 'import torch'` (TRAINER_PYTHON, else
+# /opt/torch/.venv/bin/python3, else python3 on PATH).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-cuda}
+out=${2:-.gpu-run/bundle}
+[[ -x $build/trainer ]] || { echo "error: $build/trainer is missing; build the CUDA leg first (TRAINER_LEGS=cuda scripts/test.sh)"; exit 2; }
+grep -q 'TRAINER_WITH_CUDA' "$build/compile_commands.json" ||
+  { echo "error: $build is not a CUDA build (no TRAINER_WITH_CUDA); configure it against the wheel's LibTorch"; exit 2; }
+torch_root=$(grep -m1 '^Torch_DIR:' "$build/CMakeCache.txt" | cut -d= -f2)
+torch_root=$(cd "$torch_root/../../.." && pwd)  # <root>/share/cmake/Torch -> <root>
+site=$(dirname "$torch_root")
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/src"
+for b in trainer tests/trainer_tests; do
+  [[ -x $build/$b ]] && strip -o "$out/bin/$(basename "$b")" "$build/$b"
+done
+
+# The closure of every binary's and library's needs, resolved as on the host: the wheel's libraries
+# first. What resolves into the wheel, or is the C/C++ runtime or the CUDA driver, stays behind.
+wheel_path="$torch_root/lib$(for d in "$site"/nvidia/*/lib; do [[ -d $d ]] && printf ':%s' "$d"; done)"
+skip_re='^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libnvidia-ml)\.so'
+declare -A seen=()
+queue=("$out/bin/trainer")
+[[ -x $out/bin/trainer_tests ]] && queue+=("$out/bin/trainer_tests")
+while ((${#queue[@]})); do
+  f=${queue[0]}
+  queue=("${queue[@]:1}")
+  while read -r name path; do
+    [[ -n $name ]] || continue
+    [[ $name =~ $skip_re ]] && continue
+    [[ -n ${seen[$name]:-} ]] && continue
+    seen[$name]=1
+    if [[ $path == "not found" ]]; then echo "error: $f needs $name, which is not found here"; exit 1; fi
+    case $path in "$site"/*) continue ;; esac  # LibTorch and CUDA from the wheel: the host has its own
+    cp -L "$path" "$out/lib/$name"
+    queue+=("$out/lib/$name")
+  done < <(LD_LIBRARY_PATH="$out/lib:$wheel_path" ldd "$f" | awk '/=>/ {print $1, ($3 == "not" ? "not found" : $3)}')
+done
+strip --strip-unneeded "$out"/lib/*.so* 2>/dev/null || true
+
+cp -r configs bench "$out/src/"
+mkdir -p "$out/src/tests" && cp -r tests/ref "$out/src/tests/"
+rm -rf "$out/src/bench/results"
+
+cat >"$out/run" <<'RUN'
+#!/usr/bin/env bash
+# Runs bin/<program> with this bundle's libraries and the host's LibTorch (scripts/bundle-gpu.sh).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+prog=${1:?usage: run trainer|trainer_tests [args...]}
+shift
+if [[ -z ${TRAINER_TORCH_LIB:-} ]]; then
+  py=${TRAINER_PYTHON:-}
+  [[ -z $py && -x /opt/torch/.venv/bin/python3 ]] && py=/opt/torch/.venv/bin/python3
+  py=${py:-python3}
+  TRAINER_TORCH_LIB=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  export TRAINER_PYTHON=$py
+fi
+# The CUDA runtime the executable links directly (libcudart.so.13) comes from the same wheel's nvidia-*
+# packages, next to torch/.
+cuda_libs=$(for d in "$TRAINER_TORCH_LIB"/../../nvidia/*/lib; do [[ -d $d ]] && printf ':%s' "$(cd "$d" && pwd)"; done)
+export LD_LIBRARY_PATH="$here/lib:$TRAINER_TORCH_LIB$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The tests find the executable, the sources and the reference Python here, not where they were built.
+export TRAINER_TEST_BIN="$here/bin/trainer" TRAINER_TEST_SOURCE_DIR="$here/src"
+[[ -n ${TRAINER_PYTHON:-} ]] && export TRAINER_TEST_PYTHON=$TRAINER_PYTHON
+exec "$here/bin/$prog" "$@"
+RUN
+chmod +x "$out/run"
+du -sh "$out" | awk '{print "bundle: " $2 ", " $1}'
+ls -1 "$out/lib" | tr '\n' ' '; echo
