@@ -118,14 +118,21 @@ struct Child {
       testutil::wait_exit(pid);
     }
   }
-  /// Sends `sig` and waits; returns the exit code (or 128 + signal).
+  /// Sends `sig` and waits; returns the exit code (or 128 + signal), -1 if it had already exited.
   int stop(int sig) {
+    if (pid <= 0) return -1;
     ::kill(pid, sig);
     int code = testutil::wait_exit(pid);
     pid = -1;
     return code;
   }
-  bool running() const { return pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0; }
+  /// False once it exited (then it is reaped here, and the destructor leaves the pid alone).
+  bool running() {
+    if (pid <= 0) return false;
+    if (waitpid(pid, nullptr, WNOHANG) == 0) return true;
+    pid = -1;
+    return false;
+  }
   std::string output() const { return testutil::read_file(log); }
 };
 
@@ -257,7 +264,7 @@ std::unique_ptr<Child> start_resumed_run(const TempDir& dir, int port) {
 
 /// Polls `pred` every 100 ms until it holds, the child exits, or `timeout_s` passes.
 template <typename Pred>
-bool wait_until(const Child& child, Pred pred, double timeout_s = 120) {
+bool wait_until(Child& child, Pred pred, double timeout_s = 120) {
   const auto t0 = std::chrono::steady_clock::now();
   while (seconds_since(t0) < timeout_s) {
     if (pred()) return true;
@@ -268,7 +275,7 @@ bool wait_until(const Child& child, Pred pred, double timeout_s = 120) {
 }
 
 /// Ready (setup and resume done) and at least one evaluation written.
-bool wait_trained_and_evaluated(const Child& trainer, int port, const std::string& run_dir) {
+bool wait_trained_and_evaluated(Child& trainer, int port, const std::string& run_dir) {
   return wait_until(trainer, [&] {
     if (http_get(port, "/readyz").status != 200) return false;
     std::vector<json> lines;
