@@ -316,6 +316,44 @@ TEST(OpsTelemetry, ObserveCountsTheRecordsOfMetricsJsonl) {
   EXPECT_EQ(t.snapshot().phase, "stopping");
 }
 
+TEST(OpsTelemetry, LastCheckpointTimestampFromTheResumedCheckpointThenFromEachSave) {
+  auto unix_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  auto scrape = [](const trainer::Telemetry& t) {
+    auto e = parse_prometheus(t.prometheus_text());
+    EXPECT_TRUE(e.errors.empty()) << e.errors.front();
+    return e;
+  };
+  const std::string name = "trainer_last_checkpoint_timestamp_seconds";
+  trainer::Telemetry t;
+  // A fresh run has no checkpoint: no gauge (a 0 would read as "55 years ago" in an alert).
+  EXPECT_EQ(scrape(t).value.count(name), 0u);
+  t.observe({{"event", "resume"}, {"step", 12}});  // a resume line without the field (older trainer)
+  EXPECT_EQ(scrape(t).value.count(name), 0u);
+  // A resumed run reports the time its checkpoint was written, exactly, not the restart's.
+  t.observe({{"event", "resume"}, {"step", 12}, {"checkpoint_created_unix", 1700000123}});
+  auto e = scrape(t);
+  ASSERT_EQ(e.value.count(name), 1u);
+  EXPECT_EQ(e.value[name], 1700000123.0);
+  EXPECT_EQ(e.type[name], "gauge");
+  // A save through the metrics log, then one through on_checkpoint(): the wall-clock time of each.
+  double before = unix_now();
+  t.observe({{"event", "checkpoint"}, {"step", 14}, {"reason", "periodic"}});
+  double after = unix_now();
+  e = scrape(t);
+  EXPECT_GE(e.value[name], before);
+  EXPECT_LE(e.value[name], after);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  before = unix_now();
+  t.on_checkpoint();
+  after = unix_now();
+  e = scrape(t);
+  EXPECT_GE(e.value[name], before);
+  EXPECT_LE(e.value[name], after);
+  EXPECT_DOUBLE_EQ(t.snapshot().last_checkpoint_unix_s, e.value[name]);
+}
+
 TEST(OpsHttp, HealthzFollowsTheHeartbeatAge) {
   trainer::Telemetry t(0.25);
   trainer::HttpServer server(t, "127.0.0.1", 0);

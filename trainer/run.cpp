@@ -424,7 +424,8 @@ bool TrainingRun::resume() {
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
                position_, controller_->micro_batch(), controller_->accum_steps());
   metrics_.event("resume", {{"step", step_}, {"path", ck->path}, {"epoch", epoch_}, {"position", position_},
-                            {"micro_batch", controller_->micro_batch()}});
+                            {"micro_batch", controller_->micro_batch()},
+                            {"checkpoint_created_unix", ck->manifest.value("created_unix", int64_t{0})}});
   return true;
 }
 

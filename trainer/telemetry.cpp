@@ -20,6 +20,11 @@ double seconds_between(Telemetry::Clock::time_point a, Telemetry::Clock::time_po
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Wall-clock seconds since 1970: what Prometheus's time() compares a *_timestamp_seconds gauge with.
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Prometheus label values escape backslash, double quote and newline.
 std::string escape_label(const std::string& v) {
   std::string out;
@@ -145,6 +150,7 @@ void Telemetry::observe(const nlohmann::json& r) {
     ++counters_.checkpoints;
     last_checkpoint_ = now;
     checkpointed_ = true;
+    counters_.last_checkpoint_unix_s = unix_now();
   } else if (kind == "eval") {
     ++counters_.evals;
     get_number(r, "loss", counters_.eval_loss);
@@ -155,6 +161,8 @@ void Telemetry::observe(const nlohmann::json& r) {
     get_number(r, "total_steps", step_.total_steps);
   } else if (kind == "resume") {
     get_number(r, "step", step_.step);
+    double created = 0;
+    if (get_number(r, "checkpoint_created_unix", created) && created > 0) counters_.last_checkpoint_unix_s = created;
   } else if (kind == "stop" || kind == "end" || kind == "oom_gave_up" || kind == "error") {
     counters_.stopping = true;
     counters_.phase = kind == "end" ? "done" : "stopping";
@@ -183,6 +191,7 @@ void Telemetry::on_checkpoint() {
   ++counters_.checkpoints;
   last_checkpoint_ = heartbeat_ = now;
   checkpointed_ = true;
+  counters_.last_checkpoint_unix_s = unix_now();
 }
 void Telemetry::on_eval(double loss, double top1) {
   const auto now = Clock::now();
@@ -364,6 +373,10 @@ std::string Telemetry::prometheus_text(const std::string& root) const {
            s.gpu_utilization);
   family(o, "trainer_seconds_since_checkpoint", "gauge",
          "Seconds since the last checkpoint (since the process started before the first).", s.seconds_since_checkpoint);
+  if (s.last_checkpoint_unix_s > 0)
+    family(o, "trainer_last_checkpoint_timestamp_seconds", "gauge",
+           "Unix time of the run's newest checkpoint: saved by this process, or the one it resumed from.",
+           s.last_checkpoint_unix_s);
   family(o, "trainer_heartbeat_age_seconds", "gauge", "Seconds since the loop's last heartbeat.", s.heartbeat_age_s);
   family(o, "trainer_heartbeat_timeout_seconds", "gauge", "/healthz fails when the heartbeat is older than this.",
          timeout);

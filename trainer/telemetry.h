@@ -67,6 +67,11 @@ struct TelemetrySnapshot {
   double uptime_s = 0;                   ///< since the Telemetry was created
   double heartbeat_age_s = 0;            ///< since the last heartbeat (each step, long phases)
   double seconds_since_checkpoint = 0;   ///< since the last checkpoint, or since creation before the first
+  /// Unix time (seconds) of the run's newest checkpoint: the last one this process saved, or, before
+  /// that, the one it resumed from (its manifest's created_unix); 0 = the run has none yet. Unlike
+  /// seconds_since_checkpoint it survives a restart, so a job that keeps restarting before its next
+  /// checkpoint shows its true age.
+  double last_checkpoint_unix_s = 0;
   double gpu_utilization = -1;           ///< percent, from the resource monitor; -1 = not known
 };
 
@@ -90,14 +95,15 @@ class Telemetry {
   /// gauges (and mem_peak_bytes / mem_limit_bytes); an event updates the counters: "oom" (+ its "kind":
   /// backoff / checkpointing_on count as a backoff, probe_failed as a failed probe), "probe", "backoff",
   /// "checkpointing_on", "probe_failed", "limit_changed", "checkpoint", "eval" (loss, top1), "nonfinite",
-  /// "stop" (stopping). Anything else is ignored. A heartbeat in every case. Never throws on a record
-  /// with missing or mistyped fields (they are skipped).
+  /// "resume" (step; checkpoint_created_unix, the resumed checkpoint's time), "stop" (stopping). Anything
+  /// else is ignored. A heartbeat in every case. Never throws on a record with missing or mistyped
+  /// fields (they are skipped).
   void observe(const nlohmann::json& record);
   void add_oom(int64_t n = 1);
   void add_backoff(int64_t n = 1);
   void add_probe(int64_t n = 1);
   void add_probe_failed(int64_t n = 1);
-  /// A checkpoint was saved now.
+  /// A checkpoint was saved now (also sets last_checkpoint_unix_s to the wall-clock time).
   void on_checkpoint();
   /// An evaluation finished (top1 is a fraction in [0, 1]).
   void on_eval(double loss, double top1);
