@@ -1,12 +1,9 @@
 #include "models/activation_checkpoint.h"
 
-// The autocast get/set calls differ between LibTorch 1.13 and 2.x; compat.h is the one place that
-// knows. It is a version shim with no trainer logic, so models/ may use it.
-#include "trainer/compat.h"
+// The autocast get/set calls differ between LibTorch 1.13 and 2.x; compat.h is the one place that knows.
+#include "common/compat.h"
+#include "common/rng.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -75,38 +72,7 @@ class ScopedAutocastState {
 
 // ---- RNG state --------------------------------------------------------------------------------------
 
-torch::Tensor get_rng_state(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_rng_state(at::Generator gen, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-// The generators a block on `device` draws from: always the CPU one (CPU dropout, and any CPU-side
-// sampling), plus the device's own for CUDA. Asking for a CUDA generator only when the input is on
-// CUDA keeps a CPU-only build free of CUDA calls.
-struct RngState {
-  torch::Tensor cpu;
-  torch::Tensor cuda;
-  c10::Device cuda_device{c10::DeviceType::CPU};
-
-  static RngState capture(const c10::Device& device) {
-    RngState s;
-    s.cpu = get_rng_state(at::detail::getDefaultCPUGenerator());
-    if (device.is_cuda()) {
-      s.cuda_device = device;
-      s.cuda = get_rng_state(at::globalContext().defaultGenerator(device));
-    }
-    return s;
-  }
-  void restore() const {
-    set_rng_state(at::detail::getDefaultCPUGenerator(), cpu);
-    if (cuda.defined()) set_rng_state(at::globalContext().defaultGenerator(cuda_device), cuda);
-  }
-};
+using RngState = trainer::GeneratorStates;  // the CPU generator, plus the input's CUDA device's
 
 // Runs the recomputation on the forward's random stream, then puts the caller's stream back: the
 // recomputation draws the same dropout masks and consumes nothing from the global generators.

@@ -1,6 +1,6 @@
 #include "models/attention.h"
 
-#include "trainer/compat.h"
+#include "common/compat.h"
 
 #include <cmath>
 #include <limits>

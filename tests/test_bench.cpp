@@ -14,10 +14,10 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
-#include "trainer/bench.h"
-#include "trainer/compat.h"
+#include "tools/bench.h"
+#include "common/compat.h"
 #include "trainer/config.h"
-#include "trainer/resources.h"
+#include "trainer/memory/resources.h"
 
 using nlohmann::json;
 using testutil::TempDir;

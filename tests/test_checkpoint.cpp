@@ -1,9 +1,9 @@
 // Tests of trainer/state_dict.h (against Python's PyTorch), trainer/checkpoint.h (against real crashes,
 // real write failures and hand-made corruption) and trainer/signals.h.
-#include "trainer/checkpoint.h"
-#include "trainer/compat.h"
-#include "trainer/signals.h"
-#include "trainer/state_dict.h"
+#include "trainer/checkpoint/store.h"
+#include "common/compat.h"
+#include "common/signals.h"
+#include "trainer/checkpoint/state_dict.h"
 
 #include "test_util.h"
 

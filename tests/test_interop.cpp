@@ -4,7 +4,7 @@
 
 #include "models/registry.h"
 #include "test_util.h"
-#include "trainer/state_dict.h"
+#include "trainer/checkpoint/state_dict.h"
 
 TEST(Interop, TorchvisionStateDictInAndOut) {
   testutil::TempDir dir;

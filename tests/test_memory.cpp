@@ -1,9 +1,9 @@
 // The memory layer under a real cap: the capped CPU allocator counts what LibTorch allocates and makes
 // real convolutions, backward passes and optimizer steps fail with c10::OutOfMemoryError; the cgroup,
 // CPU and control-file readers against fake files with hand-written values.
-#include "trainer/memory.h"
-#include "trainer/oom.h"
-#include "trainer/resources.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/oom.h"
+#include "trainer/memory/resources.h"
 
 #include "test_util.h"
 

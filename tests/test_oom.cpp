@@ -1,6 +1,6 @@
 // The micro-batch controller's rules, checked against hand-worked sequences and a simulated device with
 // a known capacity (sizes <= capacity fit). The real allocator under a real cap is in test_memory.cpp.
-#include "trainer/oom.h"
+#include "trainer/memory/oom.h"
 
 #include <gtest/gtest.h>
 

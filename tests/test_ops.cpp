@@ -22,12 +22,12 @@
 #include "models/registry.h"
 #include "test_util.h"
 #include "train_util.h"
-#include "trainer/compare.h"
-#include "trainer/http.h"
-#include "trainer/memory.h"
-#include "trainer/memory_report.h"
-#include "trainer/telemetry.h"
-#include "trainer/tensorboard.h"
+#include "tools/compare.h"
+#include "trainer/observe/http.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/report.h"
+#include "trainer/observe/telemetry.h"
+#include "trainer/observe/tensorboard.h"
 
 using nlohmann::json;
 using testutil::TempDir;

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "train_util.h"
-#include "trainer/memory.h"
+#include "trainer/memory/backend.h"
 #include "trainer/optim.h"
 
 using testutil::TempDir;

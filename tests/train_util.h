@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "test_util.h"
-#include "trainer/state_dict.h"
+#include "trainer/checkpoint/state_dict.h"
 
 namespace testutil {
 

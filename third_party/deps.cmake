@@ -59,7 +59,7 @@ target_include_directories(trainer_deps SYSTEM INTERFACE
   ${HDF5_C_INCLUDE_DIRS} ${CXXOPTS_INCLUDE_DIR} ${NLOHMANN_JSON_INCLUDE_DIR} ${YAML_CPP_INCLUDE_DIR})
 target_compile_options(trainer_deps INTERFACE ${TORCH_CXX_FLAGS})
 
-# cpp-httplib (the metrics endpoint, trainer/http.cpp). Debian splits it into a declarations-only header
+# cpp-httplib (the metrics endpoint, trainer/observe/http.cpp). Debian splits it into a declarations-only header
 # and a shared library built with OpenSSL, zlib and brotli; its pkg-config file carries the matching
 # CPPHTTPLIB_*_SUPPORT defines, which http.cpp must see or the header's classes (httplib::Request)
 # differ from the library's. They are set on that one file only. Elsewhere (the container) the
@@ -73,7 +73,7 @@ target_include_directories(trainer_deps SYSTEM INTERFACE ${HTTPLIB_INCLUDE_DIR})
 if(CPP_HTTPLIB_FOUND)
   target_link_directories(trainer_deps INTERFACE ${CPP_HTTPLIB_LIBRARY_DIRS})
   target_link_libraries(trainer_deps INTERFACE ${CPP_HTTPLIB_LIBRARIES})
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/http.cpp PROPERTIES
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/observe/http.cpp PROPERTIES
     COMPILE_OPTIONS "${CPP_HTTPLIB_CFLAGS_OTHER}")
 endif()
 
@@ -82,7 +82,7 @@ endif()
 # folder holding only spdlog's fmt goes on the include path before LibTorch's.
 find_package(fmt REQUIRED)
 get_target_property(_fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
-if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
+if(TRAINER_SELF_CONTAINED_TORCH AND EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
   find_path(TRAINER_FMT_INCLUDE_DIR fmt/format.h HINTS ${_fmt_includes} NO_CMAKE_PATH NO_CMAKE_ENVIRONMENT_PATH)
   set(_overlay "${PROJECT_BINARY_DIR}/fmt-overlay")
   file(MAKE_DIRECTORY "${_overlay}")

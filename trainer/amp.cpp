@@ -1,6 +1,6 @@
 #include "trainer/amp.h"
 
-#include "trainer/compat.h"
+#include "common/compat.h"
 
 #include <nlohmann/json.hpp>
 

@@ -17,7 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include "trainer/compat.h"
+#include "common/compat.h"
 
 namespace trainer {
 namespace {

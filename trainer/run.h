@@ -1,6 +1,14 @@
-// The state of one training run and its two halves: run.cpp sequences (setup, resume, the loop,
-// evaluation, checkpoints, logging); step.cpp holds the optimizer step (micro-batches, loss
-// normalization, OOM retries, the update). Internal to trainer/: users call train() (train.h).
+// The state of one training run. Its parts, each in a file named after it:
+//
+//   run.cpp        the loop: it only sequences (poll -> fetch -> step -> record -> evaluate -> agree on
+//                  save/stop), and how the run ends
+//   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
+//   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
+//   evaluate.cpp   evaluation on the test split, with its own OOM backoff
+//   resume.cpp     what a checkpoint holds (save_checkpoint) and reading it back (resume)
+//   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
+//
+// Internal to trainer/: users call train() (train.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -10,23 +18,24 @@
 #include <optional>
 #include <string>
 
+#include "common/log.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokens.h"
 #include "models/model.h"
 #include "trainer/amp.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/store.h"
 #include "trainer/config.h"
 #include "trainer/dist.h"
-#include "trainer/http.h"
-#include "trainer/memory_report.h"
-#include "trainer/telemetry.h"
-#include "trainer/tensorboard.h"
-#include "trainer/log.h"
-#include "trainer/memory.h"
-#include "trainer/oom.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/oom.h"
+#include "trainer/memory/report.h"
+#include "trainer/memory/resources.h"
+#include "trainer/observe/http.h"
+#include "trainer/observe/telemetry.h"
+#include "trainer/observe/tensorboard.h"
 #include "trainer/optim.h"
-#include "trainer/resources.h"
+#include "trainer/step.h"
 #include "trainer/train.h"
 
 namespace trainer {
@@ -51,30 +60,6 @@ struct StreamOf : BatchStream {
   std::unique_ptr<Loader> loader;
 };
 
-/// Thrown on every rank of a data-parallel job when another rank ran out of memory in the same
-/// micro-batch: this rank's attempt is abandoned too, and the step backs off everywhere alike.
-struct PeerOutOfMemory : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// Thrown when the OOM ladder has nothing left to try.
-struct OomGaveUp : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// What one optimizer step did, for the metrics line.
-struct StepResult {
-  double loss = 0;          ///< mean loss over the global batch
-  double grad_norm = 0;     ///< before clipping
-  bool updated = true;      ///< false: skipped (non-finite gradients)
-  int64_t micro_batch = 0;  ///< micro-batch the step completed with
-  int64_t accum_steps = 0;
-  int64_t oom_retries = 0;  ///< attempts that ran out of memory before it completed
-  double lr = 0;
-  int64_t mem_start_bytes = 0;  ///< tensor memory held when the step began (weights, optimizer state, batch)
-  int64_t grad_buckets_in_backward = 0;  ///< data parallel: gradient buckets sent while backward still ran
-};
-
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;
   int64_t samples = 0;
@@ -84,46 +69,57 @@ class TrainingRun {
  public:
   TrainingRun(const Config& cfg, const RunOptions& opts);
   ~TrainingRun();
+  /// Trains to the end (or a stop) and returns the process exit code (common/signals.h).
   int run();
 
  private:
-  // run.cpp
+  // setup.cpp
   void setup();
-  void build_model();
-  bool resume();
-  void apply_activation_checkpointing();
   void setup_distributed();
-  void poll_limits();
+  void setup_run_folder();
+  void setup_observers();
+  void setup_memory();
+  void setup_data();
+  void setup_model();
+  void setup_step();
+
+  // run.cpp
+  void start(bool resumed);
+  data::Batch fetch();
+  void record(const StepResult& r, const data::Batch& batch, double step_time);
+  void maybe_evaluate();
+  std::optional<int> agree_on_save_and_stop();
+  int give_up(const OomGaveUp& e);
+  int finish();
+
+  // limits.cpp
+  void poll();  // the memory limit every step, the threads every 50 steps
+  void poll_memory_limit();
   void agree_on_limit();
   void poll_threads();
+
+  // evaluate.cpp
   EvalResult evaluate();
+
+  // resume.cpp
+  bool resume();
   void save_checkpoint(const std::string& reason, bool wait);
-  void log_step(const StepResult& r, double step_time);
-  void log_controller_events();
-  MicroBatchOptions controller_options() const;
   nlohmann::json state_json() const;
 
-  // step.cpp
-  StepResult train_step(const data::Batch& batch);
-  void attempt_step(const data::Batch& batch, double lr, StepResult& r);
-  void drop_failed_attempt();
-  int64_t find_auto_micro_batch(const data::Batch& batch);
-  torch::Tensor micro_batch_loss(const torch::Tensor& images, const torch::Tensor& labels, double normalizer);
+  int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
+  bool main_rank() const { return env_.rank == 0; }
+  bool has_eval() const { return tokens_ ? test_tokens_ != nullptr : test_images_ != nullptr; }
 
   Config cfg_;
   RunOptions opts_;
   torch::Device device_{torch::kCPU};
-  at::ScalarType amp_dtype_ = at::kBFloat16;
+  ForwardOptions forward_;  // device, channels_last, autocast: training and evaluation alike
 
   // Data parallel (null in a single process). The rank-0 process writes the run folder's shared files.
   DistEnv env_;
   std::unique_ptr<Distributed> dist_;
   std::unique_ptr<GradientSync> grad_sync_;
-  bool main_rank() const { return env_.rank == 0; }
-  int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
   std::string rank_dir_;  // where this rank's own files go: the run folder (rank 0) or <run>/rank<r>
-
-  bool has_eval() const { return tokens_ ? test_tokens_ != nullptr : test_images_ != nullptr; }
 
   bool tokens_ = false;  // a language model on a token stream (else image classification)
   std::shared_ptr<data::ImageDataset> train_images_, test_images_;
@@ -135,7 +131,7 @@ class TrainingRun {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MemoryBackend> memory_;
-  std::unique_ptr<MicroBatchController> controller_;
+  std::unique_ptr<Step> step_runner_;
   std::unique_ptr<ControlFile> control_;
   std::unique_ptr<CheckpointStore> store_;
   MetricsLog metrics_;
@@ -153,11 +149,11 @@ class TrainingRun {
   int64_t epoch_ = 0, position_ = 0;  // where the next global batch starts
   int64_t nonfinite_in_a_row_ = 0;
   int64_t limit_bytes_ = 0;           // memory cap in force in this process (0 = none)
-  int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the controller sees
+  int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the ladder sees
   std::string limit_spec_;            // as configured or set through control.yaml
   int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
   int64_t eval_micro_batch_ = 0;
-  std::optional<EvalResult> last_eval_;
+  bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
   double data_wait_s_ = 0;            // time the last step waited for its batch

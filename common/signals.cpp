@@ -1,4 +1,4 @@
-#include "trainer/signals.h"
+#include "common/signals.h"
 
 #include <atomic>
 #include <cstring>

@@ -29,11 +29,17 @@
 #include <mutex>
 #include <string>
 
-#include "trainer/memory.h"
+#include "trainer/memory/backend.h"
 
 namespace trainer {
 
-class Telemetry;
+/// Where a written report goes besides its file: the telemetry (trainer/observe/telemetry.h), whose
+/// GET /memory returns the last one. An interface here, so that memory/ does not depend on observe/.
+class MemoryReportSink {
+ public:
+  virtual ~MemoryReportSink() = default;
+  virtual void set_memory_report(const std::string& json_text) = 0;
+};
 
 /// Device memory statistics for a report. Sizes in bytes; -1 = the backend cannot tell.
 struct MemoryStats {
@@ -69,9 +75,8 @@ struct MemoryReport {
 /// Collects phase peaks and OOM counts during the run and writes reports. Thread-safe.
 class MemoryReporter {
  public:
-  /// Reports go into `run_dir`. With `telemetry`, each report's JSON also becomes what GET /memory
-  /// returns. `keep_steps` (>= 1): how many recent steps' phase peaks a report lists.
-  explicit MemoryReporter(std::string run_dir, Telemetry* telemetry = nullptr, int keep_steps = 8);
+  /// Reports go into `run_dir`. With `sink`, each report's JSON also goes there (GET /memory). `keep_steps` (>= 1): how many recent steps' phase peaks a report lists.
+  explicit MemoryReporter(std::string run_dir, MemoryReportSink* sink = nullptr, int keep_steps = 8);
 
   /// Starts a new phase_peaks entry: an attempt at optimizer step `step` with micro-batches of
   /// `micro_batch` samples. Each OOM retry of a step is an attempt of its own, so a report shows the
@@ -111,7 +116,7 @@ class MemoryReporter {
 
  private:
   std::string run_dir_;
-  Telemetry* telemetry_;
+  MemoryReportSink* sink_;
   size_t keep_steps_;
   struct Attempt {
     int64_t step = 0;

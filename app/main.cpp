@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <iostream>
 
-#include "trainer/cli.h"
-#include "trainer/signals.h"
+#include "app/cli.h"
+#include "common/signals.h"
 
 int main(int argc, char** argv) {
   try {

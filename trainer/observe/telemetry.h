@@ -16,6 +16,8 @@
 #include <mutex>
 #include <string>
 
+#include "trainer/memory/report.h"
+
 namespace trainer {
 
 class MemoryBackend;
@@ -76,7 +78,7 @@ struct TelemetrySnapshot {
 };
 
 /// The run's live state. Thread-safe: the loop writes, the HTTP threads read.
-class Telemetry {
+class Telemetry : public MemoryReportSink {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -126,7 +128,7 @@ class Telemetry {
   /// True once if a report was requested since the last call (the loop polls it with SIGUSR2's flag).
   bool take_memory_report_request();
   /// The latest report (JSON text) the loop wrote, for GET /memory; "" before the first.
-  void set_memory_report(const std::string& json_text);
+  void set_memory_report(const std::string& json_text) override;
   std::string memory_report() const;
 
   // ---- reads (any thread) -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-#include "trainer/memory_report.h"
+#include "trainer/memory/report.h"
 
 #include <spdlog/fmt/fmt.h>
 
@@ -9,9 +9,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "trainer/checkpoint.h"
-#include "trainer/memory.h"
-#include "trainer/telemetry.h"
+#include "common/clock.h"
+#include "trainer/memory/backend.h"
 
 #ifdef TRAINER_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -100,8 +99,8 @@ MemoryStats collect_memory_stats(const MemoryBackend& backend) {
   return m;
 }
 
-MemoryReporter::MemoryReporter(std::string run_dir, Telemetry* telemetry, int keep_steps)
-    : run_dir_(std::move(run_dir)), telemetry_(telemetry), keep_steps_(static_cast<size_t>(keep_steps)) {
+MemoryReporter::MemoryReporter(std::string run_dir, MemoryReportSink* sink, int keep_steps)
+    : run_dir_(std::move(run_dir)), sink_(sink), keep_steps_(static_cast<size_t>(keep_steps)) {
   if (keep_steps < 1)
     throw std::invalid_argument("memory report: keep_steps must be >= 1, got " + std::to_string(keep_steps));
 }
@@ -156,8 +155,7 @@ nlohmann::json MemoryReporter::build(int64_t step, const MemoryBackend& backend,
   j["step"] = step;
   j["reason"] = reason;
   j["time"] = utc_now_iso();
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  j["time_unix_s"] = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(now).count()) / 1e6;
+  j["time_unix_s"] = unix_now();
   j["device"] = m.device;
   j["allocated_bytes"] = m.allocated;
   j["reserved_bytes"] = m.reserved;
@@ -198,7 +196,7 @@ MemoryReport MemoryReporter::write(int64_t step, const MemoryBackend& backend, c
   r.text = format(r.json);
   fs::path path = fs::path(run_dir_) / fmt::format("memory_report_{}.json", step);
   for (int n = 2; fs::exists(path); ++n) path = fs::path(run_dir_) / fmt::format("memory_report_{}_{}.json", step, n);
-  if (telemetry_) telemetry_->set_memory_report(r.json.dump(2));
+  if (sink_) sink_->set_memory_report(r.json.dump(2));
   // A reader (a person, a log shipper) never sees half a file: write aside, then rename over.
   const fs::path tmp = path.string() + ".tmp";
   {

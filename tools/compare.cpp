@@ -1,4 +1,4 @@
-#include "trainer/compare.h"
+#include "tools/compare.h"
 
 #include <spdlog/fmt/fmt.h>
 #include <yaml-cpp/yaml.h>
@@ -14,7 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "trainer/memory.h"
+#include "trainer/memory/backend.h"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-#include "trainer/http.h"
+#include "trainer/observe/http.h"
 
 // Only this file includes cpp-httplib (see third_party/deps.cmake for the defines Debian's build needs).
 #include <httplib.h>
@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "trainer/telemetry.h"
+#include "trainer/observe/telemetry.h"
 
 namespace trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/state_dict.h"
+#include "trainer/checkpoint/state_dict.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>

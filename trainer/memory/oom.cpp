@@ -1,4 +1,4 @@
-#include "trainer/oom.h"
+#include "trainer/memory/oom.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "trainer/bench.h"
+#include "tools/bench.h"
 
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
@@ -37,12 +37,14 @@
 #include "data/loader.h"
 #include "data/tokens.h"
 #include "models/registry.h"
-#include "trainer/checkpoint.h"
-#include "trainer/compat.h"
-#include "trainer/log.h"
-#include "trainer/memory.h"
-#include "trainer/resources.h"
-#include "trainer/signals.h"
+#include "common/clock.h"
+#include "common/compat.h"
+#include "common/log.h"
+#include "trainer/checkpoint/store.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/resources.h"
+#include "common/signals.h"
+#include "trainer/from_config.h"
 #include "trainer/train.h"
 
 namespace fs = std::filesystem;
@@ -131,11 +133,6 @@ class MetricsWatcher {
     pending_.erase(0, start);
   }
 
-  static double unix_now() {
-    const auto d = std::chrono::system_clock::now().time_since_epoch();
-    return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(d).count()) / 1e6;
-  }
-
   std::string path_;
   Clock::time_point t0_;
   LineCallback on_line_;
@@ -208,31 +205,16 @@ int64_t rss_peak_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
-std::string resolve_device(const std::string& spec) {
-  torch::Device d = spec == "auto" ? (torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU))
-                                   : torch::Device(spec);
+// The device a job runs on, as a name with its index ("cuda:0", "cpu").
+std::string device_name(const Config& cfg) {
+  torch::Device d = resolve_device(cfg.train.device);
   if (d.is_cuda() && !d.has_index()) d = torch::Device(torch::kCUDA, 0);
   return d.str();
 }
 
 std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }
 
-// (C, H, W) for images, (T) for a token stream: what models::ModelImpl::forward_flops takes.
-std::vector<int64_t> sample_shape_of(const Config& cfg) {
-  if (cfg.data.kind == "tokens") return {cfg.model.context};
-  if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
-  auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
-  return {s[0], s[1], s[2]};
-}
-
-// The vocabulary a token job's model is built with (trainer/run.cpp takes the training file's).
-int64_t vocab_size_of(const Config& cfg) {
-  return data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
-}
-
-int threads_of(const Config& cfg) {
-  return cfg.train.threads > 0 ? static_cast<int>(cfg.train.threads) : usable_cpus();
-}
+int threads_of(const Config& cfg) { return cpu_threads(cfg, /*local_world_size=*/1); }
 
 void check_counts(const BenchOptions& opts) {
   if (opts.warmup < 0)
@@ -245,7 +227,7 @@ json describe_run(const Config& cfg, const BenchOptions& opts) {
   j["schema"] = kBenchSchema;
   j["implementation"] = "trainer";
   j["model"] = cfg.model.name;
-  j["sample_shape"] = sample_shape_of(cfg);
+  j["sample_shape"] = sample_shape(cfg);
   j["global_batch"] = cfg.train.global_batch;
   j["config_file"] = opts.config_path;
   j["overrides"] = opts.overrides;
@@ -422,7 +404,7 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   RunOptions ro;
   ro.run_dir = run_dir.string();
   ro.no_resume = true;
-  const json env = bench_environment(resolve_device(cfg.train.device));
+  const json env = bench_environment(device_name(cfg));
   int rc;
   std::map<int64_t, double> stamps;
   std::string wall_source;
@@ -456,19 +438,12 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   // its model private).
   auto s = j["sample_shape"].get<std::vector<int64_t>>();
   const bool tokens = cfg.data.kind == "tokens";
-  auto mo = models::ModelOptions()
-                .num_classes(cfg.model.num_classes)
-                .zero_init_residual(cfg.model.zero_init_residual)
-                .context(cfg.model.context)
-                .dropout(cfg.model.dropout);
-  if (tokens) mo.vocab_size(vocab_size_of(cfg));
-  else mo.in_channels(s[0]);
-  auto model = models::create_model(cfg.model.name, mo);
-  const double fwd = model->forward_flops(s);
+  const int64_t vocab = tokens ? vocab_size(cfg) : 0;
+  const double fwd = build_model(cfg, s, vocab)->forward_flops(s);
   if (tokens) {
     // A sample is a sequence of T tokens; metrics.jsonl's tokens_per_s is samples/s x T as well.
     j["context"] = cfg.model.context;
-    j["vocab_size"] = mo.vocab_size();
+    j["vocab_size"] = vocab;
     j["tokens_per_s_median"] = j["samples_per_s_median"].get<double>() * static_cast<double>(cfg.model.context);
     j["tokens_per_s_aggregate"] = j["samples_per_s_aggregate"].get<double>() * static_cast<double>(cfg.model.context);
   }
@@ -501,7 +476,7 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
   check_counts(opts);
   Config cfg = cfg_in;
   validate(cfg);
-  const std::string device = resolve_device(cfg.train.device);
+  const std::string device = device_name(cfg);
   const int threads = threads_of(cfg);
   apply_cpu_threads(threads);
   // On the CPU the training loop's batches come from the capped allocator; measure with it too.
@@ -684,7 +659,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
     throw std::runtime_error("bench --oom: " + root.string() + " is not empty; give --run-dir a new folder");
   }
   fs::create_directories(root);
-  const json env = bench_environment(resolve_device(cfg.train.device));
+  const json env = bench_environment(device_name(cfg));
   const auto t_start = Clock::now();
   const std::string quiet = "log.level=error";  // the many short runs would bury the output in OOM reports
   const std::string no_growth = "memory.grow_after=1000000";
@@ -955,7 +930,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   j["mode"] = "oom";
   j["implementation"] = "trainer";
   j["model"] = cfg.model.name;
-  const auto shape = sample_shape_of(cfg);
+  const auto shape = sample_shape(cfg);
   j["sample_shape"] = {shape[0], shape[1], shape[2]};
   j["global_batch"] = G;
   j["calibration_peak_bytes"] = {{num(G), peak[G]}, {num(h1), peak[h1]}, {num(h2), peak[h2]}};

@@ -1,7 +1,7 @@
-#include "trainer/memory.h"
+#include "trainer/memory/backend.h"
 
-#include "trainer/compat.h"
-#include "trainer/resources.h"
+#include "common/compat.h"
+#include "trainer/memory/resources.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,7 @@
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/store.h"
 
-#include "trainer/compat.h"
+#include "common/clock.h"
+#include "common/compat.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -278,15 +279,6 @@ std::optional<std::string> read_latest(const fs::path& dir, std::string& problem
 }
 
 }  // namespace
-
-std::string utc_now_iso() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 const std::string& LoadedCheckpoint::file(const std::string& name) const {
   auto it = files.find(name);

@@ -1,4 +1,4 @@
-#include "trainer/cli.h"
+#include "app/cli.h"
 
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
@@ -12,12 +12,13 @@
 #include "data/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
-#include "trainer/bench.h"
-#include "trainer/compare.h"
-#include "trainer/compat.h"
+#include "tools/bench.h"
+#include "tools/compare.h"
+#include "common/compat.h"
 #include "trainer/config.h"
-#include "trainer/signals.h"
-#include "trainer/state_dict.h"
+#include "trainer/from_config.h"
+#include "common/signals.h"
+#include "trainer/checkpoint/state_dict.h"
 #include "trainer/train.h"
 
 namespace fs = std::filesystem;
@@ -78,25 +79,8 @@ int export_main(int argc, char** argv) {
 }
 
 void dry_run(const Config& cfg) {
-  std::vector<int64_t> shape = cfg.data.shape;
-  int64_t in_channels = shape[0];
-  int64_t vocab = 256;
-  if (cfg.data.kind == "tokens") {
-    vocab = data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
-    shape = {cfg.model.context};
-  } else if (cfg.data.kind == "hdf5") {
-    data::ImageH5Dataset ds(cfg.data.train, /*in_memory=*/false);
-    auto s = ds.sample_shape();
-    shape = {s[0], s[1], s[2]};
-    in_channels = s[0];
-  }
-  auto model = models::create_model(cfg.model.name, models::ModelOptions()
-                                                       .num_classes(cfg.model.num_classes)
-                                                       .in_channels(in_channels)
-                                                       .zero_init_residual(cfg.model.zero_init_residual)
-                                                       .context(cfg.model.context)
-                                                       .dropout(cfg.model.dropout)
-                                                       .vocab_size(vocab));
+  const auto shape = sample_shape(cfg);
+  auto model = build_model(cfg, shape, cfg.data.kind == "tokens" ? vocab_size(cfg) : 0);
   std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
   std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
 }

@@ -1,4 +1,4 @@
-#include "trainer/telemetry.h"
+#include "trainer/observe/telemetry.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -10,19 +10,15 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "trainer/memory.h"
-#include "trainer/resources.h"
+#include "common/clock.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/resources.h"
 
 namespace trainer {
 namespace {
 
 double seconds_between(Telemetry::Clock::time_point a, Telemetry::Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Wall-clock seconds since 1970: what Prometheus's time() compares a *_timestamp_seconds gauge with.
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Prometheus label values escape backslash, double quote and newline.

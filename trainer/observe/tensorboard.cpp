@@ -1,4 +1,4 @@
-#include "trainer/tensorboard.h"
+#include "trainer/observe/tensorboard.h"
 
 #include <unistd.h>
 

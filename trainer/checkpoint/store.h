@@ -28,10 +28,6 @@
 
 namespace trainer {
 
-/// The current time in UTC, ISO 8601 to the second ("2026-11-22T03:35:28Z"): a manifest's "created",
-/// and the time stamp of bench results and memory reports.
-std::string utc_now_iso();
-
 /// The files of one checkpoint: file name (no '/', not starting with '.', not "manifest.json") -> bytes.
 using CheckpointFiles = std::map<std::string, std::string>;
 

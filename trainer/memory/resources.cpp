@@ -1,6 +1,6 @@
-#include "trainer/resources.h"
+#include "trainer/memory/resources.h"
 
-#include "trainer/memory.h"
+#include "trainer/memory/backend.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

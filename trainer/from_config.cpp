@@ -1,0 +1,93 @@
+#include "trainer/from_config.h"
+
+#include "data/image_h5.h"
+#include "data/tokens.h"
+#include "models/registry.h"
+#include "trainer/memory/resources.h"
+
+namespace trainer {
+
+torch::Device resolve_device(const std::string& spec, std::optional<int64_t> local_rank) {
+  if (spec == "auto") {
+    if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+    return local_rank ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(*local_rank))
+                      : torch::Device(torch::kCUDA);
+  }
+  std::optional<torch::Device> d;
+  try {
+    d.emplace(spec);
+  } catch (const std::exception&) {
+    throw ConfigError("train.device: '" + spec + "' is not a device (auto, cpu, cuda or cuda:N)");
+  }
+  if (!d->is_cpu() && !d->is_cuda())
+    throw ConfigError("train.device: '" + spec + "': only cpu and cuda devices are supported");
+  if (d->is_cuda()) {
+    if (!torch::cuda::is_available())
+      throw ConfigError("train.device: '" + spec + "' asked for, but this LibTorch build or machine has no CUDA device");
+    if (!d->has_index() && local_rank) d = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(*local_rank));
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (d->has_index() && d->index() >= count)
+      throw ConfigError("train.device: '" + d->str() + "', but this machine has " + std::to_string(count) +
+                        " CUDA device(s)");
+  }
+  return *d;
+}
+
+std::vector<int64_t> sample_shape(const Config& cfg) {
+  if (cfg.data.kind == "tokens") return {cfg.model.context};
+  if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
+  auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
+  return {s[0], s[1], s[2]};
+}
+
+int64_t vocab_size(const Config& cfg) { return data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size(); }
+
+models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab) {
+  auto mo = models::ModelOptions()
+                .num_classes(cfg.model.num_classes)
+                .zero_init_residual(cfg.model.zero_init_residual)
+                .context(cfg.model.context)
+                .dropout(cfg.model.dropout);
+  if (cfg.data.kind == "tokens") mo.vocab_size(vocab);
+  else mo.in_channels(shape.at(0));
+  return models::create_model(cfg.model.name, mo);
+}
+
+int cpu_threads(const Config& cfg, int64_t local_world_size) {
+  if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
+  return std::max<int>(1, usable_cpus() / static_cast<int>(std::max<int64_t>(1, local_world_size)));
+}
+
+MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch) {
+  MicroBatchOptions co;
+  co.global_batch = rank_batch;
+  co.micro_batch = cfg.train.micro_batch > 0 ? std::min(cfg.train.micro_batch, rank_batch) : rank_batch;
+  co.min_micro_batch = std::min(cfg.memory.min_micro_batch, rank_batch);
+  co.checkpointing = cfg.memory.activation_checkpointing == "all";
+  co.allow_checkpointing = cfg.memory.ladder_checkpointing;
+  co.grow_after = cfg.memory.grow_after;
+  co.headroom = cfg.memory.headroom;
+  return co;
+}
+
+MicroBatchController make_controller(const MicroBatchOptions& options, int64_t limit) {
+  MicroBatchController c(options);
+  c.on_limit_changed(limit);
+  c.take_events();
+  return c;
+}
+
+StepOptions step_options(const Config& cfg, const torch::Device& device) {
+  StepOptions o;
+  o.forward.device = device;
+  o.forward.channels_last = cfg.model.channels_last;
+  o.forward.amp = cfg.amp.enabled;
+  o.forward.amp_dtype = cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+  o.label_smoothing = cfg.train.label_smoothing;
+  o.grad_clip = cfg.optim.grad_clip;
+  o.activation_checkpointing = cfg.memory.activation_checkpointing;
+  o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
+  return o;
+}
+
+}  // namespace trainer

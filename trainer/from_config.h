@@ -1,0 +1,48 @@
+// What the config builds, written once for every command that builds it (the run, `--dry-run`,
+// `trainer bench`): the device, the model and its sample shape, the host threads, the micro-batch
+// ladder, the step's options.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "models/model.h"
+#include "trainer/config.h"
+#include "trainer/memory/oom.h"
+#include "trainer/step.h"
+
+namespace trainer {
+
+/// train.device: auto (CUDA when this build and machine have it, else the CPU) | cpu | cuda | cuda:N.
+/// In a multi-process job (`local_rank` given), plain "cuda" means this process's GPU, cuda:<local rank>.
+/// Throws ConfigError naming the key for a malformed string or a CUDA device that is not there.
+torch::Device resolve_device(const std::string& spec, std::optional<int64_t> local_rank = std::nullopt);
+
+/// One sample's shape: (C, H, W) for images, (T) for tokens; what the model is built for and
+/// forward_flops takes. data.kind hdf5 reads the training file's header.
+std::vector<int64_t> sample_shape(const Config& cfg);
+
+/// The vocabulary of a token job's model: the training file's.
+int64_t vocab_size(const Config& cfg);
+
+/// cfg.model for samples of `shape` ((C, H, W) or (T)) and, for language models, `vocab` tokens.
+models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab);
+
+/// Host threads: train.threads, else the CPUs this process may use shared by the `local_world_size`
+/// processes of its node (at least 1).
+int cpu_threads(const Config& cfg, int64_t local_world_size);
+
+/// The ladder's options for a rank's slice of `rank_batch` samples per step.
+MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch);
+
+/// A ladder that starts with `options` under the cap `limit` (0 = none). Setting the first limit is
+/// not an event.
+MicroBatchController make_controller(const MicroBatchOptions& options, int64_t limit);
+
+/// The step's options on `device`.
+StepOptions step_options(const Config& cfg, const torch::Device& device);
+
+}  // namespace trainer

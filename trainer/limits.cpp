@@ -1,0 +1,68 @@
+// What the run re-reads between steps: the memory cap (control.yaml, the container's limit under
+// `memory.limit: auto`) and the CPUs it may use.
+#include <spdlog/spdlog.h>
+
+#include "trainer/from_config.h"
+#include "trainer/run.h"
+
+namespace trainer {
+
+void TrainingRun::poll() {
+  poll_memory_limit();
+  if (step_ % 50 == 0) poll_threads();
+}
+
+void TrainingRun::poll_memory_limit() {
+  // control.yaml is how an operator (or a container resize hook) changes the cap of a running job.
+  ControlPoll poll = control_->poll();
+  if (!poll.warning.empty()) spdlog::warn("{}", poll.warning);
+  bool changed = false;
+  if (poll.update && poll.update->memory_limit && *poll.update->memory_limit != limit_spec_) {
+    spdlog::info("control.yaml: memory.limit {} -> {}", limit_spec_, *poll.update->memory_limit);
+    limit_spec_ = *poll.update->memory_limit;
+    changed = true;
+  }
+  // With `auto` on the CPU, the container's limit is re-read: a `docker update --memory` or a Kubernetes
+  // in-place resize reaches the trainer this way. (The resolved cap also depends on the process's
+  // non-tensor memory, so it is recomputed only when the cgroup limit itself moves.)
+  if (limit_spec_ == "auto" && !device_.is_cuda()) {
+    int64_t cg = read_cgroup_memory().limit_bytes;
+    if (cg != cgroup_limit_) {
+      cgroup_limit_ = cg;
+      changed = true;
+    }
+  }
+  if (changed) {
+    int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+    if (limit != limit_bytes_) {
+      spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
+                   limit ? format_bytes(limit) : "none", limit_spec_);
+      limit_bytes_ = limit;
+      memory_->set_limit(limit);
+    }
+  }
+  // Every step, on every rank (a collective in a data-parallel job): one rank's resize moves all.
+  const int64_t before = agreed_limit_;
+  agree_on_limit();
+  if (agreed_limit_ != before) step_runner_->on_limit_changed(agreed_limit_, step_);
+}
+
+void TrainingRun::agree_on_limit() {
+  // Every rank's ladder must take the same decisions, so it sees the same inputs: the lowest cap of all
+  // ranks (each rank's allocator still enforces its own).
+  agreed_limit_ = limit_bytes_;
+  if (!dist_) return;
+  auto a = dist_->all_max({limit_bytes_ > 0 ? -static_cast<double>(limit_bytes_) : -1e300}, "the memory limit agreement");
+  agreed_limit_ = a[0] <= -1e299 ? 0 : static_cast<int64_t>(-a[0]);
+}
+
+void TrainingRun::poll_threads() {
+  // The same rule as at setup: the processes of one node share its CPUs.
+  const int threads = cpu_threads(cfg_, env_.local_world_size);
+  if (threads != at::get_num_threads()) {
+    spdlog::info("cpu: {} -> {} threads (affinity / quota changed)", at::get_num_threads(), threads);
+    apply_cpu_threads(threads);
+  }
+}
+
+}  // namespace trainer

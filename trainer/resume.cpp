@@ -1,0 +1,188 @@
+// What a checkpoint holds and how a run comes back from one:
+//
+//   model.pt      the weights, a state dict Python's torch.load reads (trainer/checkpoint/state_dict.h)
+//   optimizer.pt  the optimizer's state tensors
+//   rng.pt        every rank's generators: "cpu"/"cuda" for rank 0, "cpu.rank<r>"/"cuda.rank<r>" others
+//   state.json    the loop's position (step, epoch, position in samples), the ladder, the GradScaler
+//   config.yaml   the resolved config, to refuse a resume into a different experiment
+//
+// The store (trainer/checkpoint/store.h) writes them atomically; this file decides what goes in.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/clock.h"
+#include "trainer/checkpoint/state_dict.h"
+#include "trainer/from_config.h"
+#include "trainer/run.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+nlohmann::json TrainingRun::state_json() const {
+  nlohmann::json j;
+  j["step"] = step_;
+  j["epoch"] = epoch_;
+  j["position"] = position_;
+  j["samples_seen"] = samples_seen_;
+  j["seed"] = cfg_.seed;
+  j["global_batch"] = cfg_.train.global_batch;
+  j["micro_batch_config"] = cfg_.train.micro_batch;
+  j["controller"] = step_runner_->controller().to_json();
+  j["scaler"] = scaler_->state();
+  j["nonfinite_in_a_row"] = nonfinite_in_a_row_;
+  j["eval_micro_batch"] = eval_micro_batch_;
+  j["limit_spec"] = limit_spec_;
+  j["world_size"] = env_.world_size;
+  return j;
+}
+
+void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
+  auto t0 = std::chrono::steady_clock::now();
+  // Model and optimizer are replicated; the RNG is each rank's own, so rank 0 gathers them all and
+  // writes the one checkpoint (every rank calls this at the same step: the gather is a collective).
+  NamedTensors rng;
+  const GeneratorStates generators = GeneratorStates::capture(device_);
+  if (dist_) {
+    auto cpus = dist_->all_gather(generators.cpu, "the RNG gather for a checkpoint");
+    auto cudas = device_.is_cuda() ? dist_->all_gather(generators.cuda, "the RNG gather for a checkpoint")
+                                   : std::vector<torch::Tensor>{};
+    for (int64_t r = 0; r < env_.world_size; ++r) {
+      const std::string suffix = r == 0 ? "" : ".rank" + std::to_string(r);
+      rng.emplace_back("cpu" + suffix, cpus[r].to(torch::kByte));
+      if (!cudas.empty()) rng.emplace_back("cuda" + suffix, cudas[r].to(torch::kByte));
+    }
+    if (!main_rank()) {
+      last_ckpt_time_ = std::chrono::steady_clock::now();
+      return;
+    }
+  } else {
+    rng.emplace_back("cpu", generators.cpu);
+    if (generators.cuda.defined()) rng.emplace_back("cuda", generators.cuda);
+  }
+  CheckpointFiles files;
+  files["model.pt"] = state_dict_bytes(*model_);
+  files["optimizer.pt"] = tensors_to_bytes(optimizer_->state());
+  files["rng.pt"] = tensors_to_bytes(rng);
+  files["state.json"] = state_json().dump(2);
+  files["config.yaml"] = to_yaml(cfg_);
+  nlohmann::json extra = {{"reason", reason}, {"device", device_.str()}};
+  if (cfg_.checkpoint.async && !wait) store_->save_async(step_, std::move(files), extra);
+  else store_->save(step_, std::move(files), extra);
+  last_ckpt_time_ = std::chrono::steady_clock::now();
+  double secs = seconds_since(t0);
+  spdlog::info("checkpoint: step {} ({}), {} in {:.2f}s{}", step_, reason, wait || !cfg_.checkpoint.async ? "written" : "serialized",
+               secs, wait || !cfg_.checkpoint.async ? "" : ", writing in the background");
+  metrics_.event("checkpoint", {{"step", step_}, {"reason", reason}, {"seconds", secs}});
+}
+
+bool TrainingRun::resume() {
+  std::optional<LoadedCheckpoint> ck;
+  if (!opts_.resume_from.empty()) {
+    ck = CheckpointStore::load(opts_.resume_from);
+  } else if (opts_.no_resume) {
+    return false;  // setup() made sure the folder was empty
+  } else {
+    ck = store_->load_latest();
+    for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
+  }
+  if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
+    throw std::runtime_error("resume: some ranks found a checkpoint in " + opts_.run_dir + " and some did not; every rank "
+                             "must see the same run folder (shared storage)");
+  if (!ck) return false;
+
+  // A resize may change memory settings, micro-batch or step count; a different model or data would
+  // make a different experiment.
+  Config saved;
+  apply_yaml_text(saved, ck->files.at("config.yaml"), ck->path + "/config.yaml");
+  auto same = [&](const std::string& key, const auto& a, const auto& b) {
+    if (!(a == b))
+      throw std::runtime_error("resume from " + ck->path + " refused: " + key +
+                               " differs from the checkpoint's; start a new run folder for a different experiment");
+  };
+  same("model.name", cfg_.model.name, saved.model.name);
+  same("model.num_classes", cfg_.model.num_classes, saved.model.num_classes);
+  same("data.kind", cfg_.data.kind, saved.data.kind);
+  same("data.train", cfg_.data.train, saved.data.train);
+  same("data.shape", cfg_.data.shape, saved.data.shape);
+  same("data.crop_padding", cfg_.data.crop_padding, saved.data.crop_padding);
+  same("data.hflip", cfg_.data.hflip, saved.data.hflip);
+  same("data.normalize", cfg_.data.normalize, saved.data.normalize);
+  same("train.global_batch", cfg_.train.global_batch, saved.train.global_batch);
+  same("seed", cfg_.seed, saved.seed);
+
+  load_state_dict_bytes(*model_, ck->files.at("model.pt"), /*strict=*/true);
+  std::map<std::string, torch::Tensor> opt_state;
+  for (auto& [k, v] : tensors_from_bytes(ck->files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
+  optimizer_->load_state(opt_state);
+  // Each rank's RNG: "cpu"/"cuda" are rank 0's, "cpu.rank<r>"/"cuda.rank<r>" the others'. A rank the
+  // checkpoint has no state for (the job grew) keeps the stream it was seeded with.
+  const std::string suffix = env_.rank == 0 ? "" : ".rank" + std::to_string(env_.rank);
+  for (auto& [k, v] : tensors_from_bytes(ck->files.at("rng.pt"))) {
+    // at::Generator is a handle: a copy sets the state of the process-wide generator.
+    if (k == "cpu" + suffix) set_generator_state(at::detail::getDefaultCPUGenerator(), v);
+    else if (k == "cuda" + suffix && device_.is_cuda())
+      set_generator_state(at::globalContext().defaultGenerator(device_), v);
+  }
+  auto st = nlohmann::json::parse(ck->files.at("state.json"));
+  step_ = st.at("step");
+  epoch_ = st.at("epoch");
+  position_ = st.at("position");
+  samples_seen_ = st.at("samples_seen");
+  nonfinite_in_a_row_ = st.value("nonfinite_in_a_row", 0);
+  scaler_->load_state(st.at("scaler").get<GradScalerState>());
+  // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
+  // With another number of ranks the per-rank batch differs: the learned size is kept where it still
+  // fits in the new slice, and the ladder's other state starts afresh.
+  if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch) {
+    auto learned = MicroBatchController::from_json(st.at("controller"));
+    if (st.value("world_size", int64_t{1}) == env_.world_size) {
+      step_runner_->set_controller(learned);
+    } else {
+      MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
+      co.micro_batch = std::min(learned.micro_batch(), rank_batch());
+      step_runner_->set_controller(MicroBatchController(co));
+      spdlog::info("resume: the checkpoint was written by {} processes, this job has {}: micro-batch {} per rank",
+                   st.value("world_size", int64_t{1}), env_.world_size, co.micro_batch);
+    }
+    step_runner_->on_limit_changed(agreed_limit_, step_);
+    eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
+  }
+  if (dist_) {
+    // Every rank must have read the same checkpoint (the run folder is shared storage).
+    auto a = dist_->all_max({static_cast<double>(step_), -static_cast<double>(step_)}, "the resume agreement");
+    if (a[0] != -a[1])
+      throw std::runtime_error("resume: the ranks found different checkpoints (steps " + std::to_string(-a[1]) + " to " +
+                               std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
+  }
+  loader_->seek(epoch_, position_);
+  spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
+               position_, step_runner_->controller().micro_batch(), step_runner_->controller().accum_steps());
+  metrics_.event("resume", {{"step", step_}, {"path", ck->path}, {"epoch", epoch_}, {"position", position_},
+                            {"micro_batch", step_runner_->controller().micro_batch()},
+                            {"checkpoint_created_unix", ck->manifest.value("created_unix", int64_t{0})}});
+  return true;
+}
+
+// `trainer export`: a checkpoint's weights for Python's torch.load.
+std::string export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out) {
+  std::optional<LoadedCheckpoint> ck;
+  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint);
+  else ck = CheckpointStore(run_dir, 0).load_latest();
+  if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
+  // model.pt is already a Python-compatible state dict; it is written through a temporary file so a
+  // failed export never leaves a truncated file under the final name.
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    const std::string& bytes = ck->file("model.pt");
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f.flush()) throw std::runtime_error(out + ": cannot write the exported weights");
+  }
+  fs::rename(tmp, out);
+  return ck->path;
+}
+
+}  // namespace trainer

@@ -1,0 +1,216 @@
+// TrainingRun::setup(): everything a run needs before its first step, in dependency order. Every check
+// that can fail on bad input (the run folder, the device, the data) runs here, before anything trains.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/compat.h"
+#include "data/image_h5.h"
+#include "models/registry.h"
+#include "models/summary.h"
+#include "trainer/checkpoint/state_dict.h"
+#include "trainer/from_config.h"
+#include "trainer/run.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+void TrainingRun::setup() {
+  setup_distributed();
+  setup_run_folder();
+  setup_observers();
+  setup_memory();
+  setup_data();
+  setup_model();
+  setup_step();
+}
+
+void TrainingRun::setup_distributed() {
+  // Data parallel: the rendezvous comes first (it needs no files), so that every rank has checked the
+  // run folder before any rank writes to it.
+  env_ = dist_env_from();
+  device_ = resolve_device(cfg_.train.device, env_.distributed() ? std::optional<int64_t>(env_.local_rank) : std::nullopt);
+  if (!env_.distributed()) return;
+  if (cfg_.train.global_batch % env_.world_size != 0)
+    throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) +
+                      " is not divisible by the world size " + std::to_string(env_.world_size) +
+                      " (every rank takes an equal slice of each step's samples)");
+  dist_ = std::make_unique<Distributed>(env_, resolve_backend(cfg_.dist.backend, device_), device_, cfg_.dist.timeout_s);
+}
+
+void TrainingRun::setup_run_folder() {
+  rank_dir_ = main_rank() ? opts_.run_dir : (fs::path(opts_.run_dir) / ("rank" + std::to_string(env_.rank))).string();
+  // The run folder must be writable before anything is trained: failing after an hour is worse.
+  std::error_code ec;
+  // --no-resume starts fresh in an empty folder only: nothing of an earlier run is mixed in or overwritten.
+  bool refused = opts_.no_resume && fs::exists(opts_.run_dir, ec) && !fs::is_empty(opts_.run_dir, ec);
+  if (dist_ && dist_->all_max({refused ? 1.0 : 0.0}, "the run folder check")[0] > 0) refused = true;
+  if (refused)
+    throw std::runtime_error(opts_.run_dir + ": --no-resume needs an empty or new run folder, and this one is not "
+                             "empty; use another --run-dir or remove it");
+  fs::create_directories(rank_dir_, ec);
+  if (ec) throw std::runtime_error(rank_dir_ + ": cannot create the run folder (" + ec.message() + ")");
+  store_ = std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last),
+                                             cfg_.train.device);
+  if (main_rank()) store_->check_writable();
+  setup_logging(rank_dir_, cfg_.log.level);
+  metrics_.open((fs::path(rank_dir_) / "metrics.jsonl").string());
+}
+
+void TrainingRun::setup_observers() {
+  if (cfg_.log.tensorboard && main_rank()) tensorboard_ = std::make_unique<TensorboardWriter>(opts_.run_dir);
+  metrics_.set_observer([this](const nlohmann::json& j) {
+    telemetry_.observe(j);
+    if (tensorboard_) tensorboard_->observe(j);
+  });
+  memory_report_ = std::make_unique<MemoryReporter>(rank_dir_, &telemetry_);
+  if (cfg_.log.http_port > 0) {
+    // One endpoint per process: the ranks on one node serve on consecutive ports.
+    http_ = std::make_unique<HttpServer>(telemetry_, cfg_.log.http_host,
+                                         static_cast<int>(cfg_.log.http_port + env_.local_rank));
+    spdlog::info("http: serving /metrics /healthz /readyz /memory on {}", http_->url());
+  }
+  if (main_rank()) {
+    std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
+    out << to_yaml(cfg_);
+  }
+  spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
+  if (!dist_) return;
+  spdlog::info("distributed: rank {} of {} (local {} of {}), {} samples of each global batch of {}", env_.rank,
+               env_.world_size, env_.local_rank, env_.local_world_size, rank_batch(), cfg_.train.global_batch);
+  telemetry_.set_info("rank", std::to_string(env_.rank));
+  telemetry_.set_info("world_size", std::to_string(env_.world_size));
+}
+
+void TrainingRun::setup_memory() {
+  forward_ = step_options(cfg_, device_).forward;
+  validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, cfg_.amp.enabled && cfg_.amp.scaler != "false" && cfg_.amp.dtype == "fp16",
+               device_.type());
+  // Host threads follow the CPUs this process may use (affinity, container quota); the processes of one
+  // node share its CPUs.
+  apply_cpu_threads(cpu_threads(cfg_, env_.local_world_size));
+  if (cfg_.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setBenchmarkCuDNN(!cfg_.train.deterministic);
+
+  // The cap is installed before the model exists so every tensor is counted. PhasePeakBackend measures
+  // the per-phase peaks the memory reports list.
+  memory_ = std::make_unique<PhasePeakBackend>(make_memory_backend(device_));
+  resources_ = std::make_unique<ResourceMonitor>(device_.is_cuda() ? std::max<int>(0, device_.index()) : -1);
+  telemetry_.set_info("device", device_.str());
+  telemetry_.set_info("model", cfg_.model.name);
+  telemetry_.set_info("version", TRAINER_VERSION);
+  limit_spec_ = cfg_.memory.limit;
+  limit_bytes_ = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+  cgroup_limit_ = read_cgroup_memory().limit_bytes;
+  memory_->set_limit(limit_bytes_);
+  agreed_limit_ = limit_bytes_;
+  control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
+}
+
+void TrainingRun::setup_data() {
+  // Images (HDF5 or synthetic) or a token stream, behind one stream interface.
+  const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
+  if (cfg_.data.kind == "tokens") {
+    tokens_ = true;
+    train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
+    if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+    data::TokenLoaderOptions to;
+    to.global_batch = cfg_.train.global_batch;
+    to.context = cfg_.model.context;
+    to.seed = cfg_.seed;
+    to.rank = env_.rank;
+    to.world_size = env_.world_size;
+    loader_ = std::make_unique<StreamOf<data::TokenLoader>>(std::make_unique<data::TokenLoader>(train_tokens_, to));
+    sample_shape_ = {cfg_.model.context};
+  } else {
+    if (cfg_.data.kind == "synthetic") {
+      train_images_ = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
+                                                                    cfg_.data.shape[1], cfg_.data.shape[2],
+                                                                    cfg_.model.num_classes, cfg_.seed);
+    } else {
+      train_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
+      if (!cfg_.data.test.empty())
+        test_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
+    }
+    if (train_images_->num_classes() > cfg_.model.num_classes)
+      throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.train +
+                        " has " + std::to_string(train_images_->num_classes()) + " classes");
+    if (train_images_->size() < cfg_.train.global_batch)
+      throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
+                        std::to_string(train_images_->size()) + " samples of the training split");
+    data::LoaderOptions lo;
+    lo.global_batch = cfg_.train.global_batch;
+    lo.seed = cfg_.seed;
+    lo.rank = env_.rank;
+    lo.world_size = env_.world_size;
+    lo.workers = workers;
+    lo.prefetch = cfg_.data.prefetch;
+    lo.augment.random_crop_padding = cfg_.data.crop_padding;
+    lo.augment.hflip = cfg_.data.hflip;
+    lo.augment.normalize = cfg_.data.normalize;
+    lo.pin_memory = device_.is_cuda();
+    loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
+    auto sh = train_images_->sample_shape();
+    sample_shape_ = {sh[0], sh[1], sh[2]};
+  }
+  steps_per_epoch_ = loader_->steps_per_epoch();
+  total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
+                                      : std::max<int64_t>(1, std::llround(cfg_.train.epochs * steps_per_epoch_));
+  warmup_steps_ = cfg_.schedule.warmup_steps > 0 ? cfg_.schedule.warmup_steps
+                                                 : std::llround(cfg_.schedule.warmup_epochs * steps_per_epoch_);
+}
+
+void TrainingRun::setup_model() {
+  torch::manual_seed(cfg_.seed);
+  model_ = build_model(cfg_, sample_shape_, tokens_ ? train_tokens_->vocab_size() : 0);
+  if (!cfg_.model.init_from.empty()) {
+    load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
+    spdlog::info("model: weights from {}", cfg_.model.init_from);
+  }
+  model_->to(device_);
+  if (cfg_.model.channels_last && !tokens_) models::to_channels_last(*model_);
+  optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
+  flops_per_sample_ = model_->forward_flops(sample_shape_);
+  spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
+               models::count_parameters(*model_), flops_per_sample_ / 1e9);
+  if (dist_) {
+    // Every replica starts from rank 0's weights and buffers (the same seed makes them equal already;
+    // this makes it a fact, also for init_from files that differ between nodes).
+    std::vector<torch::Tensor> state;
+    for (auto& p : model_->parameters()) state.push_back(p.data());
+    for (auto& b : model_->buffers()) state.push_back(b);
+    dist_->broadcast(state, "the initial model");
+    std::vector<torch::Tensor> params;
+    for (const auto& slot : optimizer_->params()) params.push_back(slot.param);
+    grad_sync_ = std::make_unique<GradientSync>(*dist_, params, static_cast<int64_t>(cfg_.dist.bucket_mb * (1 << 20)));
+    // Dropout masks differ between ranks, as they would between the samples of one large batch.
+    if (env_.rank > 0) torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(env_.rank));
+    spdlog::info("distributed: {} gradient buckets of up to {} MiB", grad_sync_->num_buckets(), cfg_.dist.bucket_mb);
+  }
+  GradScalerOptions so;
+  so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
+  so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
+      .growth_interval(cfg_.amp.growth_interval);
+  scaler_ = std::make_unique<GradScaler>(so);
+}
+
+void TrainingRun::setup_step() {
+  agree_on_limit();
+  StepParts parts;
+  parts.model = model_;
+  parts.optimizer = optimizer_.get();
+  parts.scaler = scaler_.get();
+  parts.memory = memory_.get();
+  parts.reporter = memory_report_.get();
+  parts.metrics = &metrics_;
+  parts.dist = dist_.get();
+  parts.grad_sync = grad_sync_.get();
+  step_runner_ = std::make_unique<Step>(parts, step_options(cfg_, device_),
+                                        make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
+  eval_micro_batch_ = cfg_.train.eval_batch;
+  need_micro_batch_search_ = cfg_.train.micro_batch == -1;
+}
+
+}  // namespace trainer

@@ -1,0 +1,142 @@
+// One optimizer step: the rank's slice of the global batch split into micro-batches, forward and backward
+// under autocast, the gradient exchange between ranks, the update; and recovery when memory runs out
+// anywhere in it: drop the failed attempt, put the snapshot back, take the ladder's next rung (smaller
+// micro-batch, then recomputed activations, then give up) and redo the step with the same samples. After
+// a clean step the ladder may grow the micro-batch back.
+//
+// TrainingRun (trainer/run.h) calls Step::run once per optimizer step. A test can drive a Step
+// in-process: build the parts (model, Optimizer, GradScaler, a capped MemoryBackend, a MemoryReporter),
+// then call run() on batches and read the StepResult.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "common/rng.h"
+#include "data/batch.h"
+#include "models/model.h"
+#include "trainer/amp.h"
+#include "trainer/dist.h"
+#include "trainer/forward.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/oom.h"
+#include "trainer/memory/report.h"
+#include "trainer/optim.h"
+
+namespace trainer {
+
+/// What one optimizer step did, for the metrics line.
+struct StepResult {
+  double loss = 0;          ///< mean loss over the global batch
+  double grad_norm = 0;     ///< before clipping
+  bool updated = true;      ///< false: skipped (non-finite gradients)
+  int64_t micro_batch = 0;  ///< micro-batch the step completed with
+  int64_t accum_steps = 0;
+  int64_t oom_retries = 0;  ///< attempts that ran out of memory before it completed
+  double lr = 0;
+  int64_t mem_start_bytes = 0;  ///< tensor memory held when the step began (weights, optimizer state, batch)
+  int64_t mem_peak_bytes = 0;   ///< the memory backend's peak over the completed attempt
+  int64_t grad_buckets_in_backward = 0;  ///< data parallel: gradient buckets sent while backward still ran
+};
+
+// ---- the OOM outcomes ------------------------------------------------------------------------------
+// An out-of-memory error of this rank (is_oom_error) is handled inside Step::run. These two leave it:
+
+/// Thrown on every rank of a data-parallel job when another rank ran out of memory in the same
+/// micro-batch: this rank's attempt is abandoned too, and the step backs off everywhere alike.
+struct PeerOutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown when the OOM ladder has nothing left to try: the run saves a checkpoint and exits 3.
+struct OomGaveUp : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- the snapshot ----------------------------------------------------------------------------------
+
+/// What a failed attempt may have changed that the retry must start from again: the model's buffers
+/// (BatchNorm running statistics, updated by every forward) and every random generator the step draws
+/// from (the CPU generator, and the device's CUDA generator: dropout). The samples are the same batch
+/// tensors; parameters and optimizer state are only changed once an attempt has succeeded.
+class StepSnapshot {
+ public:
+  StepSnapshot(torch::nn::Module& model, const c10::Device& device);
+  /// Puts the buffers and generators back as they were at construction.
+  void restore() const;
+
+ private:
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers_;  // (live buffer, saved copy)
+  GeneratorStates generators_;
+};
+
+// ---- the step --------------------------------------------------------------------------------------
+
+struct StepOptions {
+  ForwardOptions forward;
+  double label_smoothing = 0;  ///< train.label_smoothing
+  double grad_clip = 0;        ///< optim.grad_clip (0 = off)
+  /// memory.activation_checkpointing: none | all | every_k | auto. `all` and the ladder's rung are the
+  /// controller's flag; `every_k` checkpoints blocks 0, k, 2k, ...; `auto` leaves it to the ladder.
+  std::string activation_checkpointing = "none";
+  int64_t checkpoint_every_k = 2;
+};
+
+/// The parts a step works on, owned by the caller and alive as long as the Step.
+struct StepParts {
+  models::Model model;
+  Optimizer* optimizer = nullptr;
+  GradScaler* scaler = nullptr;
+  MemoryBackend* memory = nullptr;    ///< a PhasePeakBackend also gets per-phase peaks into reports
+  MemoryReporter* reporter = nullptr; ///< OOM reports and phase peaks
+  MetricsLog* metrics = nullptr;      ///< oom and ladder events (optional)
+  Distributed* dist = nullptr;        ///< data parallel (null in a single process)
+  GradientSync* grad_sync = nullptr;  ///< with dist
+};
+
+class Step {
+ public:
+  /// Throws std::invalid_argument when a required part is missing.
+  Step(StepParts parts, StepOptions options, MicroBatchController controller);
+
+  /// Optimizer step number `step` (1-based) over `batch` (this rank's samples of the global batch) at
+  /// learning rate `lr`. `limit` is the memory cap the ladder decides against (the lowest over ranks;
+  /// 0 = none). Out of memory: writes a memory report, restores the snapshot, takes the next rung and
+  /// retries; OomGaveUp when no rung is left. Any other error propagates.
+  StepResult run(const data::Batch& batch, int64_t step, double lr, int64_t limit);
+
+  /// `train.micro_batch: auto`: the largest micro-batch in [min_micro_batch, the batch's size] whose
+  /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
+  /// allocated; the smallest over ranks. The probes do not count as training (the snapshot is put
+  /// back). The controller restarts at that size.
+  int64_t find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit);
+
+  MicroBatchController& controller() { return controller_; }
+  const MicroBatchController& controller() const { return controller_; }
+  /// Replaces the controller (the auto search's size, a resumed ladder).
+  void set_controller(MicroBatchController controller) { controller_ = std::move(controller); }
+  /// The cap changed: tells the controller and logs its events as of `step` optimizer steps completed.
+  void on_limit_changed(int64_t limit, int64_t step);
+  /// Marks the blocks to checkpoint: the controller's flag (all, or the ladder's rung), else the
+  /// configured every_k.
+  void apply_activation_checkpointing();
+
+ private:
+  void attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r);
+  void drop_failed_attempt();
+  /// After a failed attempt was dropped: the ladder's next rung, logged; OomGaveUp when there is none.
+  void on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r);
+  void log_controller_events(int64_t step);
+
+  StepParts p_;
+  StepOptions o_;
+  MicroBatchController controller_;
+};
+
+}  // namespace trainer
