@@ -9,6 +9,7 @@
 
 #include "train_util.h"
 #include "trainer/dist.h"
+#include "trainer/memory/resources.h"
 
 using testutil::TempDir;
 
@@ -174,6 +175,25 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
     EXPECT_GE(two_steps[i]["grad_buckets_in_backward"].get<int64_t>(), two_steps[i]["grad_buckets"].get<int64_t>() - 1);
   }
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
+}
+
+TEST(DistTorchrun, RanksOfANodeKeepTheirShareOfTheCpus) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  const int usable = trainer::usable_cpus();
+  if (usable < 2) GTEST_SKIP() << "one usable CPU: two ranks get one thread each either way, nothing to tell apart";
+  TempDir dir;
+  const std::string two = (dir / "two").string();
+  // train.threads 0: each of the node's two ranks takes half the CPUs, at setup and at every later poll
+  // of the CPUs (the loop polls at step 0, then every 50 steps). The poll used to give each rank all
+  // of them.
+  auto r = testutil::run(torchrun(dir, two, job("--set train.steps=2 --set train.threads=0")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string share = "cpu: " + std::to_string(usable / 2) + " threads";
+  for (const std::string log : {two + "/train.log", two + "/rank1/train.log"}) {
+    const std::string text = testutil::read_file(log);
+    EXPECT_NE(text.find(share), std::string::npos) << log << ":\n" << text;
+    EXPECT_EQ(text.find("threads (affinity / quota changed)"), std::string::npos) << log << ":\n" << text;
+  }
 }
 
 TEST(DistTorchrun, TwoNodesOfOneProcessEach) {

@@ -90,7 +90,10 @@ void TrainingRun::setup_memory() {
                device_.type());
   // Host threads follow the CPUs this process may use (affinity, container quota); the processes of one
   // node share its CPUs.
-  apply_cpu_threads(cpu_threads(cfg_, env_.local_world_size));
+  const int threads = cpu_threads(cfg_, env_.local_world_size);
+  apply_cpu_threads(threads);
+  spdlog::info("cpu: {} threads ({} usable CPUs, {} process{} on this node)", threads, usable_cpus(),
+               env_.local_world_size, env_.local_world_size == 1 ? "" : "es");
   if (cfg_.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   at::globalContext().setBenchmarkCuDNN(!cfg_.train.deterministic);
 

@@ -1,0 +1,224 @@
+// The optimizer step driven in-process (trainer/step.h), without the executable: backoff under a real
+// cap of the capped CPU allocator, the retried step against a clean run at the size it backed off to,
+// grow-back when the cap rises, giving up, and the snapshot of every generator the step draws from.
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "models/registry.h"
+#include "test_util.h"
+#include "trainer/from_config.h"
+#include "trainer/memory/backend.h"
+#include "trainer/memory/resources.h"
+#include "trainer/step.h"
+
+using testutil::TempDir;
+
+namespace {
+
+constexpr int64_t kBatch = 8, kContext = 64, kVocab = 32;
+
+// A tiny GPT with dropout on the CPU: its dropout masks come from the CPU generator, so a retried
+// attempt that did not put the generator back would draw other masks than a clean run.
+struct Rig {
+  TempDir dir{"trainer_step"};
+  models::Model model;
+  std::unique_ptr<trainer::Optimizer> optimizer;
+  std::unique_ptr<trainer::GradScaler> scaler;
+  std::unique_ptr<trainer::MemoryBackend> memory;
+  std::unique_ptr<trainer::MemoryReporter> reporter;
+  trainer::MetricsLog metrics;
+  std::unique_ptr<trainer::Step> step;
+
+  // micro_batch: the first size; grow_after: clean steps before a probe; allow_checkpointing: the
+  // ladder's rung after the smallest size.
+  explicit Rig(int64_t micro_batch, int64_t grow_after = 1000, bool allow_checkpointing = true, int64_t min_micro = 1) {
+    at::set_num_threads(1);
+    // The capped allocator first, so that the weights and the optimizer state count against the cap.
+    memory = std::make_unique<trainer::PhasePeakBackend>(std::make_unique<trainer::CpuMemoryBackend>());
+    torch::manual_seed(11);
+    model = models::create_model("gpt_tiny",
+                                 models::ModelOptions().vocab_size(kVocab).context(kContext).dropout(0.2));
+    trainer::Config cfg;
+    cfg.optim.name = "adamw";
+    cfg.optim.lr = 1e-2;
+    cfg.optim.weight_decay = 0;
+    optimizer = std::make_unique<trainer::Optimizer>(trainer::param_slots(*model, false), cfg.optim);
+    scaler = std::make_unique<trainer::GradScaler>(trainer::GradScalerOptions().enabled(false));
+    reporter = std::make_unique<trainer::MemoryReporter>(dir.str());
+    metrics.open((dir / "metrics.jsonl").string());
+    cfg.train.global_batch = kBatch;
+    cfg.train.micro_batch = micro_batch;
+    cfg.memory.grow_after = grow_after;
+    cfg.memory.headroom = 0.0;
+    cfg.memory.ladder_checkpointing = allow_checkpointing;
+    cfg.memory.min_micro_batch = min_micro;
+    trainer::StepParts parts;
+    parts.model = model;
+    parts.optimizer = optimizer.get();
+    parts.scaler = scaler.get();
+    parts.memory = memory.get();
+    parts.reporter = reporter.get();
+    parts.metrics = &metrics;
+    step = std::make_unique<trainer::Step>(parts, trainer::step_options(cfg, torch::Device(torch::kCPU)),
+                                           trainer::make_controller(trainer::micro_batch_options(cfg, kBatch), 0));
+    torch::manual_seed(12);  // the dropout stream, the same in every rig
+  }
+
+  std::map<std::string, torch::Tensor> weights() const {
+    std::map<std::string, torch::Tensor> m;
+    for (const auto& p : model->named_parameters()) m[p.key()] = p.value().detach().clone();
+    return m;
+  }
+};
+
+// The samples of step `seed`, from a generator of their own (the global one is the dropout stream).
+data::Batch batch(int64_t seed) {
+  auto stream = torch::randint(kVocab, {kBatch, kContext + 1}, at::detail::createCPUGenerator(1000 + seed), torch::kLong);
+  data::Batch b;
+  b.images = stream.narrow(1, 0, kContext).contiguous();
+  b.labels = stream.narrow(1, 1, kContext).contiguous();
+  for (int64_t i = 0; i < kBatch; ++i) b.indices.push_back(seed * kBatch + i);
+  b.global_size = kBatch;
+  return b;
+}
+
+bool bitwise_equal(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [k, t] : a)
+    if (!b.count(k) || !t.equal(b.at(k))) return false;
+  return true;
+}
+
+// The peak tensor bytes of a step at `micro_batch` in the steady state, uncapped. The first step is
+// lighter: the gradients and the optimizer state do not exist yet while its activations are live.
+int64_t steady_peak(int64_t micro_batch) {
+  Rig r(micro_batch);
+  int64_t peak = 0;
+  for (int64_t s = 1; s <= 2; ++s) {
+    auto b = batch(s);
+    peak = std::max(peak, r.step->run(b, s, 1e-2, 0).mem_peak_bytes);
+  }
+  return peak;
+}
+
+// Step 1 at micro-batch 8, uncapped; the steps after it under `cap` (0 = none).
+std::vector<trainer::StepResult> run_steps(Rig& rig, int64_t first, int64_t last, int64_t cap) {
+  std::vector<trainer::StepResult> out;
+  trainer::ScopedCpuCap scoped(cap);
+  for (int64_t s = first; s <= last; ++s) {
+    auto b = batch(s);
+    out.push_back(rig.step->run(b, s, 1e-2, cap));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(StepInProcess, BacksOffUnderARealCapAndEqualsACleanRunAtTheSmallerSize) {
+  // A cap between the peaks of micro-batch 4 and 8: the next attempt at 8 runs out of memory for real.
+  const int64_t p8 = steady_peak(8), p4 = steady_peak(4);
+  ASSERT_GT(p8, p4);
+  const int64_t cap = (p8 + p4) / 2;
+
+  Rig capped(8);
+  run_steps(capped, 1, 1, 0);
+  const auto results = run_steps(capped, 2, 4, cap);
+  EXPECT_EQ(results[0].oom_retries, 1);
+  EXPECT_EQ(results[0].micro_batch, 4);
+  EXPECT_EQ(results[0].accum_steps, 2);
+  EXPECT_LE(results[0].mem_peak_bytes, cap);
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].oom_retries, 0) << "step " << i + 2 << " tried a size that failed at this cap";
+    EXPECT_EQ(results[i].micro_batch, 4);
+  }
+  EXPECT_EQ(capped.step->controller().micro_batch(), 4);
+  // The failed attempt left a memory report naming the step.
+  EXPECT_TRUE(std::filesystem::exists(capped.dir / "memory_report_2.json"));
+
+  // The same steps run cleanly at 4: same samples, same dropout masks (the snapshot put the generator
+  // back after the failed attempt), so the same losses and weights, bit for bit.
+  Rig clean(8);
+  run_steps(clean, 1, 1, 0);
+  trainer::Config cfg;
+  cfg.train.micro_batch = 4;
+  clean.step->set_controller(trainer::make_controller(trainer::micro_batch_options(cfg, kBatch), 0));
+  const auto reference = run_steps(clean, 2, 4, 0);
+  for (size_t i = 0; i < results.size(); ++i) EXPECT_EQ(results[i].loss, reference[i].loss) << "step " << i + 2;
+  EXPECT_TRUE(bitwise_equal(capped.weights(), clean.weights()));
+}
+
+TEST(StepInProcess, GrowsBackWhenTheCapRises) {
+  const int64_t cap = (steady_peak(8) + steady_peak(4)) / 2;
+  Rig rig(8, /*grow_after=*/1);
+  std::vector<int64_t> sizes;
+  for (const auto& r : run_steps(rig, 1, 1, 0)) sizes.push_back(r.micro_batch);
+  // Under the cap: 8 fails once and is never tried again at this cap; with headroom the ladder may
+  // probe sizes between 4 and 8.
+  int64_t retries = 0;
+  for (const auto& r : run_steps(rig, 2, 6, cap)) {
+    sizes.push_back(r.micro_batch);
+    retries += r.oom_retries;
+  }
+  EXPECT_EQ(sizes[1], 4);
+  for (size_t i = 1; i < sizes.size(); ++i) EXPECT_LT(sizes[i], 8) << testing::PrintToString(sizes);
+  EXPECT_LE(retries, 2) << "the ladder kept running into the cap: " << testing::PrintToString(sizes);
+  // The cap goes: the ladder forgets the failure and the next clean steps probe up to the whole batch.
+  rig.step->on_limit_changed(0, 6);
+  for (const auto& r : run_steps(rig, 7, 10, 0)) {
+    EXPECT_EQ(r.oom_retries, 0);
+    sizes.push_back(r.micro_batch);
+  }
+  EXPECT_EQ(sizes.back(), 8) << "did not grow back: " << testing::PrintToString(sizes);
+  EXPECT_EQ(rig.step->controller().micro_batch(), 8);
+}
+
+TEST(StepInProcess, GivesUpWithTheWeightsUntouched) {
+  // After a step, a cap barely above what is held (weights, gradients, optimizer state) and no
+  // recomputation rung: no micro-batch down to the floor of 2 fits, the ladder runs out.
+  Rig rig(8, 1000, /*allow_checkpointing=*/false, /*min_micro=*/2);
+  run_steps(rig, 1, 1, 0);
+  const auto before = rig.weights();
+  const int64_t cap = rig.memory->current_bytes() + (64 << 10);
+  EXPECT_THROW(run_steps(rig, 2, 2, cap), trainer::OomGaveUp);
+  EXPECT_TRUE(bitwise_equal(before, rig.weights()));
+}
+
+TEST(StepSnapshot, PutsBackTheBuffersAndTheCpuGenerator) {
+  torch::manual_seed(3);
+  auto model = models::create_model("resnet20", models::ModelOptions().num_classes(10));
+  const auto device = torch::Device(torch::kCPU);
+  const trainer::StepSnapshot snap(*model, device);
+  const auto mean_before = model->named_buffers()["bn1.running_mean"].clone();
+  const auto draw = torch::rand({16});
+  model->train();
+  model->forward(torch::randn({4, 3, 32, 32}));  // moves the running statistics and the generator
+  ASSERT_FALSE(model->named_buffers()["bn1.running_mean"].equal(mean_before));
+  snap.restore();
+  EXPECT_TRUE(model->named_buffers()["bn1.running_mean"].equal(mean_before));
+  EXPECT_TRUE(torch::rand({16}).equal(draw));
+}
+
+TEST(StepSnapshot, PutsBackTheCudaGeneratorOfTheDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the CUDA generator cannot be drawn from here";
+  const auto device = torch::Device(torch::kCUDA, 0);
+  auto model = torch::nn::Linear(4, 4);
+  model->to(device);
+  const trainer::StepSnapshot snap(*model, device);
+  const auto mask = torch::dropout(torch::ones({4096}, device), 0.5, /*train=*/true);
+  const auto cpu_draw = torch::rand({8});
+  snap.restore();
+  EXPECT_TRUE(torch::dropout(torch::ones({4096}, device), 0.5, true).equal(mask))
+      << "a retried step on CUDA would draw other dropout masks";
+  EXPECT_TRUE(torch::rand({8}).equal(cpu_draw));
+}
+
+TEST(StepInProcess, CpuThreadsAreSharedByTheRanksOfANode) {
+  trainer::Config cfg;
+  const int usable = trainer::usable_cpus();
+  EXPECT_EQ(trainer::cpu_threads(cfg, 1), usable);
+  EXPECT_EQ(trainer::cpu_threads(cfg, 2), std::max(1, usable / 2));
+  EXPECT_EQ(trainer::cpu_threads(cfg, 64), 1);
+  cfg.train.threads = 3;
+  EXPECT_EQ(trainer::cpu_threads(cfg, 2), 3);
+}
