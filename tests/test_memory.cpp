@@ -144,7 +144,7 @@ TEST_F(MemoryCap, AllocatorCountsExactlyTheTensorsCreatedAfterInstall) {
 }
 
 // oneDNN allocates through raw_allocate, which asserts that the DataPtr's context is its data pointer
-// (the trap in FACTS.md); a oneDNN convolution must run, be counted and fail cleanly under a cap.
+// (oneDNN asserts data == context); a oneDNN convolution must run, be counted and fail cleanly under a cap.
 TEST_F(MemoryCap, AllocatorServesRawAllocateAndOneDnnConvolution) {
   const int64_t base = live_bytes();
   c10::Allocator* a = c10::GetCPUAllocator();

@@ -247,87 +247,117 @@ void apply_override(Config& cfg, const std::string& assignment) {
   assign(*f, n, source);
 }
 
-void validate(const Config& c) {
-  auto bad = [](const std::string& key, const std::string& what) { fail("config", key, what); };
-  auto one_of = [&](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+namespace {
+
+// Range and combination checks, one group per config section; each failure names its key.
+struct Checks {
+  const Config& c;
+  void bad(const std::string& key, const std::string& what) const { fail("config", key, what); }
+  void one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) const {
     std::string list;
     for (const char* o : ok) {
       if (v == o) return;
       list += (list.empty() ? "" : ", ") + std::string(o);
     }
     bad(key, "'" + v + "' is not one of: " + list);
-  };
-  if (c.model.num_classes < 1) bad("model.num_classes", "must be at least 1");
-  one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
-  if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
-  if (c.model.context < 0) bad("model.context", "must be >= 0");
-  if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
-  if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
-  if (c.data.kind == "synthetic") {
-    if (c.data.shape.size() != 3 || std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1; }))
-      bad("data.shape", "must be three positive integers (C, H, W)");
-    if (c.data.synthetic_size < c.train.global_batch) bad("data.synthetic_size", "must be at least train.global_batch");
   }
-  if (c.data.workers < 0) bad("data.workers", "must be >= 0");
-  if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
-  if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
-  one_of("optim.name", c.optim.name, {"sgd", "adamw"});
-  if (!(c.optim.lr > 0)) bad("optim.lr", "must be > 0");
-  if (c.optim.momentum < 0 || c.optim.momentum >= 1) bad("optim.momentum", "must be in [0, 1)");
-  if (c.optim.nesterov && c.optim.name == "sgd" && c.optim.momentum == 0) bad("optim.nesterov", "needs optim.momentum > 0");
-  if (c.optim.weight_decay < 0) bad("optim.weight_decay", "must be >= 0");
-  if (c.optim.beta1 < 0 || c.optim.beta1 >= 1) bad("optim.beta1", "must be in [0, 1)");
-  if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
-  if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
-  if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
-  one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
-  if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
-  if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");
-  if (c.schedule.warmup_steps > 0 && c.schedule.warmup_epochs > 0)
-    bad("schedule.warmup_epochs", "set either schedule.warmup_steps or schedule.warmup_epochs, not both");
-  if (c.schedule.min_lr < 0 || c.schedule.min_lr > c.optim.lr) bad("schedule.min_lr", "must be in [0, optim.lr]");
-  if (!std::is_sorted(c.schedule.milestones.begin(), c.schedule.milestones.end()))
-    bad("schedule.milestones", "must be increasing");
-  if (c.schedule.name == "step" && c.schedule.milestones.empty()) bad("schedule.milestones", "the step schedule needs milestones");
-  if (c.train.global_batch < 1) bad("train.global_batch", "must be at least 1");
-  if (c.train.micro_batch < -1) bad("train.micro_batch", "must be a positive integer, 0 (= global_batch) or auto");
-  if (c.train.micro_batch > c.train.global_batch) bad("train.micro_batch", "must not exceed train.global_batch");
-  if (c.train.steps < 0) bad("train.steps", "must be >= 0");
-  if (c.train.epochs < 0) bad("train.epochs", "must be >= 0");
-  if (c.train.steps == 0 && c.train.epochs == 0) bad("train.steps", "set train.steps or train.epochs");
-  if (c.train.steps > 0 && c.train.epochs > 0) bad("train.epochs", "set either train.steps or train.epochs, not both");
-  if (c.train.eval_every < 0) bad("train.eval_every", "must be >= 0");
-  if (c.train.eval_batch < 1) bad("train.eval_batch", "must be at least 1");
-  if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
-  if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
-  if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
-  if (c.train.device != "auto" && c.train.device != "cpu" && c.train.device.rfind("cuda", 0) != 0)
-    bad("train.device", "'" + c.train.device + "' is not one of: auto, cpu, cuda, cuda:N");
-  one_of("amp.dtype", c.amp.dtype, {"bf16", "fp16"});
-  one_of("amp.scaler", c.amp.scaler, {"auto", "true", "false"});
-  if (c.amp.enabled && c.amp.dtype == "fp16" && c.amp.scaler == "false")
-    bad("amp.scaler", "fp16 needs the loss scaler (gradients underflow without it); set amp.scaler: auto or true");
-  if (c.amp.enabled && c.amp.dtype == "bf16" && c.amp.scaler == "true")
-    bad("amp.scaler", "bf16 has fp32's exponent range and must not use the loss scaler; set amp.scaler: auto or false");
-  if (!(c.amp.init_scale > 0)) bad("amp.init_scale", "must be > 0");
-  if (!(c.amp.growth_factor > 1)) bad("amp.growth_factor", "must be > 1");
-  if (!(c.amp.backoff_factor > 0 && c.amp.backoff_factor < 1)) bad("amp.backoff_factor", "must be in (0, 1)");
-  if (c.amp.growth_interval < 1) bad("amp.growth_interval", "must be at least 1");
-  if (c.memory.auto_margin < 0 || c.memory.auto_margin >= 1) bad("memory.auto_margin", "must be in [0, 1)");
-  if (c.memory.min_micro_batch < 1) bad("memory.min_micro_batch", "must be at least 1");
-  one_of("memory.activation_checkpointing", c.memory.activation_checkpointing, {"none", "all", "every_k", "auto"});
-  if (c.memory.checkpoint_every_k < 1) bad("memory.checkpoint_every_k", "must be at least 1");
-  if (c.memory.grow_after < 1) bad("memory.grow_after", "must be at least 1");
-  if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
-  if (c.checkpoint.every_steps < 0) bad("checkpoint.every_steps", "must be >= 0");
-  if (c.checkpoint.every_seconds < 0) bad("checkpoint.every_seconds", "must be >= 0");
-  if (c.checkpoint.keep_last < 1) bad("checkpoint.keep_last", "must be at least 1");
-  if (c.log.every < 1) bad("log.every", "must be at least 1");
-  one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
-  if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");
-  one_of("dist.backend", c.dist.backend, {"auto", "gloo", "nccl"});
-  if (c.dist.timeout_s <= 0) bad("dist.timeout_s", "must be positive");
-  if (c.dist.bucket_mb <= 0) bad("dist.bucket_mb", "must be positive");
+
+  void model_and_data() const {
+    if (c.model.num_classes < 1) bad("model.num_classes", "must be at least 1");
+    one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
+    if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
+    if (c.model.context < 0) bad("model.context", "must be >= 0");
+    if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
+    if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
+    if (c.data.kind == "synthetic") {
+      if (c.data.shape.size() != 3 || std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1; }))
+        bad("data.shape", "must be three positive integers (C, H, W)");
+      if (c.data.synthetic_size < c.train.global_batch) bad("data.synthetic_size", "must be at least train.global_batch");
+    }
+    if (c.data.workers < 0) bad("data.workers", "must be >= 0");
+    if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
+    if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
+  }
+
+  void optimizer_and_schedule() const {
+    one_of("optim.name", c.optim.name, {"sgd", "adamw"});
+    if (!(c.optim.lr > 0)) bad("optim.lr", "must be > 0");
+    if (c.optim.momentum < 0 || c.optim.momentum >= 1) bad("optim.momentum", "must be in [0, 1)");
+    if (c.optim.nesterov && c.optim.name == "sgd" && c.optim.momentum == 0) bad("optim.nesterov", "needs optim.momentum > 0");
+    if (c.optim.weight_decay < 0) bad("optim.weight_decay", "must be >= 0");
+    if (c.optim.beta1 < 0 || c.optim.beta1 >= 1) bad("optim.beta1", "must be in [0, 1)");
+    if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
+    if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
+    if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
+    one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
+    if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
+    if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");
+    if (c.schedule.warmup_steps > 0 && c.schedule.warmup_epochs > 0)
+      bad("schedule.warmup_epochs", "set either schedule.warmup_steps or schedule.warmup_epochs, not both");
+    if (c.schedule.min_lr < 0 || c.schedule.min_lr > c.optim.lr) bad("schedule.min_lr", "must be in [0, optim.lr]");
+    if (!std::is_sorted(c.schedule.milestones.begin(), c.schedule.milestones.end()))
+      bad("schedule.milestones", "must be increasing");
+    if (c.schedule.name == "step" && c.schedule.milestones.empty()) bad("schedule.milestones", "the step schedule needs milestones");
+  }
+
+  void training() const {
+    if (c.train.global_batch < 1) bad("train.global_batch", "must be at least 1");
+    if (c.train.micro_batch < -1) bad("train.micro_batch", "must be a positive integer, 0 (= global_batch) or auto");
+    if (c.train.micro_batch > c.train.global_batch) bad("train.micro_batch", "must not exceed train.global_batch");
+    if (c.train.steps < 0) bad("train.steps", "must be >= 0");
+    if (c.train.epochs < 0) bad("train.epochs", "must be >= 0");
+    if (c.train.steps == 0 && c.train.epochs == 0) bad("train.steps", "set train.steps or train.epochs");
+    if (c.train.steps > 0 && c.train.epochs > 0) bad("train.epochs", "set either train.steps or train.epochs, not both");
+    if (c.train.eval_every < 0) bad("train.eval_every", "must be >= 0");
+    if (c.train.eval_batch < 1) bad("train.eval_batch", "must be at least 1");
+    if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
+    if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
+    if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
+    if (c.train.device != "auto" && c.train.device != "cpu" && c.train.device.rfind("cuda", 0) != 0)
+      bad("train.device", "'" + c.train.device + "' is not one of: auto, cpu, cuda, cuda:N");
+  }
+
+  void amp() const {
+    one_of("amp.dtype", c.amp.dtype, {"bf16", "fp16"});
+    one_of("amp.scaler", c.amp.scaler, {"auto", "true", "false"});
+    if (c.amp.enabled && c.amp.dtype == "fp16" && c.amp.scaler == "false")
+      bad("amp.scaler", "fp16 needs the loss scaler (gradients underflow without it); set amp.scaler: auto or true");
+    if (c.amp.enabled && c.amp.dtype == "bf16" && c.amp.scaler == "true")
+      bad("amp.scaler", "bf16 has fp32's exponent range and must not use the loss scaler; set amp.scaler: auto or false");
+    if (!(c.amp.init_scale > 0)) bad("amp.init_scale", "must be > 0");
+    if (!(c.amp.growth_factor > 1)) bad("amp.growth_factor", "must be > 1");
+    if (!(c.amp.backoff_factor > 0 && c.amp.backoff_factor < 1)) bad("amp.backoff_factor", "must be in (0, 1)");
+    if (c.amp.growth_interval < 1) bad("amp.growth_interval", "must be at least 1");
+  }
+
+  void memory_checkpoints_logs_dist() const {
+    if (c.memory.auto_margin < 0 || c.memory.auto_margin >= 1) bad("memory.auto_margin", "must be in [0, 1)");
+    if (c.memory.min_micro_batch < 1) bad("memory.min_micro_batch", "must be at least 1");
+    one_of("memory.activation_checkpointing", c.memory.activation_checkpointing, {"none", "all", "every_k", "auto"});
+    if (c.memory.checkpoint_every_k < 1) bad("memory.checkpoint_every_k", "must be at least 1");
+    if (c.memory.grow_after < 1) bad("memory.grow_after", "must be at least 1");
+    if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
+    if (c.checkpoint.every_steps < 0) bad("checkpoint.every_steps", "must be >= 0");
+    if (c.checkpoint.every_seconds < 0) bad("checkpoint.every_seconds", "must be >= 0");
+    if (c.checkpoint.keep_last < 1) bad("checkpoint.keep_last", "must be at least 1");
+    if (c.log.every < 1) bad("log.every", "must be at least 1");
+    one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
+    if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");
+    one_of("dist.backend", c.dist.backend, {"auto", "gloo", "nccl"});
+    if (c.dist.timeout_s <= 0) bad("dist.timeout_s", "must be positive");
+    if (c.dist.bucket_mb <= 0) bad("dist.bucket_mb", "must be positive");
+  }
+};
+
+}  // namespace
+
+void validate(const Config& c) {
+  const Checks checks{c};
+  checks.model_and_data();
+  checks.optimizer_and_schedule();
+  checks.training();
+  checks.amp();
+  checks.memory_checkpoints_logs_dist();
 }
 
 std::string to_yaml(const Config& cfg) {

@@ -78,28 +78,28 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
   metrics_.event("checkpoint", {{"step", step_}, {"reason", reason}, {"seconds", secs}});
 }
 
-bool TrainingRun::resume() {
+std::optional<LoadedCheckpoint> TrainingRun::find_checkpoint() const {
   std::optional<LoadedCheckpoint> ck;
   if (!opts_.resume_from.empty()) {
     ck = CheckpointStore::load(opts_.resume_from);
-  } else if (opts_.no_resume) {
-    return false;  // setup() made sure the folder was empty
-  } else {
+  } else if (!opts_.no_resume) {  // --no-resume: setup() made sure the folder was empty
     ck = store_->load_latest();
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
   }
   if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
     throw std::runtime_error("resume: some ranks found a checkpoint in " + opts_.run_dir + " and some did not; every rank "
                              "must see the same run folder (shared storage)");
-  if (!ck) return false;
+  return ck;
+}
 
+void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
   // A resize may change memory settings, micro-batch or step count; a different model or data would
   // make a different experiment.
   Config saved;
-  apply_yaml_text(saved, ck->files.at("config.yaml"), ck->path + "/config.yaml");
+  apply_yaml_text(saved, ck.files.at("config.yaml"), ck.path + "/config.yaml");
   auto same = [&](const std::string& key, const auto& a, const auto& b) {
     if (!(a == b))
-      throw std::runtime_error("resume from " + ck->path + " refused: " + key +
+      throw std::runtime_error("resume from " + ck.path + " refused: " + key +
                                " differs from the checkpoint's; start a new run folder for a different experiment");
   };
   same("model.name", cfg_.model.name, saved.model.name);
@@ -112,21 +112,24 @@ bool TrainingRun::resume() {
   same("data.normalize", cfg_.data.normalize, saved.data.normalize);
   same("train.global_batch", cfg_.train.global_batch, saved.train.global_batch);
   same("seed", cfg_.seed, saved.seed);
+}
 
-  load_state_dict_bytes(*model_, ck->files.at("model.pt"), /*strict=*/true);
+void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
+  load_state_dict_bytes(*model_, ck.files.at("model.pt"), /*strict=*/true);
   std::map<std::string, torch::Tensor> opt_state;
-  for (auto& [k, v] : tensors_from_bytes(ck->files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
+  for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
   optimizer_->load_state(opt_state);
-  // Each rank's RNG: "cpu"/"cuda" are rank 0's, "cpu.rank<r>"/"cuda.rank<r>" the others'. A rank the
-  // checkpoint has no state for (the job grew) keeps the stream it was seeded with.
+  // Each rank's generators: "cpu"/"cuda" are rank 0's, "cpu.rank<r>"/"cuda.rank<r>" the others'. A rank
+  // the checkpoint has no state for (the job grew) keeps the stream it was seeded with.
   const std::string suffix = env_.rank == 0 ? "" : ".rank" + std::to_string(env_.rank);
-  for (auto& [k, v] : tensors_from_bytes(ck->files.at("rng.pt"))) {
-    // at::Generator is a handle: a copy sets the state of the process-wide generator.
+  for (auto& [k, v] : tensors_from_bytes(ck.files.at("rng.pt"))) {
     if (k == "cpu" + suffix) set_generator_state(at::detail::getDefaultCPUGenerator(), v);
     else if (k == "cuda" + suffix && device_.is_cuda())
       set_generator_state(at::globalContext().defaultGenerator(device_), v);
   }
-  auto st = nlohmann::json::parse(ck->files.at("state.json"));
+}
+
+void TrainingRun::restore_loop(const nlohmann::json& st) {
   step_ = st.at("step");
   epoch_ = st.at("epoch");
   position_ = st.at("position");
@@ -136,20 +139,27 @@ bool TrainingRun::resume() {
   // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
   // With another number of ranks the per-rank batch differs: the learned size is kept where it still
   // fits in the new slice, and the ladder's other state starts afresh.
-  if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch) {
-    auto learned = MicroBatchController::from_json(st.at("controller"));
-    if (st.value("world_size", int64_t{1}) == env_.world_size) {
-      step_runner_->set_controller(learned);
-    } else {
-      MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
-      co.micro_batch = std::min(learned.micro_batch(), rank_batch());
-      step_runner_->set_controller(MicroBatchController(co));
-      spdlog::info("resume: the checkpoint was written by {} processes, this job has {}: micro-batch {} per rank",
-                   st.value("world_size", int64_t{1}), env_.world_size, co.micro_batch);
-    }
-    step_runner_->on_limit_changed(agreed_limit_, step_);
-    eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
+  if (st.value("micro_batch_config", int64_t{0}) != cfg_.train.micro_batch) return;
+  auto learned = MicroBatchController::from_json(st.at("controller"));
+  if (st.value("world_size", int64_t{1}) == env_.world_size) {
+    step_runner_->set_controller(learned);
+  } else {
+    MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
+    co.micro_batch = std::min(learned.micro_batch(), rank_batch());
+    step_runner_->set_controller(MicroBatchController(co));
+    spdlog::info("resume: the checkpoint was written by {} processes, this job has {}: micro-batch {} per rank",
+                 st.value("world_size", int64_t{1}), env_.world_size, co.micro_batch);
   }
+  step_runner_->on_limit_changed(agreed_limit_, step_);
+  eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
+}
+
+bool TrainingRun::resume() {
+  const std::optional<LoadedCheckpoint> ck = find_checkpoint();
+  if (!ck) return false;
+  check_same_experiment(*ck);
+  restore_tensors(*ck);
+  restore_loop(nlohmann::json::parse(ck->files.at("state.json")));
   if (dist_) {
     // Every rank must have read the same checkpoint (the run folder is shared storage).
     auto a = dist_->all_max({static_cast<double>(step_), -static_cast<double>(step_)}, "the resume agreement");
@@ -158,10 +168,11 @@ bool TrainingRun::resume() {
                                std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
   loader_->seek(epoch_, position_);
+  const auto& ladder = step_runner_->controller();
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
-               position_, step_runner_->controller().micro_batch(), step_runner_->controller().accum_steps());
+               position_, ladder.micro_batch(), ladder.accum_steps());
   metrics_.event("resume", {{"step", step_}, {"path", ck->path}, {"epoch", epoch_}, {"position", position_},
-                            {"micro_batch", step_runner_->controller().micro_batch()},
+                            {"micro_batch", ladder.micro_batch()},
                             {"checkpoint_created_unix", ck->manifest.value("created_unix", int64_t{0})}});
   return true;
 }

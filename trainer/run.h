@@ -103,6 +103,10 @@ class TrainingRun {
 
   // resume.cpp
   bool resume();
+  std::optional<LoadedCheckpoint> find_checkpoint() const;
+  void check_same_experiment(const LoadedCheckpoint& ck) const;
+  void restore_tensors(const LoadedCheckpoint& ck);
+  void restore_loop(const nlohmann::json& state);
   void save_checkpoint(const std::string& reason, bool wait);
   nlohmann::json state_json() const;
 

@@ -37,77 +37,84 @@ Step::Step(StepParts parts, StepOptions options, MicroBatchController controller
   if (p_.dist && !p_.grad_sync) throw std::invalid_argument("Step: a distributed step needs its GradientSync");
 }
 
+torch::Tensor Step::forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
+                                     PhasePeakRecorder& phases) {
+  phases.enter("forward");
+  Logits out = forward_logits(*p_.model, batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n),
+                              o_.forward);
+  // Summed, then divided by the targets of the whole step: micro-batches of any sizes add up to the
+  // mean over the global batch (no "mean of means").
+  torch::Tensor loss = F::cross_entropy(out.logits, out.targets,
+                                        F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(
+                                            o_.label_smoothing)) /
+                       normalizer;
+  phases.enter("backward");
+  p_.scaler->scale(loss).backward();
+  return loss.detach();
+}
+
+torch::Tensor Step::prepare_update(PhasePeakRecorder& phases, StepResult& r) {
+  phases.enter("optimizer");  // from here on: the gradient exchange, optimizer state, unscale, norm
+  if (p_.grad_sync) {
+    r.grad_buckets_in_backward = p_.grad_sync->sent_during_backward();
+    p_.grad_sync->finish();
+  }
+  // Everything the update needs is allocated before the ranks agree that the step succeeded: after
+  // that, nothing can run out of memory on one rank only (Optimizer::step allocates nothing then).
+  p_.optimizer->allocate_state();
+  const auto& params = p_.optimizer->params();
+  std::vector<torch::Tensor> tensors;
+  for (const auto& s : params) tensors.push_back(s.param);
+  p_.scaler->unscale_(tensors);
+  return clip_grad_norm(params, o_.grad_clip);
+}
+
+double Step::agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum) {
+  // Before anyone enters the next collective, every rank learns whether any rank ran out of memory in
+  // micro-batch i; then all of them abandon the step together. The last one also sums the loss.
+  const int64_t world = p_.dist->world_size();
+  const bool last = i + 1 == count;
+  std::vector<double> v(world + 1, 0.0);
+  v[p_.dist->rank()] = oom ? 1.0 : 0.0;
+  if (last && !oom) v[world] = loss_sum.item<double>();
+  auto a = p_.dist->all_sum(v, "the out-of-memory agreement");
+  if (oom) std::rethrow_exception(oom);
+  for (int64_t k = 0; k < world; ++k) {
+    // run()'s recovery (drop_failed_attempt) drops the gradients, as for this rank's own OOM.
+    if (a[k] > 0)
+      throw PeerOutOfMemory("rank " + std::to_string(k) + " ran out of memory in micro-batch " + std::to_string(i + 1) +
+                            " of " + std::to_string(count));
+  }
+  return a[world];
+}
+
 void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r) {
   // Per-phase peaks for the memory report; the last phase is recorded (as failed) also when an OOM unwinds.
   PhasePeakRecorder phases(*p_.memory, *p_.reporter, step, controller_.micro_batch());
   p_.optimizer->zero_grad();
   const auto sizes = controller_.micro_batch_sizes();
-  const int64_t world = p_.dist ? p_.dist->world_size() : 1;
-  // The targets of the whole optimizer step over all ranks (every rank holds an equal slice): summed
-  // over micro-batches and ranks, the gradients are the mean over the global batch (no "mean of means").
-  const double normalizer = static_cast<double>(batch.labels.numel() * world);
-  const torch::Device device = o_.forward.device;
-  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device));
+  // The targets of the whole optimizer step over all ranks (every rank holds an equal slice).
+  const double normalizer = static_cast<double>(batch.labels.numel() * (p_.dist ? p_.dist->world_size() : 1));
+  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(o_.forward.device));
   torch::Tensor norm;
   double global_loss = 0;
   int64_t offset = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    const int64_t n = sizes[i];
     const bool last = i + 1 == sizes.size();
-    std::exception_ptr oom;  // this rank's out-of-memory error in this micro-batch
+    std::exception_ptr oom;  // this rank's out-of-memory error in this micro-batch (data parallel)
     try {
       // Gradients cross ranks once per step: the last backward sends them, bucket by bucket, as it goes.
       if (last && p_.grad_sync) p_.grad_sync->arm();
-      phases.enter("forward");
-      Logits out = forward_logits(*p_.model, batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n),
-                                  o_.forward);
-      torch::Tensor loss = F::cross_entropy(out.logits, out.targets,
-                                            F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(
-                                                o_.label_smoothing)) /
-                           normalizer;
-      phases.enter("backward");
-      p_.scaler->scale(loss).backward();
-      loss_sum += loss.detach();
-      if (last) {
-        phases.enter("optimizer");  // from here on: the gradient exchange, optimizer state, unscale, norm
-        if (p_.grad_sync) {
-          r.grad_buckets_in_backward = p_.grad_sync->sent_during_backward();
-          p_.grad_sync->finish();
-        }
-        // Everything the update needs is allocated before the ranks agree that the step succeeded: after
-        // that, nothing can run out of memory on one rank only (Optimizer::step allocates nothing then).
-        p_.optimizer->allocate_state();
-        const auto& params = p_.optimizer->params();
-        std::vector<torch::Tensor> tensors;
-        for (const auto& s : params) tensors.push_back(s.param);
-        p_.scaler->unscale_(tensors);
-        norm = clip_grad_norm(params, o_.grad_clip);
-      }
+      loss_sum += forward_backward(batch, offset, sizes[i], normalizer, phases);
+      if (last) norm = prepare_update(phases, r);
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
       if (p_.grad_sync) p_.grad_sync->abandon();  // the same collectives as the ranks that did not fail
       if (!p_.dist) throw;
       oom = std::current_exception();
     }
-    if (p_.dist) {
-      // Before anyone enters the next collective, every rank learns whether any rank ran out of memory
-      // in this micro-batch; then all of them abandon the step together. The last one also sums the loss.
-      const int64_t rank = p_.dist->rank();
-      std::vector<double> v(world + 1, 0.0);
-      v[rank] = oom ? 1.0 : 0.0;
-      if (last && !oom) v[world] = loss_sum.item<double>();
-      auto a = p_.dist->all_sum(v, "the out-of-memory agreement");
-      if (oom) std::rethrow_exception(oom);
-      for (int64_t k = 0; k < world; ++k) {
-        if (a[k] > 0) {
-          // run()'s recovery (drop_failed_attempt) drops the gradients, as for this rank's own OOM.
-          throw PeerOutOfMemory("rank " + std::to_string(k) + " ran out of memory in micro-batch " + std::to_string(i + 1) +
-                                " of " + std::to_string(sizes.size()));
-        }
-      }
-      if (last) global_loss = a[world];
-    }
-    offset += n;
+    if (p_.dist) global_loss = agree_on_oom(oom, i, sizes.size(), loss_sum);
+    offset += sizes[i];
   }
   // The one host sync per step: the step must be skipped on non-finite values, and the metrics line
   // wants the loss. (GradScaler in PyTorch syncs here too.)

@@ -129,6 +129,14 @@ class Step {
 
  private:
   void attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r);
+  /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
+  torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
+                                 PhasePeakRecorder& phases);
+  /// After the last backward: the gradient exchange, the optimizer state, unscale; the gradient norm.
+  torch::Tensor prepare_update(PhasePeakRecorder& phases, StepResult& r);
+  /// Data parallel, after micro-batch i of `count`: rethrows this rank's OOM, or PeerOutOfMemory when
+  /// another rank had one; returns the global loss after the last micro-batch.
+  double agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum);
   void drop_failed_attempt();
   /// After a failed attempt was dropped: the ladder's next rung, logged; OomGaveUp when there is none.
   void on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r);

@@ -129,105 +129,127 @@ class Unpickler {
       if (pos_ >= p_.size()) fail("the pickle ends without STOP (truncated file?)");
       const size_t at_op = pos_;
       const uint8_t op = u8();
-      switch (op) {
-        case 0x80: u8(); break;                      // PROTO
-        case 0x95: bytes(8); break;                  // FRAME: a size hint only
-        case '(': marks_.push_back(stack_.size()); break;
-        case '.': {                                  // STOP
-          if (stack_.size() != 1) fail("malformed pickle (stack has " + std::to_string(stack_.size()) + " items at STOP)");
-          return stack_.back();
-        }
-        case 'N': stack_.push_back(make(PyObj::Kind::None)); break;
-        case 0x88: push_bool(true); break;           // NEWTRUE
-        case 0x89: push_bool(false); break;          // NEWFALSE
-        case 'K': push_int(u8()); break;             // BININT1
-        case 'M': push_int(le(2)); break;            // BININT2
-        case 'J': push_int(static_cast<int32_t>(le(4))); break;  // BININT
-        case 0x8a: {                                 // LONG1: little-endian two's complement
-          const size_t n = u8();
-          if (n > 8) fail("integer wider than 64 bits");
-          uint64_t v = n ? le(n) : 0;
-          if (n && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t(0) << (8 * n);
-          push_int(static_cast<int64_t>(v));
-          break;
-        }
-        case 'G': {                                  // BINFLOAT: big-endian double
-          uint64_t v = 0;
-          for (int k = 0; k < 8; ++k) v = (v << 8) | u8();
-          auto o = make(PyObj::Kind::Float);
-          std::memcpy(&o->f, &v, 8);
-          stack_.push_back(o);
-          break;
-        }
-        case 'X': push_str(PyObj::Kind::Str, le(4)); break;        // BINUNICODE
-        case 0x8c: push_str(PyObj::Kind::Str, u8()); break;        // SHORT_BINUNICODE
-        case 0x8d: push_str(PyObj::Kind::Str, le(8)); break;       // BINUNICODE8
-        case 'T': push_str(PyObj::Kind::Str, le(4)); break;        // BINSTRING (protocol 1 str)
-        case 'U': push_str(PyObj::Kind::Str, u8()); break;         // SHORT_BINSTRING
-        case 'B': push_str(PyObj::Kind::Bytes, le(4)); break;      // BINBYTES
-        case 'C': push_str(PyObj::Kind::Bytes, u8()); break;       // SHORT_BINBYTES
-        case ')': stack_.push_back(make(PyObj::Kind::Tuple)); break;  // EMPTY_TUPLE
-        case 't': { auto t = make(PyObj::Kind::Tuple); t->items = pop_mark(); stack_.push_back(t); break; }
-        case 0x85: case 0x86: case 0x87: {           // TUPLE1..3
-          const size_t n = op - 0x84;
-          need(n);
-          auto t = make(PyObj::Kind::Tuple);
-          t->items.assign(stack_.end() - n, stack_.end());
-          stack_.resize(stack_.size() - n);
-          stack_.push_back(t);
-          break;
-        }
-        case ']': stack_.push_back(make(PyObj::Kind::List)); break;
-        case '}': stack_.push_back(make(PyObj::Kind::Dict)); break;
-        case 'a': { need(2); auto v = pop(); top(PyObj::Kind::List, "APPEND").items.push_back(v); break; }
-        case 'e': { auto v = pop_mark(); auto& l = top(PyObj::Kind::List, "APPENDS").items; l.insert(l.end(), v.begin(), v.end()); break; }
-        case 's': { need(3); auto v = pop(); auto k = pop(); top(PyObj::Kind::Dict, "SETITEM").entries.emplace_back(k, v); break; }
-        case 'u': {
-          auto kv = pop_mark();
-          if (kv.size() % 2) fail("SETITEMS with an odd number of items");
-          auto& d = top(PyObj::Kind::Dict, "SETITEMS").entries;
-          for (size_t k = 0; k < kv.size(); k += 2) d.emplace_back(kv[k], kv[k + 1]);
-          break;
-        }
-        case 'q': memo_[u8()] = back(); break;       // BINPUT
-        case 'r': memo_[le(4)] = back(); break;      // LONG_BINPUT
-        case 0x94: memo_[memo_.size()] = back(); break;  // MEMOIZE
-        case 'h': stack_.push_back(memo(u8())); break;   // BINGET
-        case 'j': stack_.push_back(memo(le(4))); break;  // LONG_BINGET
-        case 'c': {                                  // GLOBAL "module\nname\n"
-          auto g = make(PyObj::Kind::Global);
-          const std::string module = line(), name = line();
-          g->s = module + "." + name;
-          stack_.push_back(g);
-          break;
-        }
-        case 0x93: {                                 // STACK_GLOBAL
-          need(2);
-          auto name = pop(), module = pop();
-          auto g = make(PyObj::Kind::Global);
-          g->s = module->s + "." + name->s;
-          stack_.push_back(g);
-          break;
-        }
-        case 'Q': { need(1); stack_.push_back(persistent_load(*pop())); break; }  // BINPERSID
-        case 'R': {                                  // REDUCE
-          need(2);
-          auto args = pop(), fn = pop();
-          stack_.push_back(reduce(*fn, *args));
-          break;
-        }
-        case 'b': need(2); pop(); break;             // BUILD: OrderedDict._metadata etc.; not needed
-        default: {
-          std::ostringstream os;
-          os << "unsupported pickle opcode 0x" << std::hex << int(op) << std::dec << " at byte " << at_op
-             << " (this reader handles what torch.save writes for dicts of tensors)";
-          fail(os.str());
-        }
+      if (op == '.') {  // STOP
+        if (stack_.size() != 1) fail("malformed pickle (stack has " + std::to_string(stack_.size()) + " items at STOP)");
+        return stack_.back();
       }
+      if (scalar_op(op) || string_op(op) || container_op(op) || object_op(op)) continue;
+      std::ostringstream os;
+      os << "unsupported pickle opcode 0x" << std::hex << int(op) << std::dec << " at byte " << at_op
+         << " (this reader handles what torch.save writes for dicts of tensors)";
+      fail(os.str());
     }
   }
 
  private:
+  // One group of opcodes each; false when `op` is not in the group.
+  bool scalar_op(uint8_t op) {
+    switch (op) {
+      case 0x80: u8(); return true;                  // PROTO
+      case 0x95: bytes(8); return true;              // FRAME: a size hint only
+      case 'N': stack_.push_back(make(PyObj::Kind::None)); return true;
+      case 0x88: push_bool(true); return true;       // NEWTRUE
+      case 0x89: push_bool(false); return true;      // NEWFALSE
+      case 'K': push_int(u8()); return true;         // BININT1
+      case 'M': push_int(le(2)); return true;        // BININT2
+      case 'J': push_int(static_cast<int32_t>(le(4))); return true;  // BININT
+      case 0x8a: {                                   // LONG1: little-endian two's complement
+        const size_t n = u8();
+        if (n > 8) fail("integer wider than 64 bits");
+        uint64_t v = n ? le(n) : 0;
+        if (n && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t(0) << (8 * n);
+        push_int(static_cast<int64_t>(v));
+        return true;
+      }
+      case 'G': {                                    // BINFLOAT: big-endian double
+        uint64_t v = 0;
+        for (int k = 0; k < 8; ++k) v = (v << 8) | u8();
+        auto o = make(PyObj::Kind::Float);
+        std::memcpy(&o->f, &v, 8);
+        stack_.push_back(o);
+        return true;
+      }
+      default: return false;
+    }
+  }
+
+  bool string_op(uint8_t op) {
+    switch (op) {
+      case 'X': push_str(PyObj::Kind::Str, le(4)); return true;    // BINUNICODE
+      case 0x8c: push_str(PyObj::Kind::Str, u8()); return true;    // SHORT_BINUNICODE
+      case 0x8d: push_str(PyObj::Kind::Str, le(8)); return true;   // BINUNICODE8
+      case 'T': push_str(PyObj::Kind::Str, le(4)); return true;    // BINSTRING (protocol 1 str)
+      case 'U': push_str(PyObj::Kind::Str, u8()); return true;     // SHORT_BINSTRING
+      case 'B': push_str(PyObj::Kind::Bytes, le(4)); return true;  // BINBYTES
+      case 'C': push_str(PyObj::Kind::Bytes, u8()); return true;   // SHORT_BINBYTES
+      default: return false;
+    }
+  }
+
+  bool container_op(uint8_t op) {
+    switch (op) {
+      case '(': marks_.push_back(stack_.size()); return true;
+      case ')': stack_.push_back(make(PyObj::Kind::Tuple)); return true;  // EMPTY_TUPLE
+      case 't': { auto t = make(PyObj::Kind::Tuple); t->items = pop_mark(); stack_.push_back(t); return true; }
+      case 0x85: case 0x86: case 0x87: {             // TUPLE1..3
+        const size_t n = op - 0x84;
+        need(n);
+        auto t = make(PyObj::Kind::Tuple);
+        t->items.assign(stack_.end() - n, stack_.end());
+        stack_.resize(stack_.size() - n);
+        stack_.push_back(t);
+        return true;
+      }
+      case ']': stack_.push_back(make(PyObj::Kind::List)); return true;
+      case '}': stack_.push_back(make(PyObj::Kind::Dict)); return true;
+      case 'a': { need(2); auto v = pop(); top(PyObj::Kind::List, "APPEND").items.push_back(v); return true; }
+      case 'e': { auto v = pop_mark(); auto& l = top(PyObj::Kind::List, "APPENDS").items; l.insert(l.end(), v.begin(), v.end()); return true; }
+      case 's': { need(3); auto v = pop(); auto k = pop(); top(PyObj::Kind::Dict, "SETITEM").entries.emplace_back(k, v); return true; }
+      case 'u': {
+        auto kv = pop_mark();
+        if (kv.size() % 2) fail("SETITEMS with an odd number of items");
+        auto& d = top(PyObj::Kind::Dict, "SETITEMS").entries;
+        for (size_t k = 0; k < kv.size(); k += 2) d.emplace_back(kv[k], kv[k + 1]);
+        return true;
+      }
+      default: return false;
+    }
+  }
+
+  bool object_op(uint8_t op) {
+    switch (op) {
+      case 'q': memo_[u8()] = back(); return true;       // BINPUT
+      case 'r': memo_[le(4)] = back(); return true;      // LONG_BINPUT
+      case 0x94: memo_[memo_.size()] = back(); return true;  // MEMOIZE
+      case 'h': stack_.push_back(memo(u8())); return true;   // BINGET
+      case 'j': stack_.push_back(memo(le(4))); return true;  // LONG_BINGET
+      case 'c': {                                        // GLOBAL "module\nname\n"
+        auto g = make(PyObj::Kind::Global);
+        const std::string module = line(), name = line();
+        g->s = module + "." + name;
+        stack_.push_back(g);
+        return true;
+      }
+      case 0x93: {                                       // STACK_GLOBAL
+        need(2);
+        auto name = pop(), module = pop();
+        auto g = make(PyObj::Kind::Global);
+        g->s = module->s + "." + name->s;
+        stack_.push_back(g);
+        return true;
+      }
+      case 'Q': { need(1); stack_.push_back(persistent_load(*pop())); return true; }  // BINPERSID
+      case 'R': {                                        // REDUCE
+        need(2);
+        auto args = pop(), fn = pop();
+        stack_.push_back(reduce(*fn, *args));
+        return true;
+      }
+      case 'b': need(2); pop(); return true;             // BUILD: OrderedDict._metadata etc.; not needed
+      default: return false;
+    }
+  }
+
   [[noreturn]] void fail(const std::string& what) const {
     throw std::runtime_error(source_ + ": cannot read the torch.save archive: " + what);
   }

@@ -332,73 +332,65 @@ void CheckpointStore::check_writable() const {
                              errno_text(errno));
 }
 
-std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFiles& files,
-                                              const nlohmann::json& extra) const {
-  if (step < 0) throw std::invalid_argument("CheckpointStore::save: step must be >= 0, got " + std::to_string(step));
-  for (const auto& f : files) check_file_name(f.first);
-  if (!extra.is_object() && !extra.is_null()) throw std::invalid_argument("CheckpointStore::save: extra manifest fields must be a JSON object");
-
-  const std::string name = step_name(step);
-  const fs::path final_dir = fs::path(dir_) / name;
-  const fs::path tmp_dir = fs::path(dir_) / (kTmpPrefix + name + "-" + std::to_string(::getpid()));
-  try {
-    std::error_code ec;
-    if (!fs::is_directory(dir_, ec)) {
-      fs::create_directories(dir_, ec);
-      if (ec) throw IoError("cannot create", dir_, ec.value());
-      fsync_path(run_dir_, true);  // make the new checkpoints/ entry itself durable
-    }
-    remove_quietly(tmp_dir);
-    if (::mkdir(tmp_dir.c_str(), 0755) != 0) throw IoError("cannot create", tmp_dir.string(), errno);
-
-    nlohmann::json manifest = {
-        {"format_version", kFormatVersion},
-        {"step", step},
-        {"created", utc_now_iso()},
-        {"created_unix", static_cast<int64_t>(std::time(nullptr))},
-        {"libtorch_version", compat::torch_version()},
-        {"cuda_version", cuda_version().empty() ? nlohmann::json(nullptr) : nlohmann::json(cuda_version())},
-        {"device", device_},
-        // CRC32 (zlib): it catches the accidents this guards against (torn writes, truncation, bit rot)
-        // at several GB/s, and zlib is already linked. SHA-256 would only add tamper resistance.
-        {"checksum", "crc32"},
-        {"files", nlohmann::json::object()},
-        {"extra", extra.is_null() ? nlohmann::json::object() : extra}};
-    for (const auto& [fname, bytes] : files) {
-      write_file_synced((tmp_dir / fname).string(), bytes);
-      manifest["files"][fname] = {{"size", static_cast<uint64_t>(bytes.size())}, {"crc32", crc32_hex(bytes)}};
-    }
-    // The manifest goes last: a folder with a valid manifest has all its files.
-    write_file_synced((tmp_dir / kManifest).string(), manifest.dump(2) + "\n");
-    fsync_path(tmp_dir.string(), true);
-
-    // Publish the folder. A same-step checkpoint is swapped atomically (RENAME_EXCHANGE) and the old
-    // one, now under the temporary name, deleted.
-    if (fs::exists(final_dir, ec)) {
-      if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
-        const int err = errno;
-        if (err != EINVAL && err != ENOSYS && err != ENOTSUP) throw IoError("cannot replace", final_dir.string(), err);
-        // No atomic exchange on this file system: for a moment there is no folder of this step, and
-        // a crash then falls back to the previous checkpoint.
-        const fs::path aside = fs::path(dir_) / (kTmpPrefix + name + "-old-" + std::to_string(::getpid()));
-        remove_quietly(aside);
-        rename_or_throw(final_dir.string(), aside.string());
-        rename_or_throw(tmp_dir.string(), final_dir.string());
-        remove_quietly(aside);
-      } else {
-        remove_quietly(tmp_dir);
-      }
-    } else {
-      rename_or_throw(tmp_dir.string(), final_dir.string());
-    }
-    fsync_path(dir_, true);
-  } catch (const std::exception& e) {
-    remove_quietly(tmp_dir);
-    throw std::runtime_error("checkpoint save of step " + std::to_string(step) + " failed: " + e.what() +
-                             "; the previous checkpoints and `latest` are untouched");
+void CheckpointStore::write_folder(const fs::path& tmp_dir, int64_t step, const CheckpointFiles& files,
+                                   const nlohmann::json& extra) const {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) {
+    fs::create_directories(dir_, ec);
+    if (ec) throw IoError("cannot create", dir_, ec.value());
+    fsync_path(run_dir_, true);  // make the new checkpoints/ entry itself durable
   }
+  remove_quietly(tmp_dir);
+  if (::mkdir(tmp_dir.c_str(), 0755) != 0) throw IoError("cannot create", tmp_dir.string(), errno);
+  const std::string cuda = cuda_version();
+  nlohmann::json manifest = {
+      {"format_version", kFormatVersion},
+      {"step", step},
+      {"created", utc_now_iso()},
+      {"created_unix", static_cast<int64_t>(std::time(nullptr))},
+      {"libtorch_version", compat::torch_version()},
+      {"cuda_version", cuda.empty() ? nlohmann::json(nullptr) : nlohmann::json(cuda)},
+      {"device", device_},
+      // CRC32 (zlib): it catches the accidents this guards against (torn writes, truncation, bit rot)
+      // at several GB/s, and zlib is already linked. SHA-256 would only add tamper resistance.
+      {"checksum", "crc32"},
+      {"files", nlohmann::json::object()},
+      {"extra", extra.is_null() ? nlohmann::json::object() : extra}};
+  for (const auto& [fname, bytes] : files) {
+    write_file_synced((tmp_dir / fname).string(), bytes);
+    manifest["files"][fname] = {{"size", static_cast<uint64_t>(bytes.size())}, {"crc32", crc32_hex(bytes)}};
+  }
+  // The manifest goes last: a folder with a valid manifest has all its files.
+  write_file_synced((tmp_dir / kManifest).string(), manifest.dump(2) + "\n");
+  fsync_path(tmp_dir.string(), true);
+}
 
-  // Commit: `latest` names the new folder. Same pattern, one small file.
+void CheckpointStore::publish_folder(const fs::path& tmp_dir, const fs::path& final_dir, const std::string& name) const {
+  // A same-step checkpoint is swapped atomically (RENAME_EXCHANGE) and the old one, now under the
+  // temporary name, deleted.
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      const int err = errno;
+      if (err != EINVAL && err != ENOSYS && err != ENOTSUP) throw IoError("cannot replace", final_dir.string(), err);
+      // No atomic exchange on this file system: for a moment there is no folder of this step, and a
+      // crash then falls back to the previous checkpoint.
+      const fs::path aside = fs::path(dir_) / (kTmpPrefix + name + "-old-" + std::to_string(::getpid()));
+      remove_quietly(aside);
+      rename_or_throw(final_dir.string(), aside.string());
+      rename_or_throw(tmp_dir.string(), final_dir.string());
+      remove_quietly(aside);
+    } else {
+      remove_quietly(tmp_dir);
+    }
+  } else {
+    rename_or_throw(tmp_dir.string(), final_dir.string());
+  }
+  fsync_path(dir_, true);
+}
+
+void CheckpointStore::commit_latest(const std::string& name, int64_t step, const fs::path& final_dir) const {
+  // `latest` names the new folder: the same pattern, one small file.
   const fs::path latest_tmp = fs::path(dir_) / (kLatestTmpPrefix + std::to_string(::getpid()));
   try {
     ::unlink(latest_tmp.c_str());
@@ -411,20 +403,41 @@ std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFile
                              " but `latest` could not be updated: " + e.what() +
                              "; `latest` still names the previous checkpoint");
   }
+}
 
-  // Only now, with the new checkpoint committed, remove the ones beyond keep_last: the newest valid
-  // ones older than it are kept. Newer folders (from a run resumed at an earlier step) are left alone.
-  if (keep_last_ > 0) {
-    int kept = 1;  // the one just written
-    for (const auto& [s, path] : step_folders(dir_)) {
-      if (s >= step) continue;
-      if (kept < keep_last_ && verify_checkpoint(path, Verify::Sizes, nullptr).empty()) {
-        ++kept;
-        continue;
-      }
-      remove_quietly(path);
+void CheckpointStore::prune(int64_t step) const {
+  // Only once the new checkpoint is committed: the newest valid ones older than it are kept. Newer
+  // folders (from a run resumed at an earlier step) are left alone.
+  if (keep_last_ <= 0) return;
+  int kept = 1;  // the one just written
+  for (const auto& [s, path] : step_folders(dir_)) {
+    if (s >= step) continue;
+    if (kept < keep_last_ && verify_checkpoint(path, Verify::Sizes, nullptr).empty()) {
+      ++kept;
+      continue;
     }
+    remove_quietly(path);
   }
+}
+
+std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFiles& files,
+                                              const nlohmann::json& extra) const {
+  if (step < 0) throw std::invalid_argument("CheckpointStore::save: step must be >= 0, got " + std::to_string(step));
+  for (const auto& f : files) check_file_name(f.first);
+  if (!extra.is_object() && !extra.is_null()) throw std::invalid_argument("CheckpointStore::save: extra manifest fields must be a JSON object");
+  const std::string name = step_name(step);
+  const fs::path final_dir = fs::path(dir_) / name;
+  const fs::path tmp_dir = fs::path(dir_) / (kTmpPrefix + name + "-" + std::to_string(::getpid()));
+  try {
+    write_folder(tmp_dir, step, files, extra);
+    publish_folder(tmp_dir, final_dir, name);
+  } catch (const std::exception& e) {
+    remove_quietly(tmp_dir);
+    throw std::runtime_error("checkpoint save of step " + std::to_string(step) + " failed: " + e.what() +
+                             "; the previous checkpoints and `latest` are untouched");
+  }
+  commit_latest(name, step, final_dir);
+  prune(step);
   return final_dir.string();
 }
 

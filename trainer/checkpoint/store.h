@@ -5,7 +5,7 @@
 //
 //   <run_dir>/checkpoints/
 //     step-00001200/            one complete checkpoint: the caller's files plus manifest.json
-//       model.pt  optim.pt  state.json  manifest.json
+//       model.pt  optimizer.pt  rng.pt  state.json  config.yaml  manifest.json
 //     step-00001300/
 //     latest                    "step-00001300\n": the commit point, replaced atomically
 //     .tmp-step-00001400-4242/  a save in progress (or the remains of a crash, removed at startup)
@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -115,6 +116,14 @@ class CheckpointStore {
 
  private:
   std::string write_checkpoint(int64_t step, const CheckpointFiles& files, const nlohmann::json& extra) const;
+  // The stages of write_checkpoint: the files and the manifest into a temporary folder, the folder
+  // renamed into place, `latest` pointed at it, old checkpoints beyond keep_last removed.
+  void write_folder(const std::filesystem::path& tmp_dir, int64_t step, const CheckpointFiles& files,
+                    const nlohmann::json& extra) const;
+  void publish_folder(const std::filesystem::path& tmp_dir, const std::filesystem::path& final_dir,
+                      const std::string& name) const;
+  void commit_latest(const std::string& name, int64_t step, const std::filesystem::path& final_dir) const;
+  void prune(int64_t step) const;
 
   std::string run_dir_;
   std::string dir_;

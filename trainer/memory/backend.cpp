@@ -146,7 +146,7 @@ class CappedCpuAllocator final : public compat::AllocatorBase {
  public:
   c10::DataPtr allocate_bytes(size_t n) const override {
     // oneDNN's raw_allocate asserts data == context, so the DataPtr is {data, data}: the size lives in
-    // the header, not in a context object (see FACTS.md "A capped CPU allocator works").
+    // the header, not in a context object (a context object aborts the process in oneDNN's convolution).
     if (n == 0) return {nullptr, nullptr, &capped_delete, c10::Device(c10::kCPU)};
     const auto want = static_cast<int64_t>(n);
     // Reserve the bytes before allocating so that concurrent allocations cannot jointly overshoot.

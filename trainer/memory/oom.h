@@ -10,9 +10,7 @@
 // Turning checkpointing on keeps the micro-batch at the floor instead of resetting it to the original
 // size: an OOM response never asks for more memory than the attempt that just failed, so the retry is the
 // cheapest configuration there is; the grow-back probes below raise the micro-batch again if the memory
-// saved by checkpointing allows. (Composer's automatic micro-batching halves down to 1 and then raises,
-// and newer releases double the size again later; torchtitan sets checkpointing from the config only;
-// neither turns checkpointing on at run time.)
+// saved by checkpointing allows. docs/MEMORY.md compares this ladder with other tools'.
 //
 // Grow-back after clean steps: a probe (one step at a larger size, or with checkpointing off again if the
 // ladder turned it on) starts when the limit rose, or after `grow_after` clean steps whose peak stayed

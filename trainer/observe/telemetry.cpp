@@ -291,21 +291,11 @@ bool Telemetry::ready(std::string* why) const {
   return ok;
 }
 
-std::string Telemetry::prometheus_text(const std::string& root) const {
-  const TelemetrySnapshot s = snapshot();
-  double timeout = heartbeat_timeout_s();
-  // Read outside the lock: these are files, and the loop must never wait for them.
-  const int64_t rss = host_rss_bytes(root);
-  CgroupMemory cg;
-  try {
-    cg = read_cgroup_memory(root);
-  } catch (const std::exception&) {
-    // A malformed cgroup file is reported by the loop's own limit handling; here it reads as "none".
-  }
-  const double cpu_s = process_cpu_seconds(root);
+namespace {
 
-  std::string o;
-  o.reserve(6000);
+// The exposition in four groups; `s` is one snapshot, so every group describes the same instant.
+
+void progress_families(std::string& o, const TelemetrySnapshot& s) {
   std::string info;
   for (const auto& [k, v] : s.info) info += (info.empty() ? "" : ",") + k + "=\"" + escape_label(v) + "\"";
   family(o, "trainer_info", "gauge", "Constant 1; the labels describe the run.", 1, info);
@@ -327,6 +317,9 @@ std::string Telemetry::prometheus_text(const std::string& root) const {
   family(o, "trainer_micro_batch", "gauge", "Samples per forward/backward pass.", static_cast<double>(s.step.micro_batch));
   family(o, "trainer_accumulation_steps", "gauge", "Micro-batches per optimizer step.",
          static_cast<double>(s.step.accum_steps));
+}
+
+void event_families(std::string& o, const TelemetrySnapshot& s) {
   family(o, "trainer_oom_total", "counter", "Step attempts that ran out of memory.", static_cast<double>(s.ooms));
   family(o, "trainer_backoff_total", "counter",
          "OOM answers: micro-batch halved or activation checkpointing turned on.", static_cast<double>(s.backoffs));
@@ -347,6 +340,17 @@ std::string Telemetry::prometheus_text(const std::string& root) const {
     family(o, "trainer_eval_loss", "gauge", "Loss of the last evaluation.", s.eval_loss);
     family(o, "trainer_eval_top1", "gauge", "Top-1 accuracy of the last evaluation (fraction).", s.eval_top1);
   }
+}
+
+// Host and container figures are files, read outside the telemetry's lock: the loop never waits for them.
+void memory_families(std::string& o, const TelemetrySnapshot& s, const std::string& root) {
+  CgroupMemory cg;
+  try {
+    cg = read_cgroup_memory(root);
+  } catch (const std::exception&) {
+    // A malformed cgroup file is reported by the loop's own limit handling; here it reads as "none".
+  }
+  const double cpu_s = process_cpu_seconds(root);
   const std::string dev = "device=\"" + escape_label(s.memory.device.empty() ? "unknown" : s.memory.device) + "\"";
   family(o, "trainer_device_memory_allocated_bytes", "gauge", "Tensor bytes allocated on the training device.",
          static_cast<double>(s.memory.allocated), dev);
@@ -357,7 +361,7 @@ std::string Telemetry::prometheus_text(const std::string& root) const {
          static_cast<double>(s.memory.peak), dev);
   family(o, "trainer_device_memory_limit_bytes", "gauge", "The trainer's memory cap in force (0 = none).",
          static_cast<double>(s.memory.limit), dev);
-  family(o, "trainer_host_rss_bytes", "gauge", "Resident set size of the trainer process.", static_cast<double>(rss));
+  family(o, "trainer_host_rss_bytes", "gauge", "Resident set size of the trainer process.", static_cast<double>(host_rss_bytes(root)));
   family(o, "trainer_container_memory_limit_bytes", "gauge", "The cgroup's memory limit (0 = none).",
          static_cast<double>(cg.limit_bytes));
   family(o, "trainer_container_memory_usage_bytes", "gauge", "The cgroup's memory usage, page cache included.",
@@ -367,6 +371,9 @@ std::string Telemetry::prometheus_text(const std::string& root) const {
   if (s.gpu_utilization >= 0)
     family(o, "trainer_gpu_utilization_percent", "gauge", "GPU busy time of the last NVML sample period.",
            s.gpu_utilization);
+}
+
+void health_families(std::string& o, const TelemetrySnapshot& s, double timeout) {
   family(o, "trainer_seconds_since_checkpoint", "gauge",
          "Seconds since the last checkpoint (since the process started before the first).", s.seconds_since_checkpoint);
   if (s.last_checkpoint_unix_s > 0)
@@ -377,6 +384,18 @@ std::string Telemetry::prometheus_text(const std::string& root) const {
   family(o, "trainer_heartbeat_timeout_seconds", "gauge", "/healthz fails when the heartbeat is older than this.",
          timeout);
   family(o, "trainer_uptime_seconds", "gauge", "Seconds since the telemetry (the run) started.", s.uptime_s);
+}
+
+}  // namespace
+
+std::string Telemetry::prometheus_text(const std::string& root) const {
+  const TelemetrySnapshot s = snapshot();
+  std::string o;
+  o.reserve(6000);
+  progress_families(o, s);
+  event_families(o, s);
+  memory_families(o, s, root);
+  health_families(o, s, heartbeat_timeout_s());
   return o;
 }
 
