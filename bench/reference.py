@@ -32,7 +32,7 @@ on speed:
   optimizer  torch.optim.SGD (momentum, nesterov, weight decay) or AdamW, no weight decay on tensors with
              fewer than 2 dims unless optim.decay_norm_and_bias; the trainer's LR schedule per step.
   threads    torch.set_num_threads(train.threads, or the CPUs this process may use: affinity and cgroup
-             quota, as trainer/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
+             quota, as trainer/memory/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
 Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
 Token jobs add tokens_per_s_median / tokens_per_s_aggregate (= samples/s x context), context and
 vocab_size to the JSON, as `trainer bench` does.
@@ -220,7 +220,7 @@ def check_mirrored(cfg):
 
 def cgroup_cpu_quota():
     """CPUs allowed by this process's cgroup (v2 cpu.max, smallest over the ancestors; v1 cfs quota);
-    0 = no quota. Mirrors trainer/resources.cpp's read_cgroup_cpu."""
+    0 = no quota. Mirrors trainer/memory/resources.cpp's read_cgroup_cpu."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
