@@ -1,0 +1,98 @@
+// Readers of files that come from outside (issue 16): a header that claims more data than the file holds
+// is refused before anything that size is allocated, naming the file and both sizes.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include "data/idx.h"
+#include "test_util.h"
+
+#include <fstream>
+
+namespace {
+
+using testutil::TempDir;
+namespace fs = std::filesystem;
+
+// Expects `f` to throw E whose message contains `text`.
+template <typename E, typename F>
+void expect_error(F&& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one containing: " << text;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << "message: " << e.what() << "\nexpected: " << text;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "unexpected exception: " << e.what() << "\nexpected one containing: " << text;
+  }
+}
+
+std::string write_bytes(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return p.string();
+}
+
+std::string write_gzip(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(p.c_str(), "wb");
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+  return p.string();
+}
+
+// An IDX image header (magic 0x00000803) with the given dimensions, followed by `payload` bytes.
+std::vector<uint8_t> idx_images(uint32_t n, uint32_t h, uint32_t w, size_t payload) {
+  std::vector<uint8_t> b = {0, 0, 8, 3};
+  for (uint32_t d : {n, h, w}) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(d >> s));
+  }
+  for (size_t i = 0; i < payload; ++i) b.push_back(static_cast<uint8_t>(i));
+  return b;
+}
+
+// The kernel's "VmHWM" (peak resident set) of this process in bytes, after `reset` set it to the current
+// RSS (writing 5 to /proc/self/clear_refs, Linux >= 4.0). -1 if either is unavailable.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+// ---- IDX -------------------------------------------------------------------------------------------
+
+TEST(ReadersIdx, HeaderClaimingAGigabyteCostsNoMemoryBeforeTheTruncationCheck) {
+  TempDir dir("readers_idx");
+  // 1 x 32768 x 32768 = 1 GiB promised, 4 bytes present; plain and gzipped.
+  const auto plain = write_bytes(dir / "plain", idx_images(1, 32768, 32768, 4));
+  const auto gz = write_gzip(dir / "gz", idx_images(1, 32768, 32768, 4));
+  if (!reset_peak_rss() || peak_rss_bytes() < 0) GTEST_SKIP() << "/proc/self/clear_refs or VmHWM unavailable";
+  for (const auto& path : {plain, gz}) {
+    ASSERT_TRUE(reset_peak_rss());
+    const int64_t before = peak_rss_bytes();
+    expect_error<std::runtime_error>([&] { data::read_idx_images(path); },
+                                     "read_idx: " + path +
+                                         ": truncated: the header promises 1073741824 bytes of data, the file has 4");
+    const int64_t grew = peak_rss_bytes() - before;
+    EXPECT_LT(grew, int64_t{64} << 20) << path << ": the peak resident set grew by " << grew << " bytes";
+  }
+}
+
+TEST(ReadersIdx, SizeProductThatOverflowsIsNamed) {
+  TempDir dir("readers_idx_ovf");
+  const auto path = write_bytes(dir / "huge", idx_images(0xffffffffu, 0xffffffffu, 0xffffffffu, 4));
+  expect_error<std::runtime_error>([&] { data::read_idx_images(path); },
+                                   "read_idx: " + path + ": the header claims 4294967295 x 4294967295 x 4294967295 "
+                                   "bytes of data, more than any file holds");
+  // Still exact for a valid file, gzipped or not.
+  const auto ok = write_gzip(dir / "ok.gz", idx_images(2, 2, 3, 12));
+  EXPECT_TRUE(torch::equal(data::read_idx_images(ok), torch::arange(0, 12, torch::kUInt8).reshape({2, 1, 2, 3})));
+}
+
+}  // namespace
