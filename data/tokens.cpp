@@ -402,13 +402,19 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
     if (H5Sget_simple_extent_ndims(space.get()) != 1 || !(is_u16 || is_i32)) {
       throw H5Problem("/tokens must be a 1-D uint16 or int32 dataset");
     }
+    // Before anything of the claimed size is allocated (the in-memory copy, the loader's window order).
+    if (auto problem = dataset_size_problem(file.get(), dset.get(), "tokens"); !problem.empty()) throw H5Problem(problem);
     uint16_ = is_u16;
     hsize_t n = 0;
     H5Sget_simple_extent_dims(space.get(), &n, nullptr);
     size_ = static_cast<int64_t>(n);
     if (in_memory_) {
-      if (uint16_) u16_.resize(n);
-      else i32_.resize(n);
+      try {
+        if (uint16_) u16_.resize(n);
+        else i32_.resize(n);
+      } catch (const std::bad_alloc&) {
+        throw H5Problem("cannot hold its " + std::to_string(n) + " tokens in memory");
+      }
       void* dst = uint16_ ? static_cast<void*>(u16_.data()) : static_cast<void*>(i32_.data());
       if (n > 0) check(H5Dread(dset.get(), uint16_ ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, H5S_ALL, H5S_ALL,
                                H5P_DEFAULT, dst),

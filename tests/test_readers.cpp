@@ -1,11 +1,16 @@
 // Readers of files that come from outside (issue 16): a header that claims more data than the file holds
 // is refused before anything that size is allocated, naming the file and both sizes.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <zlib.h>
 
+#include "data/hdf5_lock.h"
 #include "data/idx.h"
+#include "data/image_h5.h"
+#include "data/tokens.h"
 #include "test_util.h"
 
+#include <algorithm>
 #include <fstream>
 
 namespace {
@@ -93,6 +98,63 @@ TEST(ReadersIdx, SizeProductThatOverflowsIsNamed) {
   // Still exact for a valid file, gzipped or not.
   const auto ok = write_gzip(dir / "ok.gz", idx_images(2, 2, 3, 12));
   EXPECT_TRUE(torch::equal(data::read_idx_images(ok), torch::arange(0, 12, torch::kUInt8).reshape({2, 1, 2, 3})));
+}
+
+// ---- HDF5 ------------------------------------------------------------------------------------------
+
+// Replaces dataset `name` of the HDF5 file at `path` by a chunked one of extent `dims` with no data
+// written: a header that claims samples the file does not hold.
+void replace_with_empty_chunked(const std::string& path, const char* name, const std::vector<hsize_t>& dims,
+                                hid_t type) {
+  std::lock_guard<std::mutex> lock(data::hdf5_lock());
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << path;
+  H5Ldelete(f, name, H5P_DEFAULT);
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  const hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  EXPECT_GE(d, 0) << name;
+  H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Fclose(f);
+}
+
+TEST(ReadersH5, ImageHeaderClaimingTwoToTheFortySamplesIsRefusedNamingTheFile) {
+  TempDir dir("readers_h5");
+  const auto path = (dir / "lying.h5").string();
+  data::ImageMeta meta;
+  meta.num_classes = 2;
+  meta.mean = {0.5f};
+  meta.std = {0.25f};
+  data::write_image_h5(path, torch::zeros({4, 1, 2, 2}, torch::kUInt8), torch::zeros({4}, torch::kInt64), meta);
+  const hsize_t n = hsize_t{1} << 40;
+  replace_with_empty_chunked(path, "images", {n, 1, 2, 2}, H5T_STD_U8LE);
+  replace_with_empty_chunked(path, "labels", {n}, H5T_STD_I64LE);
+  for (bool in_memory : {false, true}) {
+    expect_error<std::runtime_error>([&] { data::ImageH5Dataset(path, in_memory); },
+                                     "ImageH5Dataset: " + path + ": dataset 'images' claims (1099511627776, 1, 2, 2) = "
+                                     "4398046511104 bytes, but the file holds 0 bytes of it");
+  }
+  // The command line says so in one line and exits 2 (bad input); it used to say "error: std::bad_alloc".
+  const auto r = testutil::run(testutil::trainer_bin() + " --dry-run --set data.kind=hdf5 --set data.test= --set data.train=" + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output.rfind("error: ImageH5Dataset: " + path + ": dataset 'images' claims", 0), 0u) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST(ReadersH5, TokenHeaderClaimingTwoToTheFortyTokensIsRefusedNamingTheFile) {
+  TempDir dir("readers_tok");
+  const auto path = (dir / "lying.h5").string();
+  data::write_tokens(path, {1, 2, 3}, 256, "test");
+  replace_with_empty_chunked(path, "tokens", {hsize_t{1} << 40}, H5T_STD_U16LE);
+  for (bool in_memory : {false, true}) {
+    expect_error<std::runtime_error>([&] { data::TokenDataset(path, in_memory); },
+                                     "TokenDataset '" + path + "': dataset 'tokens' claims (1099511627776) = "
+                                     "2199023255552 bytes, but the file holds 0 bytes of it");
+  }
 }
 
 }  // namespace
