@@ -1,6 +1,7 @@
 #include "trainer/checkpoint.h"
 
 #include "trainer/compat.h"
+#include "trainer/log.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -377,7 +378,7 @@ std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFile
       manifest["files"][fname] = {{"size", static_cast<uint64_t>(bytes.size())}, {"crc32", crc32_hex(bytes)}};
     }
     // The manifest goes last: a folder with a valid manifest has all its files.
-    write_file_synced((tmp_dir / kManifest).string(), manifest.dump(2) + "\n");
+    write_file_synced((tmp_dir / kManifest).string(), json_text(manifest, 2) + "\n");
     fsync_path(tmp_dir.string(), true);
 
     // Publish the folder. A same-step checkpoint is swapped atomically (RENAME_EXCHANGE) and the old
