@@ -83,6 +83,8 @@ std::string read_string_attr(hid_t loc, const char* name) {
   std::string buf(n, '\0');
   H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   check(H5Tset_size(mem.get(), n), "string type");
+  // HDF5 converts no string between character sets: the memory type takes the file's (ASCII or UTF-8).
+  check(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), "string type");
   check(H5Aread(attr.get(), mem.get(), buf.data()), std::string("reading attribute '") + name + "'");
   return buf.substr(0, buf.find('\0'));
 }

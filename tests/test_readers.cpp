@@ -155,6 +155,40 @@ TEST(ReadersH5, TokenHeaderClaimingTwoToTheFortyTokensIsRefusedNamingTheFile) {
   }
 }
 
+TEST(ReadersH5, TokenFileWithFixedLengthUtf8StringsOpens) {
+  // h5py writes fixed-length strings as h5py.string_dtype('utf-8', length=n); the reader converted them
+  // into an ASCII memory type, which HDF5 refuses ("reading attribute 'format' failed").
+  TempDir dir("readers_tok_utf8");
+  const auto path = (dir / "fixed.h5").string();
+  data::write_tokens(path, {104, 105}, 256, "test");
+  {
+    std::lock_guard<std::mutex> lock(data::hdf5_lock());
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    for (const char* name : {"format", "source"}) {
+      const std::string value = name == std::string("format") ? data::kTokensFormat : "caf\xc3\xa9";
+      H5Adelete(f, name);
+      const hid_t type = H5Tcopy(H5T_C_S1);
+      H5Tset_size(type, value.size() + 3);
+      H5Tset_cset(type, H5T_CSET_UTF8);
+      H5Tset_strpad(type, H5T_STR_NULLPAD);
+      const hid_t space = H5Screate(H5S_SCALAR);
+      const hid_t a = H5Acreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+      std::string buf = value + std::string(3, '\0');
+      EXPECT_GE(H5Awrite(a, type, buf.data()), 0);
+      H5Aclose(a);
+      H5Sclose(space);
+      H5Tclose(type);
+    }
+    H5Fclose(f);
+  }
+  data::TokenDataset ds(path, true);
+  EXPECT_EQ(ds.source(), "caf\xc3\xa9");
+  std::vector<int64_t> t(2);
+  ds.read(0, 2, t.data());
+  EXPECT_EQ(t, (std::vector<int64_t>{104, 105}));
+}
+
 // ---- convert-text ----------------------------------------------------------------------------------
 
 std::string read_all(const std::string& path) {
