@@ -413,6 +413,8 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     for (size_t d = 1; d < 4; ++d) {
       if (idims[d] == 0) throw FormatError("dataset 'images' has an empty sample shape " + shape_str(idims));
     }
+    // Before anything of the claimed size is allocated (the labels, the in-memory copy, the loader's order).
+    if (auto problem = dataset_size_problem(f, images.get(), "images"); !problem.empty()) throw FormatError(problem);
     shape_ = {static_cast<int64_t>(idims[1]), static_cast<int64_t>(idims[2]), static_cast<int64_t>(idims[3])};
     const int64_t n = static_cast<int64_t>(idims[0]);
 
@@ -430,6 +432,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
       throw FormatError("dataset 'images' has " + std::to_string(n) + " samples but 'labels' has " +
                         std::to_string(ldims[0]));
     }
+    if (auto problem = dataset_size_problem(f, labels.get(), "labels"); !problem.empty()) throw FormatError(problem);
 
     meta_.num_classes = read_int_scalar(f, "num_classes");
     if (has_attr(f, "class_names")) meta_.class_names = read_strings_attr(f, "class_names");
@@ -438,7 +441,16 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     const std::string problem = meta_problem(meta_, shape_[0], -1);
     if (!problem.empty()) throw FormatError(problem);
 
-    labels_.resize(static_cast<size_t>(n));
+    // What the size checks cannot bound (filters other than deflate) may still not fit.
+    auto allocate = [&](auto& v, int64_t count, const char* what) {
+      try {
+        v.resize(static_cast<size_t>(count));
+      } catch (const std::bad_alloc&) {
+        throw FormatError("cannot hold the " + std::to_string(n) + " samples' " + what + " in memory (" +
+                          std::to_string(count * static_cast<int64_t>(sizeof(v[0]))) + " bytes)");
+      }
+    };
+    allocate(labels_, n, "labels");
     if (n > 0) check(H5Dread(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels_.data()),
                      "reading 'labels'");
     for (int64_t i = 0; i < n; ++i) {
@@ -467,7 +479,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     }
 
     if (in_memory_) {
-      images_.resize(static_cast<size_t>(n * sample_bytes()));
+      allocate(images_, n * sample_bytes(), "images");
       if (n > 0) check(H5Dread(images.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images_.data()),
                        "reading 'images'");
     } else {

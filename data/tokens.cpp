@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -82,6 +83,8 @@ std::string read_string_attr(hid_t loc, const char* name) {
   std::string buf(n, '\0');
   H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   check(H5Tset_size(mem.get(), n), "string type");
+  // HDF5 converts no string between character sets: the memory type takes the file's (ASCII or UTF-8).
+  check(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), "string type");
   check(H5Aread(attr.get(), mem.get(), buf.data()), std::string("reading attribute '") + name + "'");
   return buf.substr(0, buf.find('\0'));
 }
@@ -279,10 +282,33 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
     }
   }
   if (r.files.empty()) throw std::invalid_argument("convert_text: no text files found in the given paths");
-  for (const auto& f : r.files) total += static_cast<int64_t>(fs::file_size(f));
+
+  // The sizes are planned before reading, so the split point is known and the bytes stream through once.
+  // A file whose size says 0 (procfs, sysfs) may hold bytes all the same: it is read to its end now and
+  // kept in memory (such files are small). Every other file gives the bytes its size promised: one that
+  // grows while being read is cut there, one that shrinks is an error.
+  struct Input {
+    std::string path;
+    int64_t bytes = 0;
+    std::optional<std::string> content;
+  };
+  std::vector<Input> inputs;
+  for (const auto& f : r.files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    if (ec) throw std::runtime_error("convert_text: cannot read the size of '" + f + "': " + ec.message());
+    Input in{f, static_cast<int64_t>(size), std::nullopt};
+    if (size == 0) {
+      std::ifstream file(f, std::ios::binary);
+      in.content = std::string(std::istreambuf_iterator<char>(file), {});
+      if (!file.is_open() || file.bad()) throw std::runtime_error("convert_text: cannot read '" + f + "'");
+      in.bytes = static_cast<int64_t>(in.content->size());
+    }
+    total += in.bytes;
+    inputs.push_back(std::move(in));
+  }
   if (total == 0) throw std::invalid_argument("convert_text: the input files are all empty");
 
-  // The split point is known before reading (file sizes), so the bytes stream through once.
   const int64_t val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(total)));
   const int64_t train = total - val;
   fs::create_directories(out_dir);
@@ -294,27 +320,40 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
   std::unique_ptr<TokenWriter> val_w;
   if (!r.val_path.empty()) val_w = std::make_unique<TokenWriter>(r.val_path, 256, source + ", last " + std::to_string(val) + " bytes");
 
+  // Never more than `total` bytes arrive, so bytes past the training split exist only when val > 0.
   int64_t seen = 0;
-  std::vector<char> buf(1 << 20);
   std::vector<int64_t> tokens;
-  for (const auto& f : r.files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw std::runtime_error("convert_text: cannot read '" + f + "'");
-    while (in) {
-      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      const int64_t n = in.gcount();
-      tokens.resize(n);
-      for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<unsigned char>(buf[i]);
-      const int64_t to_train = std::clamp<int64_t>(train - seen, 0, n);
-      train_w.append(tokens.data(), to_train);
-      if (n > to_train) val_w->append(tokens.data() + to_train, n - to_train);
-      seen += n;
+  auto emit = [&](const char* bytes, int64_t n) {
+    tokens.resize(n);
+    for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
+    const int64_t to_train = std::clamp<int64_t>(train - seen, 0, n);
+    train_w.append(tokens.data(), to_train);
+    if (n > to_train) val_w->append(tokens.data() + to_train, n - to_train);
+    seen += n;
+  };
+  std::vector<char> buf(1 << 20);
+  for (const auto& in : inputs) {
+    if (in.content) {
+      for (int64_t at = 0; at < in.bytes; at += static_cast<int64_t>(buf.size()))
+        emit(in.content->data() + at, std::min<int64_t>(in.bytes - at, static_cast<int64_t>(buf.size())));
+      continue;
     }
-    if (in.bad()) throw std::runtime_error("convert_text: reading '" + f + "' failed");
-  }
-  if (seen != total) {
-    throw std::runtime_error("convert_text: the input files changed while being read (expected " +
-                             bytes_text(total) + ", read " + bytes_text(seen) + ")");
+    std::ifstream file(in.path, std::ios::binary);
+    if (!file) throw std::runtime_error("convert_text: cannot read '" + in.path + "'");
+    int64_t left = in.bytes;
+    while (left > 0) {
+      file.read(buf.data(), static_cast<std::streamsize>(std::min<int64_t>(left, static_cast<int64_t>(buf.size()))));
+      const int64_t n = file.gcount();
+      if (n == 0) break;
+      emit(buf.data(), n);
+      left -= n;
+    }
+    if (file.bad()) throw std::runtime_error("convert_text: reading '" + in.path + "' failed");
+    if (left > 0) {
+      throw std::runtime_error("convert_text: '" + in.path + "' gave " + bytes_text(in.bytes - left) + ", fewer than the " +
+                               bytes_text(in.bytes) + " its size said when the conversion started (did it shrink "
+                               "while being read?)");
+    }
   }
   r.train_tokens = train_w.finish();
   if (val_w) r.val_tokens = val_w->finish();
@@ -402,13 +441,19 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
     if (H5Sget_simple_extent_ndims(space.get()) != 1 || !(is_u16 || is_i32)) {
       throw H5Problem("/tokens must be a 1-D uint16 or int32 dataset");
     }
+    // Before anything of the claimed size is allocated (the in-memory copy, the loader's window order).
+    if (auto problem = dataset_size_problem(file.get(), dset.get(), "tokens"); !problem.empty()) throw H5Problem(problem);
     uint16_ = is_u16;
     hsize_t n = 0;
     H5Sget_simple_extent_dims(space.get(), &n, nullptr);
     size_ = static_cast<int64_t>(n);
     if (in_memory_) {
-      if (uint16_) u16_.resize(n);
-      else i32_.resize(n);
+      try {
+        if (uint16_) u16_.resize(n);
+        else i32_.resize(n);
+      } catch (const std::bad_alloc&) {
+        throw H5Problem("cannot hold its " + std::to_string(n) + " tokens in memory");
+      }
       void* dst = uint16_ ? static_cast<void*>(u16_.data()) : static_cast<void*>(i32_.data());
       if (n > 0) check(H5Dread(dset.get(), uint16_ ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, H5S_ALL, H5S_ALL,
                                H5P_DEFAULT, dst),

@@ -86,8 +86,11 @@ struct TokenConversion {
 /// the fortunes package's `.dat` index files and `.u8` links). All files are concatenated in that order
 /// (directory contents sorted by path) with nothing in between, and the stream is split at its end:
 /// the last round(val_fraction * total) bytes go to out_dir/val.h5, the rest to out_dir/train.h5.
-/// val_fraction in [0, 1); 0 writes no val.h5. Creates out_dir. Throws std::invalid_argument for a
-/// missing input, no files, or a bad val_fraction; std::runtime_error for I/O failures, naming the path.
+/// val_fraction in [0, 1); 0 writes no val.h5. Sizes are taken before reading: a file whose size says
+/// 0 (procfs: /proc/self/status) is read whole at that point, and any other file contributes the bytes
+/// its size promised (a file growing meanwhile is cut there). Creates out_dir. Throws
+/// std::invalid_argument for a missing input, no files, or a bad val_fraction; std::runtime_error for I/O
+/// failures and for a file that gives fewer bytes than its size promised, naming the path.
 TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
                              double val_fraction);
 
@@ -101,7 +104,8 @@ int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const st
 class TokenDataset {
  public:
   /// Opens and checks the file: it exists, is HDF5, has format "trainer.tokens", format_version 1, a
-  /// positive vocab_size and a 1-D uint16 or int32 /tokens. With in_memory, reads every token and checks
+  /// positive vocab_size and a 1-D uint16 or int32 /tokens whose extent the file really stores
+  /// (dataset_size_problem in data/hdf5_lock.h). With in_memory, reads every token and checks
   /// each is in [0, vocab_size). Throws std::runtime_error with one line "TokenDataset 'PATH': ..." that
   /// says what is wrong.
   TokenDataset(const std::string& path, bool in_memory);

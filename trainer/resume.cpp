@@ -66,7 +66,7 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
   files["model.pt"] = state_dict_bytes(*model_);
   files["optimizer.pt"] = tensors_to_bytes(optimizer_->state());
   files["rng.pt"] = tensors_to_bytes(rng);
-  files["state.json"] = state_json().dump(2);
+  files["state.json"] = json_text(state_json(), 2);
   files["config.yaml"] = to_yaml(cfg_);
   nlohmann::json extra = {{"reason", reason}, {"device", device_.str()}};
   if (cfg_.checkpoint.async && !wait) store_->save_async(step_, std::move(files), extra);

@@ -2,6 +2,7 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
+#include "common/log.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -361,7 +362,7 @@ void CheckpointStore::write_folder(const fs::path& tmp_dir, int64_t step, const 
     manifest["files"][fname] = {{"size", static_cast<uint64_t>(bytes.size())}, {"crc32", crc32_hex(bytes)}};
   }
   // The manifest goes last: a folder with a valid manifest has all its files.
-  write_file_synced((tmp_dir / kManifest).string(), manifest.dump(2) + "\n");
+  write_file_synced((tmp_dir / kManifest).string(), json_text(manifest, 2) + "\n");
   fsync_path(tmp_dir.string(), true);
 }
 

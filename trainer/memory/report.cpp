@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "trainer/memory/backend.h"
 
 #ifdef TRAINER_WITH_CUDA
@@ -196,12 +197,12 @@ MemoryReport MemoryReporter::write(int64_t step, const MemoryBackend& backend, c
   r.text = format(r.json);
   fs::path path = fs::path(run_dir_) / fmt::format("memory_report_{}.json", step);
   for (int n = 2; fs::exists(path); ++n) path = fs::path(run_dir_) / fmt::format("memory_report_{}_{}.json", step, n);
-  if (sink_) sink_->set_memory_report(r.json.dump(2));
+  if (sink_) sink_->set_memory_report(json_text(r.json, 2));
   // A reader (a person, a log shipper) never sees half a file: write aside, then rename over.
   const fs::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << r.json.dump(2) << "\n";
+    out << json_text(r.json, 2) << "\n";
     if (!out.flush()) {
       r.write_error = "memory report: cannot write " + tmp.string() + " (disk full or run folder not writable)";
       return r;
