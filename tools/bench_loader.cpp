@@ -43,7 +43,7 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
     int64_t samples = 0;
     for (int64_t i = 0; i < opts.steps; ++i) samples += loader.next().images.size(0);
     const double sps = static_cast<double>(samples) / std::chrono::duration<double>(Clock::now() - t0).count();
-    json j = describe_run(cfg, opts);
+    json j = describe_run(cfg, opts.config_path, opts.overrides, opts.command_line);
     j["mode"] = "loader";
     j["samples_per_s"] = sps;
     j["tokens_per_s"] = sps * static_cast<double>(cfg.model.context);
@@ -76,7 +76,7 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
   for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
   const double sps = data::measure_loader_throughput(loader, static_cast<int>(opts.steps));
 
-  json j = describe_run(cfg, opts);
+  json j = describe_run(cfg, opts.config_path, opts.overrides, opts.command_line);
   j["mode"] = "loader";
   j["samples_per_s"] = sps;
   j["batches"] = opts.steps;

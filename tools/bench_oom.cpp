@@ -1,25 +1,16 @@
 // `trainer bench --oom`: the OOM recovery benchmark (docs/BENCHMARKS.md "OOM recovery").
 #include "tools/bench.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <map>
-#include <mutex>
 
-#include "common/log.h"
 #include "common/signals.h"
 #include "tools/bench_job.h"
 #include "tools/host_info.h"
-#include "tools/metrics_watch.h"
-#include "trainer/from_config.h"
-#include "trainer/train.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -30,67 +21,6 @@ using namespace bench;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// One training run of the OOM benchmark: its exit code, every metrics line and when each appeared.
-struct Job {
-  int rc = 0;
-  fs::path dir;
-  std::vector<json> lines;     // metrics.jsonl in file order
-  std::vector<double> seen;    // wall time (seconds since 1970) at which lines[i] appeared
-  std::vector<int64_t> minflt;  // the process's minor page faults so far when lines[i] appeared
-
-  std::vector<json> steps() const {
-    std::vector<json> out;
-    for (const auto& l : lines)
-      if (!l.contains("event")) out.push_back(l);
-    return out;
-  }
-  std::vector<json> events(const std::string& kind) const {
-    std::vector<json> out;
-    for (const auto& l : lines)
-      if (l.value("event", "") == kind) out.push_back(l);
-    return out;
-  }
-  // When the step line of `step` appeared (0 if it never did).
-  double seen_step(int64_t step) const {
-    for (size_t i = 0; i < lines.size(); ++i)
-      if (!lines[i].contains("event") && lines[i].value("step", int64_t{-1}) == step) return seen[i];
-    return 0;
-  }
-};
-
-// Runs the job with `sets` on top of `base` into the new folder `dir`, through trainer::train() (the real
-// loop), calling `hook` on the watcher's thread with every metrics line as it appears.
-Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir,
-            const std::function<void(const json&)>& hook = nullptr) {
-  Config cfg = base;
-  for (const auto& s : sets) apply_override(cfg, s);
-  validate(cfg);
-  fs::create_directories(dir);
-  Job job;
-  job.dir = dir;
-  std::mutex mu;
-  RunOptions ro;
-  ro.run_dir = dir.string();
-  ro.no_resume = true;
-  {
-    MetricsWatcher watcher(dir, "metrics.jsonl", [&](const json& line, double t) {
-      rusage ru{};
-      getrusage(RUSAGE_SELF, &ru);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        job.lines.push_back(line);
-        job.seen.push_back(t);
-        job.minflt.push_back(static_cast<int64_t>(ru.ru_minflt));
-      }
-      if (hook) hook(line);
-    });
-    job.rc = train(cfg, ro);
-    watcher.stop();
-  }
-  setup_logging("", base.log.level);  // let go of the run folder's train.log
-  return job;
-}
 
 // The operator's way to move the cap of a running trainer: control.yaml, written aside and renamed so the
 // loop never reads half a file.
@@ -130,16 +60,10 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
   for (const auto& o : common) apply_override(cfg, o);
   validate(cfg);
 
-  const bool temporary = opts.run_dir.empty();
-  fs::path root = opts.run_dir;
-  if (temporary) {
-    std::string tmpl = (fs::temp_directory_path() / "trainer-bench-oom-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error(tmpl + ": cannot create a temporary folder");
-    root = tmpl;
-  } else if (fs::exists(root) && !fs::is_empty(root)) {
-    throw std::runtime_error("bench --oom: " + root.string() + " is not empty; give --run-dir a new folder");
-  }
-  fs::create_directories(root);
+  if (!opts.run_dir.empty() && fs::exists(opts.run_dir) && !fs::is_empty(opts.run_dir))
+    throw std::runtime_error("bench --oom: " + opts.run_dir + " is not empty; give --run-dir a new folder");
+  const RunFolder folder = RunFolder::make(opts.run_dir, "trainer-bench-oom");
+  const fs::path& root = folder.path;
   const json env = bench_environment(device_name(cfg));
   const auto t_start = Clock::now();
   const std::string quiet = "log.level=error";  // the many short runs would bury the output in OOM reports
@@ -188,7 +112,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
       tried.push_back({{"micro_batch", m}, {"fits", fits}});
       if (fits && largest == 0) largest = m;
       if (!fits && largest != 0) failing_below.push_back(m);
-      if (temporary) fs::remove_all(d);
+      if (folder.temporary) fs::remove_all(d);
     }
     if (largest == 0) throw std::runtime_error("bench --oom: nothing fits under the " + name + " cap " + num(cap));
     Job a = run_job(cfg, {"train.micro_batch=auto", "memory.limit=" + num(cap), "train.steps=3", no_growth, quiet},
@@ -302,7 +226,7 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
       t_last_throw = std::max(t_last_throw, t);
     }
     if (t_throw == 0) throw std::runtime_error("bench --oom: " + da.string() + ": no memory report for the OOM step");
-    const double t_done = a.seen_step(st.oom_step);
+    const double t_done = a.seen[a.step_line(st.oom_step)];
     // A normal step at the backed-off size: A's clean steps at it before the raise (a grow-back probe may
     // end them early). And at the global batch: A's steps before the cut, the first one left out.
     std::vector<double> low_times, before_times;
@@ -406,14 +330,8 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
               << " s), grew back to " << final_micro << ", throughput ratio " << a_sps / b_sps << std::endl;
   }
 
-  json j;
-  j["schema"] = kBenchSchema;
+  json j = describe_run(cfg, opts.config_path, opts.overrides, opts.command_line);
   j["mode"] = "oom";
-  j["implementation"] = "trainer";
-  j["model"] = cfg.model.name;
-  const auto shape = sample_shape(cfg);
-  j["sample_shape"] = {shape[0], shape[1], shape[2]};
-  j["global_batch"] = G;
   j["calibration_peak_bytes"] = {{num(G), peak[G]}, {num(h1), peak[h1]}, {num(h2), peak[h2]}};
   j["limits_bytes"] = {{"high", cap_high}, {"cut", cap_cut}, {"mid", cap_mid}};
   j["auto_vs_exhaustive"] = autos;
@@ -432,16 +350,9 @@ json bench_oom(Config cfg, const BenchOomOptions& opts) {
                   {"steps", opts.steps}, {"steps_per_run", total}};
   j["threads"] = threads_of(cfg);
   j["wall_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();
-  j["config_file"] = opts.config_path;
-  j["overrides"] = opts.overrides;
-  j["command_line"] = opts.command_line;
   j["config_yaml"] = to_yaml(cfg);
   j.update(env);
-  j["run_dir"] = temporary ? json(nullptr) : json(root.string());
-  if (temporary) {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
+  folder.finish(j);
   return j;
 }
 

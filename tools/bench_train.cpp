@@ -1,17 +1,12 @@
 // `trainer bench`: a job through the real training loop, timed from its metrics lines.
 #include "tools/bench.h"
 
-#include <cstdlib>
 #include <filesystem>
-#include <map>
 
-#include "common/log.h"
 #include "common/signals.h"
 #include "tools/bench_job.h"
 #include "tools/host_info.h"
-#include "tools/metrics_watch.h"
 #include "trainer/from_config.h"
-#include "trainer/train.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -37,60 +32,20 @@ std::vector<std::string> bench_overrides(const BenchOptions& opts) {
           "checkpoint.every_steps=0", "checkpoint.every_seconds=0"};
 }
 
-json bench_training(Config cfg, const BenchOptions& opts) {
-  check_counts(opts);
-  const std::vector<std::string> overrides = bench_overrides(opts);
-  for (const auto& o : overrides) apply_override(cfg, o);
-  validate(cfg);
+namespace {
 
-  bool temporary = opts.run_dir.empty();
-  fs::path run_dir = opts.run_dir;
-  if (temporary) {
-    std::string tmpl = (fs::temp_directory_path() / "trainer-bench-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error(tmpl + ": cannot create a temporary run folder");
-    run_dir = tmpl;
-  } else if (fs::exists(run_dir / "metrics.jsonl")) {
-    throw std::runtime_error("bench: " + (run_dir / "metrics.jsonl").string() +
-                             " exists; give --run-dir a new folder (the bench reads back every step line)");
-  } else {
-    fs::create_directories(run_dir);
-  }
+// The wall time of the timed steps: from the last warmup step's line to the last timed step's line
+// (0 without warmup steps, or if a line was not seen: summarize_steps then sums the step times).
+double timed_wall_s(const Job& job, const BenchOptions& opts) {
+  if (opts.warmup <= 0) return 0;
+  const int64_t first = job.step_line(opts.warmup), last = job.step_line(opts.warmup + opts.steps);
+  return first >= 0 && last >= 0 ? job.elapsed[last] - job.elapsed[first] : 0;
+}
 
-  RunOptions ro;
-  ro.run_dir = run_dir.string();
-  ro.no_resume = true;
-  const json env = bench_environment(device_name(cfg));
-  int rc;
-  std::map<int64_t, double> stamps;
-  std::string wall_source;
-  {
-    MetricsWatcher watcher(run_dir, "metrics.jsonl");
-    rc = train(cfg, ro);
-    watcher.stop();
-    stamps = watcher.stamps();
-    wall_source = watcher.source();
-  }
-  setup_logging("", cfg.log.level);  // let go of the run folder's train.log
-  if (rc != kExitOk)
-    throw std::runtime_error("bench: training exited with code " + std::to_string(rc) + "; see " +
-                             (run_dir / "train.log").string());
-
-  const int64_t last = opts.warmup + opts.steps;
-  double wall = 0;
-  if (opts.warmup > 0 && stamps.count(opts.warmup) && stamps.count(last)) wall = stamps[last] - stamps[opts.warmup];
-  json j = describe_run(cfg, opts);
-  j["mode"] = "train";
-  j.update(summarize_steps(read_step_records((run_dir / "metrics.jsonl").string()), opts.warmup, opts.steps,
-                           cfg.train.global_batch, wall));
-  if (wall > 0) j["wall_source"] = wall_source;
-  j["warmup_steps"] = opts.warmup;
-  j["precision"] = precision_of(cfg);
-  j["channels_last"] = cfg.model.channels_last;
-  j["threads"] = threads_of(cfg);
-  j["loader_workers"] = cfg.data.workers > 0 ? cfg.data.workers : threads_of(cfg);
-
-  // FLOPs from the model's own count (built again here, with trainer/run.cpp's options: train() keeps
-  // its model private).
+// FLOPs per sample from the model's own count, the achieved TFLOP/s and MFU; for a token job the
+// context, vocabulary and tokens/s.
+void add_flops(json& j, const Config& cfg, const BenchOptions& opts, const std::string& gpu_name) {
+  // The model is built again here, with trainer/run.cpp's options: train() keeps its model private.
   auto s = j["sample_shape"].get<std::vector<int64_t>>();
   const bool tokens = cfg.data.kind == "tokens";
   const int64_t vocab = tokens ? vocab_size(cfg) : 0;
@@ -109,21 +64,50 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   double peak = opts.peak_tflops;
   std::string source = "--peak-tflops";
   if (peak <= 0) {
-    peak = known_peak_tflops(env["device_name"].get<std::string>(), precision_of(cfg));
-    source = "table: " + env["device_name"].get<std::string>() + " " + precision_of(cfg);
+    peak = known_peak_tflops(gpu_name, precision_of(cfg));
+    source = "table: " + gpu_name + " " + precision_of(cfg);
   }
   j["peak_tflops"] = peak > 0 ? json(peak) : json(nullptr);
   j["peak_tflops_source"] = peak > 0 ? json(source) : json(nullptr);
   j["mfu"] = peak > 0 ? json(achieved / peak) : json(nullptr);
+}
+
+}  // namespace
+
+json bench_training(Config cfg, const BenchOptions& opts) {
+  check_counts(opts);
+  const std::vector<std::string> overrides = bench_overrides(opts);
+  for (const auto& o : overrides) apply_override(cfg, o);
+  validate(cfg);
+  const fs::path metrics = fs::path(opts.run_dir) / "metrics.jsonl";
+  if (!opts.run_dir.empty() && fs::exists(metrics))
+    throw std::runtime_error("bench: " + metrics.string() +
+                             " exists; give --run-dir a new folder (the bench reads back every step line)");
+  const RunFolder folder = RunFolder::make(opts.run_dir, "trainer-bench");
+
+  const json env = bench_environment(device_name(cfg));
+  const Job job = run_job(cfg, {}, folder.path);
+  if (job.rc != kExitOk)
+    throw std::runtime_error("bench: training exited with code " + std::to_string(job.rc) + "; see " +
+                             (folder.path / "train.log").string());
+
+  const double wall = timed_wall_s(job, opts);
+  json j = describe_run(cfg, opts.config_path, opts.overrides, opts.command_line);
+  j["mode"] = "train";
+  j.update(summarize_steps(read_step_records((folder.path / "metrics.jsonl").string()), opts.warmup, opts.steps,
+                           cfg.train.global_batch, wall));
+  if (wall > 0) j["wall_source"] = job.watch_source;
+  j["warmup_steps"] = opts.warmup;
+  j["precision"] = precision_of(cfg);
+  j["channels_last"] = cfg.model.channels_last;
+  j["threads"] = threads_of(cfg);
+  j["loader_workers"] = cfg.data.workers > 0 ? cfg.data.workers : threads_of(cfg);
+  add_flops(j, cfg, opts, env["device_name"].get<std::string>());
   j["rss_peak_bytes"] = rss_peak_bytes();
   j["config_yaml"] = to_yaml(cfg);
   j["bench_overrides"] = overrides;
   j.update(env);
-  j["run_dir"] = temporary ? json(nullptr) : json(run_dir.string());
-  if (temporary) {
-    std::error_code ec;
-    fs::remove_all(run_dir, ec);
-  }
+  folder.finish(j);
   return j;
 }
 

@@ -33,11 +33,6 @@ void MetricsWatcher::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::map<int64_t, double> MetricsWatcher::stamps() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stamps_;
-}
-
 std::string MetricsWatcher::source() const {
   return fd_ >= 0 ? "metrics lines (inotify)" : "metrics lines (polling)";
 }
@@ -58,7 +53,7 @@ void MetricsWatcher::loop() {
   drain(std::chrono::duration<double>(Clock::now() - t0_).count());
 }
 
-void MetricsWatcher::drain(double t) {
+void MetricsWatcher::drain(double elapsed_s) {
   if (file_ < 0) file_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (file_ < 0) return;
   char buf[65536];
@@ -66,18 +61,9 @@ void MetricsWatcher::drain(double t) {
   while ((n = ::read(file_, buf, sizeof buf)) > 0) pending_.append(buf, static_cast<size_t>(n));
   size_t start = 0, end;
   while ((end = pending_.find('\n', start)) != std::string::npos) {
-    const std::string line = pending_.substr(start, end - start);
+    const auto j = json::parse(pending_.begin() + start, pending_.begin() + end, nullptr, /*allow_exceptions=*/false);
     start = end + 1;
-    if (on_line_) {
-      auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object()) on_line_(j, unix_now());
-    }
-    if (line.find("\"event\"") != std::string::npos) continue;
-    auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("step")) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stamps_.emplace(j["step"].get<int64_t>(), t);
-    }
+    if (j.is_object()) on_line_(j, unix_now(), elapsed_s);
   }
   pending_.erase(0, start);
 }

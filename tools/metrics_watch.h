@@ -1,19 +1,15 @@
-// Watches a run's metrics.jsonl while train() writes it, so the bench can see each line the moment it
-// appears without hooking into the loop: the wall time of the timed steps is the time between the last
-// warmup step's line and the last timed step's line. inotify on the folder wakes the watcher; where
-// inotify is unavailable it polls every millisecond. MetricsLog flushes every line, so a line's stamp
-// trails its write by the wake-up latency only.
+// Watches a run's metrics.jsonl while train() writes it and hands over every line the moment it
+// appears, so the bench can time steps and act on them (write control.yaml) without hooking into the
+// loop. inotify on the folder wakes the watcher; where inotify is unavailable it polls every
+// millisecond. MetricsLog flushes every line, so a line is seen within the wake-up latency of its write.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
-#include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -21,24 +17,24 @@ namespace trainer::bench {
 
 class MetricsWatcher {
  public:
-  /// Called on the watcher's thread with every line of the file (events too) as it appears, and the wall
-  /// time (seconds since 1970, the system clock) at which it was seen.
-  using LineCallback = std::function<void(const nlohmann::json& line, double unix_s)>;
+  /// Called on the watcher's thread with every line of the file that is a JSON object (events too), in
+  /// file order, with when it was seen: `unix_s` on the system clock (seconds since 1970, comparable with
+  /// the trainer's time stamps) and `elapsed_s` on the steady clock (seconds since the watcher started,
+  /// for durations).
+  using LineCallback = std::function<void(const nlohmann::json& line, double unix_s, double elapsed_s)>;
 
   /// Starts watching `dir`/`name` (the file need not exist yet).
-  MetricsWatcher(const std::filesystem::path& dir, const std::string& name, LineCallback on_line = nullptr);
+  MetricsWatcher(const std::filesystem::path& dir, const std::string& name, LineCallback on_line);
   ~MetricsWatcher();
-  /// Reads what is left of the file and stops the thread.
+  /// Reads what is left of the file and stops the thread; no callback runs after it returns.
   void stop();
-  /// Seconds since construction (steady clock) at which each step's line was first seen.
-  std::map<int64_t, double> stamps() const;
-  /// How the stamps were taken, for the result's wall_source.
+  /// How lines are seen, for a result's wall_source: "metrics lines (inotify)" or "(polling)".
   std::string source() const;
 
  private:
   using Clock = std::chrono::steady_clock;
   void loop();
-  void drain(double t);
+  void drain(double elapsed_s);
 
   std::string path_;
   Clock::time_point t0_;
@@ -46,8 +42,6 @@ class MetricsWatcher {
   int fd_ = -1, file_ = -1;
   std::string pending_;
   std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
-  std::map<int64_t, double> stamps_;
   std::thread thread_;
 };
 
