@@ -16,18 +16,8 @@ namespace trainer {
 using namespace bench;
 
 namespace {
-void write_result(const json& j, const std::string& out) {
-  if (out.empty()) {
-    std::cout << j.dump(2) << std::endl;
-    return;
-  }
-  std::ofstream f(out);
-  f << j.dump(2) << '\n';
-  if (!f.flush()) throw std::runtime_error(out + ": cannot write the bench result");
-}
-}  // namespace
 
-int bench_main(int argc, char** argv) {
+cxxopts::Options bench_options() {
   cxxopts::Options o("trainer bench",
                      "Measure a job's training speed through the real loop (or its data pipeline alone) and "
                      "write one JSON result (docs/BENCHMARKS.md)");
@@ -43,17 +33,78 @@ int bench_main(int argc, char** argv) {
       cxxopts::value<double>()->default_value("0"))(
       "run-dir", "keep the run folder here (default: a temporary one, removed)",
       cxxopts::value<std::string>()->default_value(""))("h,help", "this help");
-  std::string command_line = "trainer";
-  for (int i = 0; i < argc; ++i) command_line += std::string(" ") + argv[i];
-  // --set values are taken out before cxxopts sees them (it would split `data.shape=[3,64,64]` at commas).
+  return o;
+}
+
+// --set values are taken out before cxxopts sees them (it would split `data.shape=[3,64,64]` at commas):
+// returns them, and leaves the other arguments in `rest`.
+std::vector<std::string> take_sets(int argc, char** argv, std::vector<char*>& rest) {
   std::vector<std::string> sets;
-  std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     std::string arg = argv[i];
     if ((arg == "--set" || arg == "-s") && i + 1 < argc) sets.push_back(argv[++i]);
     else if (arg.rfind("--set=", 0) == 0) sets.push_back(arg.substr(6));
     else rest.push_back(argv[i]);
   }
+  return sets;
+}
+
+void write_result(const json& j, const std::string& out) {
+  if (out.empty()) {
+    std::cout << j.dump(2) << std::endl;
+    return;
+  }
+  std::ofstream f(out);
+  f << j.dump(2) << '\n';
+  if (!f.flush()) throw std::runtime_error(out + ": cannot write the bench result");
+}
+
+int run_oom(const cxxopts::ParseResult& a, const BenchOptions& opts, const Config& cfg) {
+  BenchOomOptions oo;
+  oo.rounds = a["rounds"].as<int64_t>();
+  oo.warmup = a.count("warmup") ? opts.warmup : 5;
+  oo.steps = a.count("steps") ? opts.steps : 10;
+  oo.run_dir = opts.run_dir;
+  oo.config_path = opts.config_path;
+  oo.overrides = opts.overrides;
+  oo.command_line = opts.command_line;
+  json j = bench_oom(cfg, oo);  // it sets steps, limits and micro-batches per run itself
+  write_result(j, a["out"].as<std::string>());
+  const auto& rec = j["recovery"];
+  std::cerr << "bench --oom: " << cfg.model.name << " batch " << cfg.train.global_batch << ": recovery "
+            << rec["recovery_s_median"].get<double>() << " s against a " << rec["normal_step_s_median"].get<double>()
+            << " s step (median of " << oo.rounds << "), auto/largest";
+  for (const auto& x : j["auto_vs_exhaustive"])
+    std::cerr << " " << x["auto_micro_batch"] << "/" << x["largest_fitting_micro_batch"];
+  std::cerr << ", throughput after grow-back / fresh " << j["grow_back"]["throughput_ratio_median"].get<double>()
+            << std::endl;
+  return kExitOk;
+}
+
+// The one-line summary of a training or loader result.
+void print_summary(const json& j, const Config& cfg, const std::string& out) {
+  if (j["mode"] == "loader") {
+    std::cerr << "bench: loader " << cfg.data.kind << " " << j["samples_per_s"].get<double>() << " samples/s with "
+              << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;
+  } else {
+    std::cerr << "bench: " << cfg.model.name << " batch " << cfg.train.global_batch << " on " << j["device"].get<std::string>()
+              << ": step p50 " << j["step_time_s_p50"].get<double>() << " s, p90 " << j["step_time_s_p90"].get<double>()
+              << " s, " << j["samples_per_s_median"].get<double>() << " samples/s (median), ";
+    if (j.contains("tokens_per_s_median")) std::cerr << j["tokens_per_s_median"].get<double>() << " tokens/s (median), ";
+    std::cerr
+              << j["samples_per_s_aggregate"].get<double>() << " (aggregate), data wait "
+              << 100 * j["data_wait_share"].get<double>() << "%" << (out.empty() ? "" : " -> " + out) << std::endl;
+  }
+}
+
+}  // namespace
+
+int bench_main(int argc, char** argv) {
+  cxxopts::Options o = bench_options();
+  std::string command_line = "trainer";
+  for (int i = 0; i < argc; ++i) command_line += std::string(" ") + argv[i];
+  std::vector<char*> rest;
+  const std::vector<std::string> sets = take_sets(argc, argv, rest);
   int rest_argc = static_cast<int>(rest.size());
   cxxopts::ParseResult a;
   try {
@@ -82,42 +133,11 @@ int bench_main(int argc, char** argv) {
   for (const auto& o : bench_overrides(opts)) all_sets.push_back(o);
   Config cfg = load_config(opts.config_path, all_sets);
 
-  if (a.count("oom")) {
-    BenchOomOptions oo;
-    oo.rounds = a["rounds"].as<int64_t>();
-    oo.warmup = a.count("warmup") ? opts.warmup : 5;
-    oo.steps = a.count("steps") ? opts.steps : 10;
-    oo.run_dir = opts.run_dir;
-    oo.config_path = opts.config_path;
-    oo.overrides = sets;
-    oo.command_line = command_line;
-    json j = bench_oom(cfg, oo);  // it sets steps, limits and micro-batches per run itself
-    write_result(j, a["out"].as<std::string>());
-    const auto& rec = j["recovery"];
-    std::cerr << "bench --oom: " << cfg.model.name << " batch " << cfg.train.global_batch << ": recovery "
-              << rec["recovery_s_median"].get<double>() << " s against a " << rec["normal_step_s_median"].get<double>()
-              << " s step (median of " << oo.rounds << "), auto/largest";
-    for (const auto& x : j["auto_vs_exhaustive"])
-      std::cerr << " " << x["auto_micro_batch"] << "/" << x["largest_fitting_micro_batch"];
-    std::cerr << ", throughput after grow-back / fresh " << j["grow_back"]["throughput_ratio_median"].get<double>()
-              << std::endl;
-    return kExitOk;
-  }
+  if (a.count("oom")) return run_oom(a, opts, cfg);
   json j = a.count("loader-only") ? bench_loader(cfg, opts) : bench_training(cfg, opts);
   const std::string out = a["out"].as<std::string>();
   write_result(j, out);
-  if (j["mode"] == "loader") {
-    std::cerr << "bench: loader " << cfg.data.kind << " " << j["samples_per_s"].get<double>() << " samples/s with "
-              << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;
-  } else {
-    std::cerr << "bench: " << cfg.model.name << " batch " << cfg.train.global_batch << " on " << j["device"].get<std::string>()
-              << ": step p50 " << j["step_time_s_p50"].get<double>() << " s, p90 " << j["step_time_s_p90"].get<double>()
-              << " s, " << j["samples_per_s_median"].get<double>() << " samples/s (median), ";
-    if (j.contains("tokens_per_s_median")) std::cerr << j["tokens_per_s_median"].get<double>() << " tokens/s (median), ";
-    std::cerr
-              << j["samples_per_s_aggregate"].get<double>() << " (aggregate), data wait "
-              << 100 * j["data_wait_share"].get<double>() << "%" << (out.empty() ? "" : " -> " + out) << std::endl;
-  }
+  print_summary(j, cfg, out);
   return kExitOk;
 }
 
