@@ -79,12 +79,8 @@ std::string show_count(const nlohmann::json& v) { return v.is_number() ? std::to
 
 MemoryStats collect_memory_stats(const MemoryBackend& backend) {
   MemoryStats m;
-  m.device = backend.name();
-  m.allocated = backend.current_bytes();
-  m.reserved = backend.reserved_bytes();
+  static_cast<DeviceMemory&>(m) = device_memory_of(backend);
   m.active = m.allocated;
-  m.peak = backend.peak_bytes();
-  m.limit = backend.limit();
   m.total = backend.total_bytes();
   m.free = backend.free_bytes();
   m.fragmentation = std::max<int64_t>(0, m.reserved - m.allocated);
