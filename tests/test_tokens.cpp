@@ -2,8 +2,10 @@
 // converter on hand-written files (exact bytes) and on the real fortunes, the uint16 .bin converter, and
 // the loaders (determinism per (seed, epoch), resume by seek, targets = inputs shifted by one against the
 // raw stream, rank slices, the evaluation pass).
-#include "data/hdf5_lock.h"
+// data/tokens.h first: it brings torch, whose c10/util/variant.h calls a function `data(...)` and does
+// not compile after a `namespace data` is declared (hdf5_lock.h) without the precompiled header.
 #include "data/tokens.h"
+#include "data/hdf5_lock.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
