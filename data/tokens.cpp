@@ -24,7 +24,7 @@ using Lock = std::lock_guard<std::mutex>;
 
 // ---- HDF5 helpers (call with hdf5_lock() held) ---------------------------------------------------------
 
-// A problem found while holding the lock; public entry points prefix the class and path.
+// A problem found while holding the lock; public entry points prefix the file's path.
 struct H5Problem : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -134,14 +134,14 @@ bool skipped_in_directory(const fs::path& p) { return p.extension() == ".dat" ||
 TokenWriter::TokenWriter(std::string path, int64_t vocab_size, std::string source)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), source_(std::move(source)), vocab_(vocab_size) {
   if (vocab_ < 1 || vocab_ > INT32_MAX) {
-    throw std::invalid_argument("TokenWriter '" + path_ + "': vocab_size must be in [1, 2^31), got " +
+    throw std::invalid_argument("token file '" + path_ + "': vocab_size must be in [1, 2^31), got " +
                                 std::to_string(vocab_));
   }
   Lock lock(hdf5_lock());
   H5Quiet quiet;
   H5Handle file(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) {
-    throw std::runtime_error("TokenWriter '" + path_ + "': cannot create '" + tmp_ +
+    throw std::runtime_error("token file '" + path_ + "': cannot create '" + tmp_ +
                              "' (does the folder exist and is it writable?)");
   }
   const hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = kTokensChunk;
@@ -150,7 +150,7 @@ TokenWriter::TokenWriter(std::string path, int64_t vocab_size, std::string sourc
   H5Pset_chunk(dcpl.get(), 1, &chunk);
   const hid_t type = vocab_ <= 65536 ? H5T_STD_U16LE : H5T_STD_I32LE;
   H5Handle dset(H5Dcreate2(file.get(), "tokens", type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) throw std::runtime_error("TokenWriter '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
+  if (!dset.valid()) throw std::runtime_error("token file '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
   dset_ = dset.release();
   file_ = file.release();
 }
@@ -170,7 +170,7 @@ void TokenWriter::append(const int64_t* tokens, int64_t n) {
   TORCH_CHECK(!finished_, "TokenWriter '", path_, "': append after finish");
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab_) {
-      throw std::invalid_argument("TokenWriter '" + path_ + "': token " + std::to_string(tokens[i]) +
+      throw std::invalid_argument("token file '" + path_ + "': token " + std::to_string(tokens[i]) +
                                   " at position " + std::to_string(written_ + buffer_.size() + i) +
                                   " is outside [0, vocab_size = " + std::to_string(vocab_) + ")");
     }
@@ -201,7 +201,7 @@ void TokenWriter::flush() {
                    small ? static_cast<const void*>(u16.data()) : static_cast<const void*>(i32.data())),
           "writing tokens");
   } catch (const H5Problem& e) {
-    throw std::runtime_error("TokenWriter '" + path_ + "': " + e.what() + " (disk full?)");
+    throw std::runtime_error("token file '" + path_ + "': " + e.what() + " (disk full?)");
   }
   written_ += static_cast<int64_t>(count);
   buffer_.clear();
@@ -219,17 +219,17 @@ int64_t TokenWriter::finish() {
       write_int64_attr(file_, "vocab_size", vocab_);
       write_string_attr(file_, "source", source_);
     } catch (const H5Problem& e) {
-      throw std::runtime_error("TokenWriter '" + path_ + "': " + e.what());
+      throw std::runtime_error("token file '" + path_ + "': " + e.what());
     }
     H5Dclose(dset_);
     dset_ = -1;
     const herr_t closed = H5Fclose(file_);
     file_ = -1;
-    if (closed < 0) throw std::runtime_error("TokenWriter '" + path_ + "': closing '" + tmp_ + "' failed (disk full?)");
+    if (closed < 0) throw std::runtime_error("token file '" + path_ + "': closing '" + tmp_ + "' failed (disk full?)");
   }
   std::error_code ec;
   fs::rename(tmp_, path_, ec);
-  if (ec) throw std::runtime_error("TokenWriter: cannot rename '" + tmp_ + "' to '" + path_ + "': " + ec.message());
+  if (ec) throw std::runtime_error("token file: cannot rename '" + tmp_ + "' to '" + path_ + "': " + ec.message());
   finished_ = true;
   return written_;
 }
@@ -258,7 +258,7 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
   if (!(val_fraction >= 0 && val_fraction < 1)) {
     std::ostringstream got;
     got << val_fraction;
-    throw std::invalid_argument("convert_text: val_fraction must be in [0, 1), got " + got.str());
+    throw std::invalid_argument("convert-text: val_fraction must be in [0, 1), got " + got.str());
   }
   TokenConversion r;
   int64_t total = 0;
@@ -275,12 +275,12 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
     } else if (fs::is_regular_file(p, ec)) {
       r.files.push_back(entry);
     } else {
-      throw std::invalid_argument("convert_text: '" + entry + "' is neither a file nor a directory");
+      throw std::invalid_argument("convert-text: '" + entry + "' is neither a file nor a directory");
     }
   }
-  if (r.files.empty()) throw std::invalid_argument("convert_text: no text files found in the given paths");
+  if (r.files.empty()) throw std::invalid_argument("convert-text: no text files found in the given paths");
   for (const auto& f : r.files) total += static_cast<int64_t>(fs::file_size(f));
-  if (total == 0) throw std::invalid_argument("convert_text: the input files are all empty");
+  if (total == 0) throw std::invalid_argument("convert-text: the input files are all empty");
 
   // The split point is known before reading (file sizes), so the bytes stream through once.
   const int64_t val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(total)));
@@ -299,7 +299,7 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
   std::vector<int64_t> tokens;
   for (const auto& f : r.files) {
     std::ifstream in(f, std::ios::binary);
-    if (!in) throw std::runtime_error("convert_text: cannot read '" + f + "'");
+    if (!in) throw std::runtime_error("convert-text: cannot read '" + f + "'");
     while (in) {
       in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
       const int64_t n = in.gcount();
@@ -310,10 +310,10 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
       if (n > to_train) val_w->append(tokens.data() + to_train, n - to_train);
       seen += n;
     }
-    if (in.bad()) throw std::runtime_error("convert_text: reading '" + f + "' failed");
+    if (in.bad()) throw std::runtime_error("convert-text: reading '" + f + "' failed");
   }
   if (seen != total) {
-    throw std::runtime_error("convert_text: the input files changed while being read (expected " +
+    throw std::runtime_error("convert-text: the input files changed while being read (expected " +
                              bytes_text(total) + ", read " + bytes_text(seen) + ")");
   }
   r.train_tokens = train_w.finish();
@@ -324,16 +324,16 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
 int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const std::string& out) {
   std::error_code ec;
   const auto bytes = fs::file_size(path, ec);
-  if (ec) throw std::invalid_argument("convert_uint16_bin: cannot read '" + path + "': " + ec.message());
+  if (ec) throw std::invalid_argument("convert-bin: cannot read '" + path + "': " + ec.message());
   if (bytes % 2 != 0) {
-    throw std::invalid_argument("convert_uint16_bin: '" + path + "' has an odd size (" +
+    throw std::invalid_argument("convert-bin: '" + path + "' has an odd size (" +
                                 bytes_text(static_cast<int64_t>(bytes)) + "); expected raw uint16 tokens");
   }
   if (vocab_size < 1 || vocab_size > 65536) {
-    throw std::invalid_argument("convert_uint16_bin: vocab_size must be in [1, 65536], got " + std::to_string(vocab_size));
+    throw std::invalid_argument("convert-bin: vocab_size must be in [1, 65536], got " + std::to_string(vocab_size));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("convert_uint16_bin: cannot open '" + path + "'");
+  if (!in) throw std::invalid_argument("convert-bin: cannot open '" + path + "'");
   TokenWriter w(out, vocab_size, "uint16 tokens of " + path);
   std::vector<unsigned char> buf(2 << 20);
   std::vector<int64_t> tokens;
@@ -345,7 +345,7 @@ int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const st
     for (int64_t i = 0; i < n; ++i) tokens[i] = buf[2 * i] | (buf[2 * i + 1] << 8);  // little-endian
     for (int64_t i = 0; i < n; ++i) {
       if (tokens[i] >= vocab_size) {
-        throw std::invalid_argument("convert_uint16_bin: token " + std::to_string(tokens[i]) + " at position " +
+        throw std::invalid_argument("convert-bin: token " + std::to_string(tokens[i]) + " at position " +
                                     std::to_string(seen + i) + " of '" + path + "' is >= vocab_size " +
                                     std::to_string(vocab_size));
       }
@@ -360,10 +360,10 @@ int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const st
 // Reader
 
 TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path), in_memory_(in_memory) {
-  const std::string where = "TokenDataset '" + path + "': ";
+  const std::string where = "token file '" + path + "': ";
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    throw std::runtime_error(where + "no such file (make one with data::convert_text or data::convert_uint16_bin; "
+    throw std::runtime_error(where + "no such file (make one with `trainer convert-text` or `trainer convert-bin`; "
                                      "docs/TRANSFORMERS.md)");
   }
   Lock lock(hdf5_lock());
@@ -441,7 +441,7 @@ TokenDataset::~TokenDataset() {
 
 void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
   if (begin < 0 || n < 0 || begin + n > size_) {
-    throw std::out_of_range("TokenDataset '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
+    throw std::out_of_range("token file '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
                             std::to_string(begin + n) + ") are outside [0, " + std::to_string(size_) + ")");
   }
   if (n == 0) return;
@@ -458,13 +458,13 @@ void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
     H5Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
     if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
         H5Dread(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-      throw std::runtime_error("TokenDataset '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
+      throw std::runtime_error("token file '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
                                std::to_string(begin + n) + ") failed");
     }
   }
   for (int64_t i = 0; i < n; ++i) {
     if (out[i] < 0 || out[i] >= vocab_) {
-      throw std::runtime_error("TokenDataset '" + path_ + "': token " + std::to_string(out[i]) + " at position " +
+      throw std::runtime_error("token file '" + path_ + "': token " + std::to_string(out[i]) + " at position " +
                                std::to_string(begin + i) + " is outside [0, vocab_size = " + std::to_string(vocab_) +
                                ")");
     }
@@ -579,7 +579,7 @@ Batch TokenLoader::next() {
 
 void TokenLoader::seek(int64_t epoch, int64_t position) {
   if (epoch < 0 || position < 0 || position > slots_) {
-    throw std::invalid_argument("TokenLoader::seek: need epoch >= 0 and position in [0, " + std::to_string(slots_) +
+    throw std::invalid_argument("token loader: seek needs epoch >= 0 and position in [0, " + std::to_string(slots_) +
                                 "], got epoch " + std::to_string(epoch) + ", position " + std::to_string(position));
   }
   consumed_ = normalized({epoch, position});

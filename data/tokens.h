@@ -102,7 +102,7 @@ class TokenDataset {
  public:
   /// Opens and checks the file: it exists, is HDF5, has format "trainer.tokens", format_version 1, a
   /// positive vocab_size and a 1-D uint16 or int32 /tokens. With in_memory, reads every token and checks
-  /// each is in [0, vocab_size). Throws std::runtime_error with one line "TokenDataset 'PATH': ..." that
+  /// each is in [0, vocab_size). Throws std::runtime_error with one line "token file 'PATH': ..." that
   /// says what is wrong.
   TokenDataset(const std::string& path, bool in_memory);
   ~TokenDataset();

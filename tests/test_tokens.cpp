@@ -121,9 +121,9 @@ TEST(TokensConvert, HandWrittenTextExactBytes) {
   EXPECT_FALSE(fs::exists(dir / "out2" / "val.h5"));
 
   expect_error<std::invalid_argument>([&] { data::convert_text({(dir / "nope").string()}, dir.str(), 0.1); },
-                                      "convert_text: '" + (dir / "nope").string() + "' is neither a file nor a directory");
+                                      "convert-text: '" + (dir / "nope").string() + "' is neither a file nor a directory");
   expect_error<std::invalid_argument>([&] { data::convert_text({(dir / "in").string()}, dir.str(), 1.0); },
-                                      "convert_text: val_fraction must be in [0, 1), got 1");
+                                      "convert-text: val_fraction must be in [0, 1), got 1");
 }
 
 TEST(TokensConvert, RealFortunes) {
@@ -171,7 +171,7 @@ TEST(TokensConvert, Uint16BinLikeNanoGpt) {
   EXPECT_EQ(ds.vocab_size(), 50257);
   expect_error<std::invalid_argument>(
       [&] { data::convert_uint16_bin((dir / "train.bin").string(), 1000, (dir / "bad.h5").string()); },
-      "convert_uint16_bin: token 50256 at position 2 of '" + (dir / "train.bin").string() + "' is >= vocab_size 1000");
+      "convert-bin: token 50256 at position 2 of '" + (dir / "train.bin").string() + "' is >= vocab_size 1000");
   EXPECT_FALSE(fs::exists(dir / "bad.h5"));
   EXPECT_FALSE(fs::exists(dir / "bad.h5.tmp"));
   testutil::write_file(dir / "odd.bin", "abc");
@@ -215,10 +215,10 @@ TEST(TokensDataset, ErrorsNameTheFileAndTheProblem) {
   testutil::TempDir dir("tok_err");
   const auto missing = (dir / "missing.h5").string();
   expect_error<std::runtime_error>([&] { data::TokenDataset(missing, true); },
-                                   "TokenDataset '" + missing + "': no such file (make one with data::convert_text");
+                                   "token file '" + missing + "': no such file (make one with `trainer convert-text`");
   testutil::write_file(dir / "text.h5", "just text");
   expect_error<std::runtime_error>([&] { data::TokenDataset((dir / "text.h5").string(), true); },
-                                   "TokenDataset '" + (dir / "text.h5").string() + "': not an HDF5 file");
+                                   "token file '" + (dir / "text.h5").string() + "': not an HDF5 file");
   write_raw((dir / "images.h5").string(), {1, 2}, "trainer.images", 10);
   expect_error<std::runtime_error>([&] { data::TokenDataset((dir / "images.h5").string(), true); },
                                    "': format is 'trainer.images', expected 'trainer.tokens' (docs/TRANSFORMERS.md)");
@@ -229,13 +229,13 @@ TEST(TokensDataset, ErrorsNameTheFileAndTheProblem) {
   const auto bad = (dir / "bad.h5").string();
   write_raw(bad, {1, 2, 12, 3}, "trainer.tokens", 10);
   expect_error<std::runtime_error>([&] { data::TokenDataset(bad, true); },
-                                   "TokenDataset '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
+                                   "token file '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
   data::TokenDataset lazy(bad, false);  // on disk: checked as read
   std::vector<int64_t> out(4);
   lazy.read(0, 2, out.data());
   EXPECT_EQ(out[1], 2);
   expect_error<std::runtime_error>([&] { lazy.read(1, 3, out.data()); },
-                                   "TokenDataset '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
+                                   "token file '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
   expect_error<std::invalid_argument>([&] { data::write_tokens((dir / "w.h5").string(), {3, 256}, 256, ""); },
                                       "token 256 at position 1 is outside [0, vocab_size = 256)");
   EXPECT_FALSE(fs::exists(dir / "w.h5.tmp"));
@@ -354,7 +354,7 @@ TEST(TokensLoader, SeekResumesExactlyAndEpochsRollOver) {
   l.seek(0, 120);
   EXPECT_EQ(l.state(), (data::LoaderState{1, 0}));
   expect_error<std::invalid_argument>([&] { l.seek(0, 124); },
-                                      "TokenLoader::seek: need epoch >= 0 and position in [0, 123], got epoch 0, position 124");
+                                      "token loader: seek needs epoch >= 0 and position in [0, 123], got epoch 0, position 124");
 }
 
 TEST(TokensLoader, RankSlicesAreDisjointAndFormTheGlobalBatch) {
