@@ -78,11 +78,25 @@ int export_main(int argc, char** argv) {
   return kExitOk;
 }
 
+// A dry run checks the config and the model, not the data: a training file that does not exist yet is
+// a warning, and the summary is made as for synthetic data (data.shape, or the model's vocabulary).
 void dry_run(const Config& cfg) {
-  const auto shape = sample_shape(cfg);
-  auto model = build_model(cfg, shape, cfg.data.kind == "tokens" ? vocab_size(cfg) : 0);
+  const bool tokens = token_job(cfg);  // also checks that the data kind fits the model
+  Config assumed = cfg;
+  std::error_code ec;
+  if (cfg.data.kind != "synthetic" && !fs::exists(cfg.data.train, ec)) {
+    assumed.data.kind = "synthetic";
+    std::ostringstream what;
+    if (tokens) what << "model.vocab_size " << vocab_size(assumed);
+    else what << "data.shape [" << cfg.data.shape[0] << ", " << cfg.data.shape[1] << ", " << cfg.data.shape[2] << "]";
+    std::cerr << "warning: data.train '" << cfg.data.train << "' does not exist; the model summary assumes "
+              << what.str() << std::endl;
+  }
+  const auto shape = sample_shape(assumed);
+  auto model = build_model(assumed, shape, tokens ? vocab_size(assumed) : 0);
+  const std::string summary = models::summarize(*model, shape);  // before any output: it may throw
   std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
-  std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
+  std::cout << "# model\n" << summary << std::endl;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "data/tokens.h"
 
 #include "data/hdf5_lock.h"
+#include "data/rng.h"
 
 #include <hdf5.h>
 
@@ -96,14 +97,9 @@ int64_t read_int_attr(hid_t loc, const char* name) {
 }
 
 // ---- random numbers -------------------------------------------------------------------------------------
-// splitmix64 (Steele, Lea, Flood 2014): the window order depends only on (seed, epoch), not on torch's
-// global generator, the thread, or the library version.
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+// splitmix64 (data/rng.h): the window order depends only on (seed, epoch), not on torch's global
+// generator, the thread, or the library version. This `below` (modulo rejection) predates rng.h's and
+// stays: it fixes every token run's window order, and bench/reference.py repeats it.
 
 class Rng {
  public:
@@ -471,10 +467,31 @@ void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
   }
 }
 
-torch::Tensor TokenDataset::slice(int64_t begin, int64_t n) const {
+torch::Tensor TokenSource::slice(int64_t begin, int64_t n) const {
   auto t = torch::empty({n}, torch::kLong);
   read(begin, n, t.data_ptr<int64_t>());
   return t;
+}
+
+SyntheticTokens::SyntheticTokens(int64_t size, int64_t vocab_size, uint64_t seed)
+    : size_(size), vocab_(vocab_size), state_(mix64(hash_key(seed, 0x73796e746fULL /* "synto" */))) {
+  if (size < 1 || vocab_size < 1 || vocab_size > INT32_MAX) {
+    throw std::invalid_argument("synthetic tokens: need size >= 1 and vocab_size in [1, 2^31), got size " +
+                                std::to_string(size) + ", vocab_size " + std::to_string(vocab_size));
+  }
+}
+
+void SyntheticTokens::read(int64_t begin, int64_t n, int64_t* out) const {
+  if (begin < 0 || n < 0 || begin + n > size_) {
+    throw std::out_of_range("synthetic tokens: tokens [" + std::to_string(begin) + ", " + std::to_string(begin + n) +
+                            ") are outside [0, " + std::to_string(size_) + ")");
+  }
+  // Output k of splitmix64 is mix64(state + (k + 1) * golden): any position is one mix away.
+  const auto v = static_cast<uint64_t>(vocab_);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t x = mix64(state_ + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(begin + i + 1));
+    out[i] = static_cast<int64_t>(((x >> 32) * v) >> 32);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -483,7 +500,7 @@ torch::Tensor TokenDataset::slice(int64_t begin, int64_t n) const {
 namespace {
 
 // Reads the windows starting at `starts` into a batch: inputs (B, T) and targets (B, T) shifted by one.
-void fill_windows(const TokenDataset& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b) {
+void fill_windows(const TokenSource& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b) {
   const int64_t B = static_cast<int64_t>(starts.size());
   auto w = torch::empty({B, T + 1}, torch::kLong);  // (B, T + 1)
   int64_t* p = w.data_ptr<int64_t>();
@@ -505,31 +522,31 @@ void check_rank(const char* who, int64_t rank, int64_t world) {
   }
 }
 
-void check_context(const char* who, const TokenDataset& ds, int64_t T) {
+void check_context(const char* who, const TokenSource& ds, int64_t T) {
   if (T < 1) throw std::invalid_argument(std::string(who) + ": context must be >= 1, got " + std::to_string(T));
   if (ds.size() < T + 1) {
-    throw std::invalid_argument(std::string(who) + ": '" + ds.path() + "' has " + std::to_string(ds.size()) +
+    throw std::invalid_argument(std::string(who) + ": '" + ds.name() + "' has " + std::to_string(ds.size()) +
                                 " tokens, fewer than context + 1 = " + std::to_string(T + 1));
   }
 }
 
 }  // namespace
 
-TokenLoader::TokenLoader(std::shared_ptr<const TokenDataset> dataset, TokenLoaderOptions options)
+TokenLoader::TokenLoader(std::shared_ptr<const TokenSource> dataset, TokenLoaderOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
   TORCH_CHECK(dataset_, "TokenLoader: no dataset");
-  check_context("TokenLoader", *dataset_, opt_.context);
-  check_rank("TokenLoader", opt_.rank, opt_.world_size);
+  check_context("token loader", *dataset_, opt_.context);
+  check_rank("token loader", opt_.rank, opt_.world_size);
   const int64_t full = (dataset_->size() - 1) / opt_.context;
   // One slot fewer than fit at offset 0 leaves at least T tokens of slack, so every epoch's offset can
   // shift the windows anywhere within a context length.
   slots_ = full >= 2 ? full - 1 : 1;
   const int64_t G = opt_.global_batch;
   if (G < 1 || G > slots_ || G < opt_.world_size) {
-    throw std::invalid_argument("TokenLoader: global_batch must be in [max(1, world_size), windows per epoch], got " +
+    throw std::invalid_argument("token loader: global_batch must be in [max(1, world_size), windows per epoch], got " +
                                 std::to_string(G) + " with world_size " + std::to_string(opt_.world_size) + " and " +
                                 std::to_string(slots_) + " windows of " + std::to_string(opt_.context) + " tokens in '" +
-                                dataset_->path() + "'");
+                                dataset_->name() + "'");
   }
 }
 
@@ -585,12 +602,12 @@ void TokenLoader::seek(int64_t epoch, int64_t position) {
   consumed_ = normalized({epoch, position});
 }
 
-TokenEvalLoader::TokenEvalLoader(std::shared_ptr<const TokenDataset> dataset, TokenEvalOptions options)
+TokenEvalLoader::TokenEvalLoader(std::shared_ptr<const TokenSource> dataset, TokenEvalOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
   TORCH_CHECK(dataset_, "TokenEvalLoader: no dataset");
-  check_context("TokenEvalLoader", *dataset_, opt_.context);
-  check_rank("TokenEvalLoader", opt_.rank, opt_.world_size);
-  if (opt_.batch < 1) throw std::invalid_argument("TokenEvalLoader: batch must be >= 1, got " + std::to_string(opt_.batch));
+  check_context("token evaluation loader", *dataset_, opt_.context);
+  check_rank("token evaluation loader", opt_.rank, opt_.world_size);
+  if (opt_.batch < 1) throw std::invalid_argument("token evaluation loader: batch must be >= 1, got " + std::to_string(opt_.batch));
   windows_ = (dataset_->size() - 1) / opt_.context;
 }
 

@@ -437,7 +437,7 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   // FLOPs from the model's own count (built again here, with trainer/run.cpp's options: train() keeps
   // its model private).
   auto s = j["sample_shape"].get<std::vector<int64_t>>();
-  const bool tokens = cfg.data.kind == "tokens";
+  const bool tokens = token_job(cfg);
   const int64_t vocab = tokens ? vocab_size(cfg) : 0;
   const double fwd = build_model(cfg, s, vocab)->forward_flops(s);
   if (tokens) {
@@ -483,9 +483,11 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
   std::unique_ptr<MemoryBackend> memory;
   if (device == "cpu") memory = make_memory_backend(torch::Device(torch::kCPU));
 
-  if (cfg.data.kind == "tokens") {
+  if (token_job(cfg)) {
     // The token loader has no workers: next() cuts the windows in the caller's thread, as in training.
-    auto tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
+    std::shared_ptr<data::TokenSource> tds;
+    if (cfg.data.kind == "synthetic") tds = synthetic_tokens(cfg);
+    else tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
     data::TokenLoaderOptions to;
     to.global_batch = cfg.train.global_batch;
     to.context = cfg.model.context;

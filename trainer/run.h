@@ -127,7 +127,7 @@ class TrainingRun {
 
   bool tokens_ = false;  // a language model on a token stream (else image classification)
   std::shared_ptr<data::ImageDataset> train_images_, test_images_;
-  std::shared_ptr<data::TokenDataset> train_tokens_, test_tokens_;
+  std::shared_ptr<data::TokenSource> train_tokens_, test_tokens_;
   std::unique_ptr<BatchStream> loader_;
   std::vector<int64_t> sample_shape_;  // (C, H, W) or (T)
   double flops_per_sample_ = 0;        // forward
