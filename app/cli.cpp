@@ -26,6 +26,33 @@ namespace fs = std::filesystem;
 namespace trainer {
 namespace {
 
+// --set values are taken out before cxxopts sees them: it splits list options at commas, which would
+// cut `--set data.shape=[3,224,224]` in three. Returns the other arguments.
+std::vector<char*> take_sets(int argc, char** argv, std::vector<std::string>& sets) {
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if ((arg == "--set" || arg == "-s") && i + 1 < argc) {
+      sets.push_back(argv[++i]);
+    } else if (arg.rfind("--set=", 0) == 0) {
+      sets.push_back(arg.substr(6));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  return rest;
+}
+
+// cxxopts 2.x and 3.x name their exception types differently: any parse error becomes one line that
+// names the subcommand.
+cxxopts::ParseResult parse(cxxopts::Options& o, int argc, char** argv, const std::string& command) {
+  try {
+    return o.parse(argc, argv);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(command + ": " + e.what() + " (see trainer " + command + " --help)");
+  }
+}
+
 int convert_idx_main(int argc, char** argv) {
   cxxopts::Options o("trainer convert-idx", "Convert IDX files (e.g. Fashion-MNIST) to the trainer's HDF5 format");
   o.add_options()("src", "folder with train-images-idx3-ubyte.gz etc.",
@@ -58,6 +85,34 @@ int convert_text_main(int argc, char** argv) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) src.push_back(item);
   std::cout << data::convert_text(src, a["out"].as<std::string>(), a["val-fraction"].as<double>()).summary() << std::endl;
+  return kExitOk;
+}
+
+int convert_bin_main(int argc, char** argv) {
+  cxxopts::Options o("trainer convert-bin", "Convert nanoGPT's uint16 token files (train.bin, val.bin) to the trainer's "
+                                           "HDF5 token format: DIR/train.h5 from train.bin, and so on");
+  o.add_options()("src", "raw little-endian uint16 token files (comma-separated)", cxxopts::value<std::string>())(
+      "vocab", "the vocabulary (50257 for GPT-2's BPE); every token must be below it", cxxopts::value<int64_t>())(
+      "out", "output folder", cxxopts::value<std::string>())("h,help", "this help");
+  auto a = parse(o, argc, argv, "convert-bin");
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  for (const char* required : {"src", "vocab", "out"})
+    if (!a.count(required)) throw std::runtime_error(std::string("convert-bin: --") + required + " is required (see trainer convert-bin --help)");
+  const fs::path out = a["out"].as<std::string>();
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw std::runtime_error("convert-bin: cannot create " + out.string() + " (" + ec.message() + ")");
+  std::stringstream ss(a["src"].as<std::string>());
+  for (std::string src; std::getline(ss, src, ',');) {
+    if (src.empty()) continue;
+    const std::string dst = (out / fs::path(src).stem()).string() + ".h5";
+    const int64_t n = data::convert_uint16_bin(src, a["vocab"].as<int64_t>(), dst);
+    std::cout << "converted " << src << " -> " << dst << ": " << n << " tokens (vocab " << a["vocab"].as<int64_t>()
+              << ")" << std::endl;
+  }
   return kExitOk;
 }
 
@@ -104,13 +159,14 @@ void dry_run(const Config& cfg) {
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "convert-bin") return convert_bin_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
-                                "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer export --help,\n"
-                                "trainer compare --help, trainer bench --help");
+                                "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer convert-bin --help,\n"
+                                "trainer export --help, trainer compare --help, trainer bench --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(
@@ -119,20 +175,8 @@ int cli_main(int argc, char** argv) {
       "no-resume", "start fresh; refuse a run folder that already has checkpoints")(
       "dry-run", "print the resolved config and a model summary, then exit")(
       "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
-  // --set values are taken out before cxxopts sees them: it splits list options at commas, which would
-  // cut `--set data.shape=[3,224,224]` in three.
   std::vector<std::string> sets;
-  std::vector<char*> rest;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if ((arg == "--set" || arg == "-s") && i + 1 < argc) {
-      sets.push_back(argv[++i]);
-    } else if (arg.rfind("--set=", 0) == 0) {
-      sets.push_back(arg.substr(6));
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
+  std::vector<char*> rest = take_sets(argc, argv, sets);
   int rest_argc = static_cast<int>(rest.size());
   cxxopts::ParseResult a;
   try {

@@ -1,6 +1,6 @@
 // A language model through the executable: the token stream, the token-weighted loss, per-layer
-// activation checkpointing with dropout, a resume that draws the same dropout masks; dry runs without a
-// dataset, synthetic tokens (resumed exactly, and the same in bench/reference.py).
+// activation checkpointing with dropout, a resume that draws the same dropout masks; `convert-bin`,
+// dry runs without a dataset, synthetic tokens (resumed exactly, and the same in bench/reference.py).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -78,6 +78,14 @@ std::string last_line(const std::string& out) {
 
 int64_t count_lines(const std::string& out) { return std::count(out.begin(), out.end(), '\n'); }
 
+void write_uint16(const fs::path& path, const std::vector<uint16_t>& tokens) {
+  std::ofstream f(path, std::ios::binary);
+  for (uint16_t t : tokens) {
+    const char le[2] = {static_cast<char>(t & 0xff), static_cast<char>(t >> 8)};
+    f.write(le, 2);
+  }
+}
+
 // gpt_tiny on synthetic tokens, checkpoints every 2 steps.
 std::string synthetic_job(int64_t steps) {
   return "--config " + testutil::source_dir() + "/configs/bench_gpt2_small_synthetic.yaml --set model.name=gpt_tiny"
@@ -88,6 +96,38 @@ std::string synthetic_job(int64_t steps) {
 }
 
 }  // namespace
+
+// The command writes what data::TokenDataset reads back; a bad file is one line naming the command.
+TEST(TokensE2E, ConvertBinCommand) {
+  TempDir dir;
+  const std::vector<uint16_t> train = {0, 1, 50256, 300, 42}, val = {7, 50000};
+  write_uint16(dir / "train.bin", train);
+  write_uint16(dir / "val.bin", val);
+  const std::string out = (dir / "owt").string();
+  auto r = testutil::run(testutil::trainer_bin() + " convert-bin --src " + (dir / "train.bin").string() + "," +
+                         (dir / "val.bin").string() + " --vocab 50257 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(last_line(r.output), "converted " + (dir / "val.bin").string() + " -> " + out + "/val.h5: 2 tokens (vocab 50257)");
+  for (const auto& [name, want] : {std::pair{"train", train}, std::pair{"val", val}}) {
+    data::TokenDataset ds(out + "/" + name + ".h5", false);
+    EXPECT_EQ(ds.vocab_size(), 50257);
+    EXPECT_TRUE(torch::equal(ds.slice(0, ds.size()), torch::tensor(std::vector<int64_t>(want.begin(), want.end()))));
+  }
+
+  r = testutil::run(testutil::trainer_bin() + " convert-bin --src " + (dir / "train.bin").string() + " --vocab 1000 --out " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(count_lines(r.output), 1) << r.output;
+  EXPECT_EQ(last_line(r.output), "error: convert-bin: token 50256 at position 2 of '" + (dir / "train.bin").string() +
+                                      "' is >= vocab_size 1000");
+  testutil::write_file(dir / "odd.bin", "abc");
+  r = testutil::run(testutil::trainer_bin() + " convert-bin --src " + (dir / "odd.bin").string() + " --vocab 50257 --out " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: convert-bin: '" + (dir / "odd.bin").string() +
+                                      "' has an odd size (3 bytes); expected raw uint16 tokens");
+  r = testutil::run(testutil::trainer_bin() + " convert-bin --src " + (dir / "train.bin").string() + " --out " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "error: convert-bin: --vocab is required (see trainer convert-bin --help)\n");
+}
 
 // Without any file: GPT-2 small's vocabulary from the config, and a missing dataset is a warning.
 TEST(TokensE2E, DryRunWithoutADataset) {
