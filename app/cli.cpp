@@ -19,6 +19,8 @@
 #include "trainer/from_config.h"
 #include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
+#include "trainer/eval_command.h"
+#include "trainer/memory/backend.h"
 #include "trainer/train.h"
 
 namespace fs = std::filesystem;
@@ -116,6 +118,38 @@ int convert_bin_main(int argc, char** argv) {
   return kExitOk;
 }
 
+int eval_main(int argc, char** argv) {
+  cxxopts::Options o("trainer eval", "Score a run's latest checkpoint, a chosen checkpoint, or model.init_from weights on "
+                                     "a split; writes one JSON file and prints one line");
+  o.add_options()("run-dir", "score this run's latest checkpoint", cxxopts::value<std::string>()->default_value(""))(
+      "checkpoint", "score this checkpoint folder", cxxopts::value<std::string>()->default_value(""))(
+      "c,config", "config (default: the checkpoint's own; without a checkpoint, the weights are model.init_from)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "split", "test (data.test), train (data.train) or a file", cxxopts::value<std::string>()->default_value("test"))(
+      "out", "the JSON file (default: <run-dir>/eval.json, else ./eval.json)",
+      cxxopts::value<std::string>()->default_value(""))("h,help", "this help");
+  EvalCommand cmd;
+  std::vector<char*> rest = take_sets(argc, argv, cmd.overrides);
+  auto a = parse(o, static_cast<int>(rest.size()), rest.data(), "eval");
+  if (a.count("help")) {
+    std::cout << o.help() << "\n  -s, --set key=value  override a config key (repeatable)" << std::endl;
+    return kExitOk;
+  }
+  cmd.run_dir = a["run-dir"].as<std::string>();
+  cmd.checkpoint = a["checkpoint"].as<std::string>();
+  cmd.config_path = a["config"].as<std::string>();
+  cmd.split = a["split"].as<std::string>();
+  cmd.out = a["out"].as<std::string>();
+  try {
+    std::cout << run_eval_command(cmd).second << std::endl;
+  } catch (const std::exception& e) {
+    if (!is_oom_error(e)) throw;
+    std::cerr << "error: eval: out of memory even at an evaluation micro-batch of 1 (raise memory.limit)" << std::endl;
+    return kExitOomGaveUp;
+  }
+  return kExitOk;
+}
+
 int export_main(int argc, char** argv) {
   cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a state dict "
                                        "that Python's torch.load reads");
@@ -160,13 +194,14 @@ int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-bin") return convert_bin_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "eval") return eval_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
                                 "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer convert-bin --help,\n"
-                                "trainer export --help, trainer compare --help, trainer bench --help");
+                                "trainer eval --help, trainer export --help, trainer compare --help, trainer bench --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(

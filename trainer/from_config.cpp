@@ -117,4 +117,18 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   return o;
 }
 
+EvalSettings eval_settings(const Config& cfg, const torch::Device& device, int64_t rank, int64_t world_size) {
+  EvalSettings s;
+  s.batch = cfg.train.eval_batch;
+  s.max_batches = cfg.train.eval_batches;
+  s.context = cfg.model.context;
+  s.workers = cfg.data.workers > 0 ? cfg.data.workers : at::get_num_threads();
+  s.normalize = cfg.data.normalize;
+  s.pin_memory = device.is_cuda();
+  s.rank = rank;
+  s.world_size = world_size;
+  s.forward = step_options(cfg, device).forward;
+  return s;
+}
+
 }  // namespace trainer

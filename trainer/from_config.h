@@ -13,6 +13,7 @@
 #include "data/tokens.h"
 #include "models/model.h"
 #include "trainer/config.h"
+#include "trainer/evaluate.h"
 #include "trainer/memory/oom.h"
 #include "trainer/step.h"
 
@@ -55,5 +56,10 @@ MicroBatchController make_controller(const MicroBatchOptions& options, int64_t l
 
 /// The step's options on `device`.
 StepOptions step_options(const Config& cfg, const torch::Device& device);
+
+/// The evaluation's settings on `device` for rank `rank` of `world_size`: train.eval_batch,
+/// eval_batches, model.context, data.workers (0 = this process's threads), data.normalize and the
+/// step's forward options.
+EvalSettings eval_settings(const Config& cfg, const torch::Device& device, int64_t rank = 0, int64_t world_size = 1);
 
 }  // namespace trainer
