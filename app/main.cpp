@@ -12,8 +12,12 @@
 
 #include "app/cli.h"
 #include "common/signals.h"
+#include "data/h5_check.h"
 
 int main(int argc, char** argv) {
+  // First: as the child that checks an HDF5 file (data/h5_check.h) this process does nothing else; as the
+  // trainer it turns that check on before any command can open a user's file.
+  if (const auto code = data::serve_h5_check(argc, argv)) return *code;
   try {
     return trainer::cli_main(argc, argv);
   } catch (const c10::Error& e) {

@@ -40,8 +40,12 @@ json loader_result(const Config& cfg, const BenchOptions& opts, double sps, int6
 json bench_token_loader(const Config& cfg, const BenchOptions& opts, int threads) {
   // The token loader has no workers: next() cuts the windows in the caller's thread, as in training.
   std::shared_ptr<data::TokenSource> tds;
-  if (cfg.data.kind == "synthetic") tds = synthetic_tokens(cfg);
-  else tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
+  if (cfg.data.kind == "synthetic") {
+    tds = synthetic_tokens(cfg);
+  } else {
+    check_data_file(cfg, cfg.data.train, cfg.data.in_memory);
+    tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
+  }
   data::TokenLoaderOptions to;
   to.global_batch = cfg.train.global_batch;
   to.context = cfg.model.context;
@@ -60,11 +64,13 @@ json bench_token_loader(const Config& cfg, const BenchOptions& opts, int threads
 
 json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads, bool pin_memory) {
   std::shared_ptr<data::ImageDataset> ds;
-  if (cfg.data.kind == "synthetic")
+  if (cfg.data.kind == "synthetic") {
     ds = std::make_shared<data::SyntheticImageDataset>(cfg.data.synthetic_size, cfg.data.shape[0], cfg.data.shape[1],
                                                        cfg.data.shape[2], cfg.model.num_classes, cfg.seed);
-  else
+  } else {
+    check_data_file(cfg, cfg.data.train, cfg.data.in_memory);
     ds = std::make_shared<data::ImageH5Dataset>(cfg.data.train, cfg.data.in_memory);
+  }
   // The same options as the training loop's loader (trainer/run.cpp).
   data::LoaderOptions lo;
   lo.global_batch = cfg.train.global_batch;

@@ -40,6 +40,7 @@ std::vector<Field> fields(Config& c) {
       {"data.train", &c.data.train, false},
       {"data.test", &c.data.test, false},
       {"data.in_memory", &c.data.in_memory, false},
+      {"data.check_timeout_s", &c.data.check_timeout_s, false},
       {"data.shape", &c.data.shape, false},
       {"data.synthetic_size", &c.data.synthetic_size, false},
       {"data.workers", &c.data.workers, false},
@@ -278,6 +279,7 @@ struct Checks {
     }
     if (c.data.workers < 0) bad("data.workers", "must be >= 0");
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
+    if (!(c.data.check_timeout_s > 0)) bad("data.check_timeout_s", "must be > 0");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
   }
 

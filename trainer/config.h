@@ -33,6 +33,7 @@ struct DataConfig {
   std::string train = "datasets/fmnist/train.h5";    ///< HDF5 training split (docs/DATA.md)
   std::string test = "datasets/fmnist/test.h5";      ///< HDF5 evaluation split ("" = no evaluation)
   bool in_memory = true;                             ///< read the HDF5 file once into memory
+  double check_timeout_s = 30;                       ///< the child that opens an HDF5 file first is killed after this (+20 s per GiB)
   std::vector<int64_t> shape = {3, 224, 224};        ///< synthetic images: sample shape (C, H, W)
   int64_t synthetic_size = 10000;                    ///< synthetic: samples (images, or windows of context tokens) per epoch
   int64_t workers = 0;                               ///< loader threads (0 = usable CPUs)

@@ -97,6 +97,7 @@ EvalTarget prepare_eval(const EvalCommand& cmd) {
   t.tokens = token_job(t.cfg);
   t.split_path = split_path(t.cfg, cmd.split);
   setup_device(t);
+  check_data_file(t.cfg, t.split_path, t.cfg.data.in_memory);
   if (t.tokens) t.split.tokens = std::make_shared<data::TokenDataset>(t.split_path, t.cfg.data.in_memory);
   else t.split.images = std::make_shared<data::ImageH5Dataset>(t.split_path, t.cfg.data.in_memory);
   build_scored_model(t, ck);

@@ -33,6 +33,15 @@ torch::Device resolve_device(const std::string& spec, std::optional<int64_t> loc
   return *d;
 }
 
+data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, bool in_memory) {
+  data::H5CheckOptions o;
+  o.kind = token_job(cfg) ? data::H5FileKind::tokens : data::H5FileKind::images;
+  o.in_memory = in_memory;
+  o.timeout_s = cfg.data.check_timeout_s;
+  o.timeout_hint = " (then raise data.check_timeout_s)";
+  return data::check_h5_file(path, o);
+}
+
 bool token_job(const Config& cfg) {
   const bool language = models::registered_vocab_size(cfg.model.name) > 0;
   if (cfg.data.kind == "tokens" && !language)
@@ -48,12 +57,14 @@ std::vector<int64_t> sample_shape(const Config& cfg) {
     return {cfg.model.context};
   }
   if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
+  check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
   auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
   return {s[0], s[1], s[2]};
 }
 
 int64_t vocab_size(const Config& cfg) {
   if (cfg.data.kind != "tokens") return cfg.model.vocab_size > 0 ? cfg.model.vocab_size : models::registered_vocab_size(cfg.model.name);
+  check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
   const int64_t file = data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
   if (cfg.model.vocab_size == 0) return file;
   if (cfg.model.vocab_size < file)

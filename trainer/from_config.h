@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "data/h5_check.h"
 #include "data/tokens.h"
 #include "models/model.h"
 #include "trainer/config.h"
@@ -28,8 +29,14 @@ torch::Device resolve_device(const std::string& spec, std::optional<int64_t> loc
 /// an image model reads hdf5 or synthetic images. Throws ConfigError naming data.kind for a mismatch.
 bool token_job(const Config& cfg);
 
+/// Checks the HDF5 file `path` of the job's kind (images, or tokens for a language model) in a child
+/// process before this process opens it (data/h5_check.h, issue 16), within data.check_timeout_s.
+/// Call it before every reader of a user's file; `in_memory` as the reader that follows will read.
+/// Throws one line naming the file when the child crashed, hung, ran out of memory or refused it.
+data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, bool in_memory);
+
 /// One sample's shape: (C, H, W) for images, (T) for tokens; what the model is built for and
-/// forward_flops takes. data.kind hdf5 reads the training file's header.
+/// forward_flops takes. data.kind hdf5 reads the training file's header (checked first).
 std::vector<int64_t> sample_shape(const Config& cfg);
 
 /// The vocabulary a token job's model is built with: model.vocab_size when set (it must cover the

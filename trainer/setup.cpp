@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "common/compat.h"
 #include "data/image_h5.h"
@@ -112,6 +113,26 @@ void TrainingRun::setup_memory() {
   control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
 }
 
+namespace {
+
+// Checks the training and the test file (data/h5_check.h) side by side: each check is mostly the start
+// of a fresh process (loading LibTorch), which takes longer than reading the file. The log says how
+// long, so a slow start can be told apart from a slow check. An error is the training file's first;
+// the other check still ends (or times out) before it propagates: no child is left behind.
+void check_before_opening(const Config& cfg) {
+  std::vector<std::string> paths = {cfg.data.train};
+  if (!cfg.data.test.empty() && cfg.data.test != cfg.data.train) paths.push_back(cfg.data.test);
+  std::vector<std::future<data::H5CheckResult>> checks;
+  for (const auto& path : paths)
+    checks.push_back(std::async(std::launch::async, [&cfg, path] { return check_data_file(cfg, path, cfg.data.in_memory); }));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const data::H5CheckResult r = checks[i].get();
+    if (r.ran) spdlog::info("data: {} read cleanly by a separate process in {:.0f} ms", paths[i], r.seconds * 1e3);
+  }
+}
+
+}  // namespace
+
 void TrainingRun::setup_data() {
   // Images (HDF5 or synthetic) or a token stream, behind one stream interface.
   const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
@@ -120,6 +141,7 @@ void TrainingRun::setup_data() {
     if (cfg_.data.kind == "synthetic") {
       train_tokens_ = synthetic_tokens(cfg_);
     } else {
+      check_before_opening(cfg_);
       train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
       if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
     }
@@ -137,6 +159,7 @@ void TrainingRun::setup_data() {
                                                                     cfg_.data.shape[1], cfg_.data.shape[2],
                                                                     cfg_.model.num_classes, cfg_.seed);
     } else {
+      check_before_opening(cfg_);
       train_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
       if (!cfg_.data.test.empty())
         test_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
