@@ -2,6 +2,10 @@
 // converter on hand-written files (exact bytes) and on the real fortunes, the uint16 .bin converter, and
 // the loaders (determinism per (seed, epoch), resume by seek, targets = inputs shifted by one against the
 // raw stream, rank slices, the evaluation pass).
+// LibTorch first: c10/util/variant.h calls an unqualified data(...), which fails to compile once a
+// `namespace data` (data/hdf5_lock.h) is declared before it (hidden when torch.h is precompiled).
+#include <torch/torch.h>
+
 #include "data/hdf5_lock.h"
 #include "data/tokens.h"
 #include "test_util.h"
