@@ -10,14 +10,16 @@
 #include <iostream>
 
 #include "app/cli.h"
+#include "common/log.h"
 #include "common/signals.h"
 
 int main(int argc, char** argv) {
   try {
     return trainer::cli_main(argc, argv);
   } catch (const std::exception& e) {
-    // The one line a user sees for bad input; never "terminate called after throwing".
-    std::cerr << "error: " << e.what() << std::endl;
+    // The one line a user sees for bad input; never "terminate called after throwing", never a
+    // LibTorch backtrace.
+    std::cerr << "error: " << trainer::error_message(e) << std::endl;
     return trainer::kExitBadInput;
   }
 }
