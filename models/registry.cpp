@@ -53,41 +53,51 @@ Factory vit(ViTOptions arch) {
   };
 }
 
+struct Entry {
+  std::string name;
+  ModelInput input;
+  Factory make;
+};
+
 // The registry: one line per model, in the order model_names() lists them.
-const std::vector<std::pair<std::string, Factory>>& registry() {
-  static const std::vector<std::pair<std::string, Factory>> table = {
-      {"resnet18", resnet(resnet18())},
-      {"resnet34", resnet(resnet34())},
-      {"resnet50", resnet(resnet50())},
-      {"resnet101", resnet(resnet101())},
-      {"resnet152", resnet(resnet152())},
-      {"resnet20", resnet(resnet20())},
-      {"resnet32", resnet(resnet32())},
-      {"resnet56", resnet(resnet56())},
-      {"plain_cnn", [](const ModelOptions& o) -> Model {
+const std::vector<Entry>& registry() {
+  using I = ModelInput;
+  static const std::vector<Entry> table = {
+      {"resnet18", I::kImages, resnet(resnet18())},
+      {"resnet34", I::kImages, resnet(resnet34())},
+      {"resnet50", I::kImages, resnet(resnet50())},
+      {"resnet101", I::kImages, resnet(resnet101())},
+      {"resnet152", I::kImages, resnet(resnet152())},
+      {"resnet20", I::kImages, resnet(resnet20())},
+      {"resnet32", I::kImages, resnet(resnet32())},
+      {"resnet56", I::kImages, resnet(resnet56())},
+      {"plain_cnn", I::kImages, [](const ModelOptions& o) -> Model {
          return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
        }},
-      {"gpt2", gpt(gpt2())},
-      {"gpt_tiny", gpt(gpt_tiny())},
-      {"vit_tiny", vit(vit_tiny())},
+      {"gpt2", I::kTokens, gpt(gpt2())},
+      {"gpt_tiny", I::kTokens, gpt(gpt_tiny())},
+      {"vit_tiny", I::kImages, vit(vit_tiny())},
   };
   return table;
 }
 
-}  // namespace
-
-Model create_model(const std::string& name, const ModelOptions& options) {
-  for (const auto& [n, make] : registry()) {
-    if (n == name) return make(options);
-  }
+const Entry& find(const std::string& name) {
+  for (const auto& e : registry())
+    if (e.name == name) return e;
   std::string known;
   for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown model '" + name + "'; known models: " + known);
 }
 
+}  // namespace
+
+Model create_model(const std::string& name, const ModelOptions& options) { return find(name).make(options); }
+
+ModelInput model_input(const std::string& name) { return find(name).input; }
+
 std::vector<std::string> model_names() {
   std::vector<std::string> names;
-  for (const auto& entry : registry()) names.push_back(entry.first);
+  for (const auto& entry : registry()) names.push_back(entry.name);
   return names;
 }
 
