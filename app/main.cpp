@@ -1,8 +1,7 @@
 // The thin executable: parses the command line, builds the config and calls the core.
 //
 //   trainer [--config FILE] [--set key=value ...] [--run-dir DIR] [--dry-run] [--resume PATH] [--no-resume]
-//   trainer convert-idx --src DIR --out DIR
-//   trainer export --run-dir DIR --out PATH
+//   trainer convert-idx | convert-text | convert-bin | eval | export | compare | bench ...  (app/cli.cpp)
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
 
@@ -18,7 +17,8 @@ int main(int argc, char** argv) {
     return trainer::cli_main(argc, argv);
   } catch (const std::exception& e) {
     // The one line a user sees for bad input; never "terminate called after throwing", never a
-    // LibTorch backtrace.
+    // LibTorch backtrace (a TORCH_CHECK's what() appends one; error_message() drops it, also when
+    // another exception's message wraps it, and joins the lines).
     std::cerr << "error: " << trainer::error_message(e) << std::endl;
     return trainer::kExitBadInput;
   }

@@ -75,8 +75,7 @@ void MetricsLog::write(const nlohmann::json& record) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (fd_ < 0) return;
-    // Invalid UTF-8 (a path, a message) becomes U+FFFD instead of an exception that would stop training.
-    append(record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n');
+    append(json_text(record) + '\n');  // invalid UTF-8 becomes U+FFFD, never an exception
   }
   if (observer_) observer_(record);
 }
@@ -106,6 +105,10 @@ std::string error_message(const std::exception& e) {
   }
   while (!out.empty() && (out.back() == ' ' || out.back() == ';')) out.pop_back();
   return out;
+}
+
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string format_duration(double s) {

@@ -54,6 +54,10 @@ class MetricsLog {
 /// exception's message cut off too, and any remaining line breaks joined with "; ".
 std::string error_message(const std::exception& e);
 
+/// `j` as JSON text (`indent` as nlohmann's dump). Strings that are not UTF-8 (a path from outside, an
+/// error naming one) have their invalid bytes written as U+FFFD instead of making dump() throw.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 /// "1h02m03s" / "4m05s" / "12.3s".
 std::string format_duration(double seconds);
 

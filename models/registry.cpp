@@ -55,35 +55,35 @@ Factory vit(ViTOptions arch) {
 
 struct Entry {
   std::string name;
-  ModelInput input;
   Factory make;
+  int64_t vocab_size = 0;  // language models: the registered vocabulary; 0 for image models
 };
 
 // The registry: one line per model, in the order model_names() lists them.
 const std::vector<Entry>& registry() {
-  using I = ModelInput;
   static const std::vector<Entry> table = {
-      {"resnet18", I::kImages, resnet(resnet18())},
-      {"resnet34", I::kImages, resnet(resnet34())},
-      {"resnet50", I::kImages, resnet(resnet50())},
-      {"resnet101", I::kImages, resnet(resnet101())},
-      {"resnet152", I::kImages, resnet(resnet152())},
-      {"resnet20", I::kImages, resnet(resnet20())},
-      {"resnet32", I::kImages, resnet(resnet32())},
-      {"resnet56", I::kImages, resnet(resnet56())},
-      {"plain_cnn", I::kImages, [](const ModelOptions& o) -> Model {
+      {"resnet18", resnet(resnet18())},
+      {"resnet34", resnet(resnet34())},
+      {"resnet50", resnet(resnet50())},
+      {"resnet101", resnet(resnet101())},
+      {"resnet152", resnet(resnet152())},
+      {"resnet20", resnet(resnet20())},
+      {"resnet32", resnet(resnet32())},
+      {"resnet56", resnet(resnet56())},
+      {"plain_cnn", [](const ModelOptions& o) -> Model {
          return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
        }},
-      {"gpt2", I::kTokens, gpt(gpt2())},
-      {"gpt_tiny", I::kTokens, gpt(gpt_tiny())},
-      {"vit_tiny", I::kImages, vit(vit_tiny())},
+      {"gpt2", gpt(gpt2()), gpt2().vocab_size()},
+      {"gpt_tiny", gpt(gpt_tiny()), gpt_tiny().vocab_size()},
+      {"vit_tiny", vit(vit_tiny())},
   };
   return table;
 }
 
-const Entry& find(const std::string& name) {
-  for (const auto& e : registry())
+const Entry& entry(const std::string& name) {
+  for (const auto& e : registry()) {
     if (e.name == name) return e;
+  }
   std::string known;
   for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown model '" + name + "'; known models: " + known);
@@ -91,13 +91,13 @@ const Entry& find(const std::string& name) {
 
 }  // namespace
 
-Model create_model(const std::string& name, const ModelOptions& options) { return find(name).make(options); }
+Model create_model(const std::string& name, const ModelOptions& options) { return entry(name).make(options); }
 
-ModelInput model_input(const std::string& name) { return find(name).input; }
+int64_t registered_vocab_size(const std::string& name) { return entry(name).vocab_size; }
 
 std::vector<std::string> model_names() {
   std::vector<std::string> names;
-  for (const auto& entry : registry()) names.push_back(entry.name);
+  for (const auto& e : registry()) names.push_back(e.name);
   return names;
 }
 

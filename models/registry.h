@@ -46,12 +46,10 @@ struct ModelOptions {
 /// "unknown model 'X'; known models: a, b, ..." for an unknown name.
 Model create_model(const std::string& name, const ModelOptions& options = {});
 
-/// What a model takes: images (B, C, H, W) or token ids (B, T).
-enum class ModelInput { kImages, kTokens };
-
-/// The input of the model registered as `name`, known without building it. Throws std::invalid_argument
-/// as create_model() does for an unknown name.
-ModelInput model_input(const std::string& name);
+/// A language model's registered vocabulary (gpt2 50257, gpt_tiny 256); 0 for image models, which is
+/// how a caller tells a language model (tokens in) from an image model. Throws as create_model for an
+/// unknown name.
+int64_t registered_vocab_size(const std::string& name);
 
 /// Every registered name, in registration order: resnet18, resnet34, resnet50, resnet101, resnet152
 /// (ImageNet, torchvision names), resnet20, resnet32, resnet56 (CIFAR, He et al. 2016 section 4.2),

@@ -209,7 +209,8 @@ TEST(HostileConfig, DeviceAndModelDataMismatchAndAbsurdSizesAreOneLineErrors) {
   expect_one_line_error("--dry-run --set train.device=cudafoo" + synthetic, {"train.device", "cudafoo"});
   expect_one_line_error("--set train.device=cuda:abc" + synthetic, {"train.device", "cuda:abc"});
   expect_one_line_error("--set model.num_classes=100000000000" + synthetic, {"model.num_classes"});
-  expect_one_line_error("--dry-run --set model.name=gpt_tiny --set model.context=8" + synthetic,
+  expect_one_line_error("--dry-run --set model.name=gpt_tiny --set model.context=8 --set data.kind=hdf5"
+                        " --set data.train=/nope.h5 --set data.test=",
                         {"model.name", "data.kind"});
   expect_one_line_error("--dry-run --set model.name=resnet20 --set data.kind=tokens --set model.context=8"
                         " --set data.train=/nope.h5",
@@ -236,6 +237,19 @@ TEST(HostileConfig, ALibTorchErrorIsShownAsOneLineWithoutItsBacktrace) {
     EXPECT_NE(m.find("the shapes [2, 3] and [4]; do not match"), std::string::npos) << m;
   }
   EXPECT_EQ(wrapped.rfind("reading batch 3: ", 0), 0u) << wrapped;
+}
+
+// The third example, a GPT with data.kind synthetic, is a job since main learned synthetic tokens:
+// it trains instead of being refused or failing in LibTorch.
+TEST(HostileConfig, AGptOnSyntheticDataTrains) {
+  TempDir dir;
+  const std::string cmd = testutil::trainer_cmd(
+      (dir / "run").string(), "--set model.name=gpt_tiny --set model.context=8 --set data.kind=synthetic"
+                              " --set data.synthetic_size=16 --set data.test= --set train.global_batch=4"
+                              " --set train.steps=1 --set train.epochs=0 --set train.threads=1");
+  auto r = testutil::run(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
 }
 
 TEST(HostileConfig, NonFiniteNumbersAreRefusedNamingTheKey) {

@@ -37,6 +37,7 @@ std::vector<Field> fields(Config& c) {
       {"model.channels_last", &c.model.channels_last, false},
       {"model.init_from", &c.model.init_from, false},
       {"model.context", &c.model.context, false},
+      {"model.vocab_size", &c.model.vocab_size, false},
       {"model.dropout", &c.model.dropout, false},
       {"data.kind", &c.data.kind, false},
       {"data.train", &c.data.train, false},
@@ -281,10 +282,11 @@ struct Checks {
     if (c.model.num_classes < 1 || c.model.num_classes > kMaxClasses)
       bad("model.num_classes", "must be in [1, " + std::to_string(kMaxClasses) + "], got " + std::to_string(c.model.num_classes));
     one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
-    const bool language_model = models::model_input(c.model.name) == models::ModelInput::kTokens;
-    if (language_model && c.data.kind != "tokens")
-      bad("model.name", "'" + c.model.name + "' is a language model and needs token data, but data.kind is '" +
-                            c.data.kind + "' (images); set data.kind: tokens or an image model");
+    // synthetic serves both: images of data.shape to an image model, tokens to a language model.
+    const bool language_model = models::registered_vocab_size(c.model.name) > 0;
+    if (language_model && c.data.kind == "hdf5")
+      bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is 'hdf5' "
+                            "(images); set data.kind: tokens or synthetic, or an image model");
     if (!language_model && c.data.kind == "tokens")
       bad("model.name", "'" + c.model.name + "' is an image model, but data.kind is 'tokens'; set data.kind: hdf5 "
                             "or synthetic, or a language model (gpt2, gpt_tiny)");
@@ -292,16 +294,18 @@ struct Checks {
     if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
     if (c.model.context < 0 || c.model.context > kMaxContext)
       bad("model.context", "must be in [0, " + std::to_string(kMaxContext) + "] (0 = the model's own)");
+    if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
     if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
-    if (c.data.kind == "synthetic") {
+    if (c.data.kind == "synthetic" && !language_model) {
       if (c.data.shape.size() != 3 ||
           std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1 || d > kMaxSide; }))
         bad("data.shape", "must be three integers (C, H, W) in [1, " + std::to_string(kMaxSide) + "]");
       if (c.data.shape[0] * c.data.shape[1] * c.data.shape[2] > kMaxSampleElements)
         bad("data.shape", "a sample of more than " + std::to_string(kMaxSampleElements) + " values (C * H * W)");
-      if (c.data.synthetic_size < c.train.global_batch) bad("data.synthetic_size", "must be at least train.global_batch");
     }
+    if (c.data.kind == "synthetic" && c.data.synthetic_size < c.train.global_batch)
+      bad("data.synthetic_size", "must be at least train.global_batch");
     if (c.data.workers < 0) bad("data.workers", "must be >= 0");
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
