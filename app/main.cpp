@@ -5,12 +5,11 @@
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
 
-#include <c10/util/Exception.h>
-
 #include <filesystem>
 #include <iostream>
 
 #include "app/cli.h"
+#include "common/log.h"
 #include "common/signals.h"
 #include "data/h5_check.h"
 
@@ -20,13 +19,11 @@ int main(int argc, char** argv) {
   if (const auto code = data::serve_h5_check(argc, argv)) return *code;
   try {
     return trainer::cli_main(argc, argv);
-  } catch (const c10::Error& e) {
-    // A TORCH_CHECK's what() appends a C++ backtrace; the user gets its message only.
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-    return trainer::kExitBadInput;
   } catch (const std::exception& e) {
-    // The one line a user sees for bad input; never "terminate called after throwing".
-    std::cerr << "error: " << e.what() << std::endl;
+    // The one line a user sees for bad input; never "terminate called after throwing", never a
+    // LibTorch backtrace (a TORCH_CHECK's what() appends one; error_message() drops it, also when
+    // another exception's message wraps it, and joins the lines).
+    std::cerr << "error: " << trainer::error_message(e) << std::endl;
     return trainer::kExitBadInput;
   }
 }

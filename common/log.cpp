@@ -1,11 +1,18 @@
 #include "common/log.h"
 
+#include <c10/util/Exception.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 namespace trainer {
 
@@ -21,18 +28,54 @@ void setup_logging(const std::string& run_dir, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 void MetricsLog::open(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
-  out_.open(path, std::ios::app);
-  if (!out_) throw std::runtime_error(path + ": cannot open the metrics file for writing");
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error(path + ": cannot open the metrics file for writing (" + std::strerror(errno) + ")");
+  path_ = path;
+}
+
+void MetricsLog::append(const std::string& line) {
+  struct stat st {};
+  const off_t start = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0) {
+    if (!failure_.empty())
+      spdlog::warn("metrics: writing {} resumed; {} lines were lost while it failed ({})", path_, lost_, failure_);
+    failure_.clear();
+    lost_ = 0;
+    return;
+  }
+  // Take back a cut line: the next line must not be glued to half of this one.
+  if (done > 0 && start >= 0 && ::ftruncate(fd_, start) != 0) err = errno;
+  ++lost_;
+  if (failure_.empty()) {
+    failure_ = std::strerror(err);
+    spdlog::error("metrics: cannot write {} ({}); metrics lines are dropped until it can be written again, "
+                  "training goes on", path_, failure_);
+  }
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!out_.is_open()) return;
-    out_ << json_text(record) << '\n';
-    out_.flush();
+    if (fd_ < 0) return;
+    append(json_text(record) + '\n');  // invalid UTF-8 becomes U+FFFD, never an exception
   }
   if (observer_) observer_(record);
 }
@@ -40,6 +83,28 @@ void MetricsLog::write(const nlohmann::json& record) {
 void MetricsLog::event(const std::string& kind, nlohmann::json fields) {
   fields["event"] = kind;
   write(fields);
+}
+
+std::string error_message(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  // A c10::Error's what() wrapped into another exception's message still carries its backtrace.
+  msg = msg.substr(0, msg.find("\nException raised from"));
+  std::string out;
+  bool line_start = false;  // skip the indentation of a continuation line
+  for (char c : msg) {
+    if (c == '\r') continue;
+    if (c == '\n') {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      out += "; ";
+      line_start = true;
+    } else if (!(line_start && (c == ' ' || c == '\t'))) {
+      out += c;
+      line_start = false;
+    }
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == ';')) out.pop_back();
+  return out;
 }
 
 std::string json_text(const nlohmann::json& j, int indent) {

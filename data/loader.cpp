@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include "common/log.h"
 #include "data/rng.h"
 
 #include <algorithm>
@@ -306,7 +307,7 @@ Batch Loader::next() {
     try {
       std::rethrow_exception(job->error);
     } catch (const std::exception& e) {
-      what = e.what();
+      what = trainer::error_message(e);
     } catch (...) {
     }
     throw std::runtime_error("image loader: reading the batch at " + state_str(job->batch.epoch, job->batch.position) +

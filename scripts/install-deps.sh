@@ -8,7 +8,7 @@ set -euo pipefail
 # training run in tests/test_prometheus.cpp (the test starts its own on a free loopback port; on a machine
 # with systemd the package also enables its own service on :9090, which the tests do not use).
 pkgs=(cmake ninja-build g++ libtorch-dev libopenblas0-openmp libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev
-      zlib1g-dev libgtest-dev libgmock-dev libgloo-dev libcpp-httplib-dev nlohmann-json3-dev
+      zlib1g-dev libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev
       python3-torch python3-torchvision python3-matplotlib python3-protobuf python3-venv
       dataset-fashion-mnist fortunes prometheus)
 [[ ${1:-} == --fuzz ]] && pkgs+=(clang-14 libclang-rt-14-dev)

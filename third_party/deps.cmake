@@ -59,24 +59,6 @@ target_include_directories(trainer_deps SYSTEM INTERFACE
   ${HDF5_C_INCLUDE_DIRS} ${CXXOPTS_INCLUDE_DIR} ${NLOHMANN_JSON_INCLUDE_DIR} ${YAML_CPP_INCLUDE_DIR})
 target_compile_options(trainer_deps INTERFACE ${TORCH_CXX_FLAGS})
 
-# cpp-httplib (the metrics endpoint, trainer/observe/http.cpp). Debian splits it into a declarations-only header
-# and a shared library built with OpenSSL, zlib and brotli; its pkg-config file carries the matching
-# CPPHTTPLIB_*_SUPPORT defines, which http.cpp must see or the header's classes (httplib::Request)
-# differ from the library's. They are set on that one file only. Elsewhere (the container) the
-# single-file header is used as it is: no defines, no library, no OpenSSL.
-find_package(PkgConfig QUIET)
-if(PkgConfig_FOUND)
-  pkg_check_modules(CPP_HTTPLIB QUIET cpp-httplib)
-endif()
-find_path(HTTPLIB_INCLUDE_DIR httplib.h HINTS ${CPP_HTTPLIB_INCLUDE_DIRS} REQUIRED)
-target_include_directories(trainer_deps SYSTEM INTERFACE ${HTTPLIB_INCLUDE_DIR})
-if(CPP_HTTPLIB_FOUND)
-  target_link_directories(trainer_deps INTERFACE ${CPP_HTTPLIB_LIBRARY_DIRS})
-  target_link_libraries(trainer_deps INTERFACE ${CPP_HTTPLIB_LIBRARIES})
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/observe/http.cpp PROPERTIES
-    COMPILE_OPTIONS "${CPP_HTTPLIB_CFLAGS_OTHER}")
-endif()
-
 # fmt: the wheel (2.10+) ships fmt 12's headers in torch/include, which would shadow the fmt that
 # spdlog was built with (Debian: fmt 9, libfmt.so.9); spdlog 1.10 does not compile against fmt 12. A
 # folder holding only spdlog's fmt goes on the include path before LibTorch's.

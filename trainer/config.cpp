@@ -1,6 +1,8 @@
 #include "trainer/config.h"
 
 #include "trainer/default_config.h"
+#include "models/registry.h"
+#include "trainer/memory/resources.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -138,7 +141,10 @@ void assign(Field& f, const YAML::Node& n, const std::string& source) {
         } else if constexpr (std::is_same_v<T, uint64_t>) {
           *p = scalar_as<uint64_t>(n, source, f.key, "a non-negative integer");
         } else if constexpr (std::is_same_v<T, double>) {
+          // YAML's .nan and .inf are numbers to yaml-cpp; no key means anything by them, and NaN slips
+          // through range checks (every comparison with it is false).
           *p = scalar_as<double>(n, source, f.key, "a number");
+          if (!std::isfinite(*p)) fail(source, f.key, "expected a finite number, got " + describe(n));
         } else if constexpr (std::is_same_v<T, bool>) {
           *p = scalar_as<bool>(n, source, f.key, "true or false");
         } else if constexpr (std::is_same_v<T, std::string>) {
@@ -181,9 +187,12 @@ std::string section_keys(const std::vector<Field>& fs, const std::string& key) {
 
 void apply_node(std::vector<Field>& fs, const YAML::Node& node, const std::string& prefix,
                 const std::string& source) {
+  std::set<std::string> seen;
   for (const auto& kv : node) {
     std::string k = kv.first.Scalar();
     std::string key = prefix.empty() ? k : prefix + "." + k;
+    // yaml-cpp keeps both entries of a repeated key; which one counts would be an accident of order.
+    if (!seen.insert(k).second) fail(source, key, "appears twice; keep one");
     if (Field* f = find_field(fs, key)) {
       assign(*f, kv.second, source);
     } else if (is_section(fs, key)) {
@@ -265,22 +274,70 @@ struct Checks {
   }
 
   void model_and_data() const {
-    if (c.model.num_classes < 1) bad("model.num_classes", "must be at least 1");
+    const auto names = models::model_names();
+    if (std::find(names.begin(), names.end(), c.model.name) == names.end()) {
+      std::string known;
+      for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+      bad("model.name", "unknown model '" + c.model.name + "'; known models: " + known);
+    }
+    if (c.model.num_classes < 1 || c.model.num_classes > kMaxClasses)
+      bad("model.num_classes", "must be in [1, " + std::to_string(kMaxClasses) + "], got " + std::to_string(c.model.num_classes));
     one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
+    // synthetic serves both: images of data.shape to an image model, tokens to a language model.
+    const bool language_model = models::registered_vocab_size(c.model.name) > 0;
+    if (language_model && c.data.kind == "hdf5")
+      bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is 'hdf5' "
+                            "(images); set data.kind: tokens or synthetic, or an image model");
+    if (!language_model && c.data.kind == "tokens")
+      bad("model.name", "'" + c.model.name + "' is an image model, but data.kind is 'tokens'; set data.kind: hdf5 "
+                            "or synthetic, or a language model (gpt2, gpt_tiny)");
+    sizes();
     if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
-    if (c.model.context < 0) bad("model.context", "must be >= 0");
+    if (c.model.context < 0 || c.model.context > kMaxContext)
+      bad("model.context", "must be in [0, " + std::to_string(kMaxContext) + "] (0 = the model's own)");
     if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
     if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
-    if (c.data.kind == "synthetic") {
-      if (c.data.shape.size() != 3 || std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1; }))
-        bad("data.shape", "must be three positive integers (C, H, W)");
-      if (c.data.synthetic_size < c.train.global_batch) bad("data.synthetic_size", "must be at least train.global_batch");
+    if (c.data.kind == "synthetic" && !language_model) {
+      if (c.data.shape.size() != 3 ||
+          std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1 || d > kMaxSide; }))
+        bad("data.shape", "must be three integers (C, H, W) in [1, " + std::to_string(kMaxSide) + "]");
+      if (c.data.shape[0] * c.data.shape[1] * c.data.shape[2] > kMaxSampleElements)
+        bad("data.shape", "a sample of more than " + std::to_string(kMaxSampleElements) + " values (C * H * W)");
     }
+    if (c.data.kind == "synthetic" && c.data.synthetic_size < c.train.global_batch)
+      bad("data.synthetic_size", "must be at least train.global_batch");
     if (c.data.workers < 0) bad("data.workers", "must be >= 0");
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
     if (!(c.data.check_timeout_s > 0)) bad("data.check_timeout_s", "must be > 0");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
+  }
+
+  // Sizes no job asks for, refused before anything is allocated: beyond these LibTorch fails inside an
+  // allocation (or overflows a size) with an error that names no key.
+  static constexpr int64_t kMaxClasses = int64_t(1) << 24;         // 16.7 M classifier outputs
+  static constexpr int64_t kMaxContext = int64_t(1) << 20;         // tokens per sample
+  static constexpr int64_t kMaxSide = int64_t(1) << 16;            // one dimension of an image
+  static constexpr int64_t kMaxSampleElements = int64_t(1) << 28;  // C * H * W (1 GiB of float32)
+  static constexpr int64_t kMaxBatch = int64_t(1) << 24;           // samples per step or evaluation batch
+  static constexpr int64_t kMaxThreads = 4096;                     // loader workers, prefetch, CPU threads
+
+  void sizes() const {
+    auto at_most = [&](const char* key, int64_t v, int64_t max) {
+      if (v > max) bad(key, "must be at most " + std::to_string(max) + ", got " + std::to_string(v));
+    };
+    at_most("train.global_batch", c.train.global_batch, kMaxBatch);
+    at_most("train.eval_batch", c.train.eval_batch, kMaxBatch);
+    at_most("data.synthetic_size", c.data.synthetic_size, int64_t(1) << 40);
+    at_most("data.workers", c.data.workers, kMaxThreads);
+    at_most("data.prefetch", c.data.prefetch, kMaxThreads);
+    at_most("train.threads", c.train.threads, kMaxThreads);
+    // These become float32 scalars of the optimizer's and the scaler's tensors; past float32's range
+    // LibTorch refuses them at the first step ("cannot be converted to type float without overflow").
+    for (const auto& [key, v] : {std::pair<const char*, double>{"optim.lr", c.optim.lr}, {"optim.weight_decay", c.optim.weight_decay},
+                                 {"optim.eps", c.optim.eps}, {"optim.grad_clip", c.optim.grad_clip},
+                                 {"amp.init_scale", c.amp.init_scale}, {"amp.growth_factor", c.amp.growth_factor}})
+      if (std::fabs(v) > std::numeric_limits<float>::max()) bad(key, "must fit in float32 (at most 3.4e38)");
   }
 
   void optimizer_and_schedule() const {
@@ -317,8 +374,11 @@ struct Checks {
     if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
-    if (c.train.device != "auto" && c.train.device != "cpu" && c.train.device.rfind("cuda", 0) != 0)
-      bad("train.device", "'" + c.train.device + "' is not one of: auto, cpu, cuda, cuda:N");
+    const std::string& d = c.train.device;
+    const bool cuda_n = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+                        std::all_of(d.begin() + 5, d.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (d != "auto" && d != "cpu" && d != "cuda" && !cuda_n)
+      bad("train.device", "'" + d + "' is not one of: auto, cpu, cuda, cuda:N (N a device number)");
   }
 
   void amp() const {
@@ -335,6 +395,12 @@ struct Checks {
   }
 
   void memory_checkpoints_logs_dist() const {
+    try {
+      validate_memory_limit_spec(c.memory.limit);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();  // "memory.limit: '0.5' is not ..."
+      bad("memory.limit", what.substr(what.rfind("memory.limit: ", 0) == 0 ? 14 : 0));
+    }
     if (c.memory.auto_margin < 0 || c.memory.auto_margin >= 1) bad("memory.auto_margin", "must be in [0, 1)");
     if (c.memory.min_micro_batch < 1) bad("memory.min_micro_batch", "must be at least 1");
     one_of("memory.activation_checkpointing", c.memory.activation_checkpointing, {"none", "all", "every_k", "auto"});
@@ -343,7 +409,8 @@ struct Checks {
     if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
     if (c.checkpoint.every_steps < 0) bad("checkpoint.every_steps", "must be >= 0");
     if (c.checkpoint.every_seconds < 0) bad("checkpoint.every_seconds", "must be >= 0");
-    if (c.checkpoint.keep_last < 1) bad("checkpoint.keep_last", "must be at least 1");
+    if (c.checkpoint.keep_last < 1 || c.checkpoint.keep_last > 1000000)
+      bad("checkpoint.keep_last", "must be in [1, 1000000]");
     if (c.log.every < 1) bad("log.every", "must be at least 1");
     one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
     if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");

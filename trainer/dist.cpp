@@ -18,6 +18,7 @@
 #endif
 
 #include "common/compat.h"
+#include "common/log.h"
 
 namespace trainer {
 namespace {
@@ -116,7 +117,7 @@ Distributed::Distributed(const DistEnv& env, const std::string& backend, const t
                        : c10::intrusive_ptr<c10d::Store>(tcp);
   } catch (const std::exception& e) {
     throw std::runtime_error("distributed: " + impl_->where + " could not reach the rendezvous store at " + at +
-                             " within " + seconds_text(timeout_s) + ": " + std::string(e.what()).substr(0, 300));
+                             " within " + seconds_text(timeout_s) + ": " + error_message(e).substr(0, 300));
   }
   try {
     if (backend == "gloo") {
@@ -145,7 +146,7 @@ Distributed::Distributed(const DistEnv& env, const std::string& backend, const t
     }
   } catch (const std::exception& e) {
     throw std::runtime_error("distributed: " + impl_->where + " could not form the " + backend + " process group (store " +
-                             at + ", timeout " + seconds_text(timeout_s) + "): " + std::string(e.what()).substr(0, 300));
+                             at + ", timeout " + seconds_text(timeout_s) + "): " + error_message(e).substr(0, 300));
   }
   if (!impl_->pg) throw std::runtime_error("distributed: backend '" + backend + "' is not built in");
   spdlog::info("distributed: {} ({}), store {}{}, timeout {}", impl_->where, backend, at,
@@ -162,8 +163,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const std::string& wha
   try {
     work->wait();
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    msg = msg.substr(0, msg.find('\n'));
+    const std::string msg = error_message(e);
     throw std::runtime_error("distributed: " + what + " failed on " + where + " (timeout " + seconds_text(timeout_s) +
                              "): " + msg.substr(0, 300) + "; another rank died, stalled or ran a different step");
   }

@@ -22,7 +22,7 @@ TrainingRun::~TrainingRun() {
     try {
       store_->wait();
     } catch (const std::exception& e) {
-      spdlog::error("checkpoint: {}", e.what());
+      spdlog::error("checkpoint: {}", error_message(e));
     }
   }
 }
@@ -52,8 +52,9 @@ int TrainingRun::run() {
     return give_up(e);
   } catch (const std::exception& e) {
     // Setup and resume errors (bad input) propagate; a failure while training is an error of the run.
-    spdlog::error("training stopped at step {}: {}", step_, e.what());
-    metrics_.event("error", {{"step", step_}, {"message", e.what()}});
+    const std::string what = error_message(e);
+    spdlog::error("training stopped at step {}: {}", step_, what);
+    metrics_.event("error", {{"step", step_}, {"message", what}});
     return kExitError;
   }
   return finish();

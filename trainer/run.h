@@ -77,6 +77,7 @@ class TrainingRun {
   void setup_observers();
   void setup_memory();
   void setup_data();
+  int64_t steps_of_epochs(double epochs, const char* key) const;  // after setup_data(): steps per epoch known
   void setup_model();
   void setup_step();
 

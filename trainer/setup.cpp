@@ -2,6 +2,7 @@
 // that can fail on bad input (the run folder, the device, the data) runs here, before anything trains.
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -187,9 +188,21 @@ void TrainingRun::setup_data() {
   }
   steps_per_epoch_ = loader_->steps_per_epoch();
   total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
-                                      : std::max<int64_t>(1, std::llround(cfg_.train.epochs * steps_per_epoch_));
+                                      : std::max<int64_t>(1, steps_of_epochs(cfg_.train.epochs, "train.epochs"));
   warmup_steps_ = cfg_.schedule.warmup_steps > 0 ? cfg_.schedule.warmup_steps
-                                                 : std::llround(cfg_.schedule.warmup_epochs * steps_per_epoch_);
+                                                 : steps_of_epochs(cfg_.schedule.warmup_epochs, "schedule.warmup_epochs");
+}
+
+int64_t TrainingRun::steps_of_epochs(double epochs, const char* key) const {
+  // llround of a product past int64's range is unspecified (here: the run trained 1 step of 1e300 epochs).
+  const double steps = epochs * static_cast<double>(steps_per_epoch_);
+  if (!(steps < 4.6e18)) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", epochs);
+    throw ConfigError(std::string(key) + ": " + text + " epochs of " + std::to_string(steps_per_epoch_) +
+                      " steps do not fit in a step counter (2^62); ask for fewer");
+  }
+  return std::llround(steps);
 }
 
 void TrainingRun::setup_model() {

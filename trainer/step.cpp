@@ -147,7 +147,7 @@ void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limi
   const int64_t peak = p_.memory->peak_bytes();
   OomAction action = controller_.on_oom(limit);
   const int64_t cap = p_.memory->limit();
-  spdlog::warn("{} in step {} (limit {}, peak {}): {}", peer ? std::string(e.what()) : "out of memory", step,
+  spdlog::warn("{} in step {} (limit {}, peak {}): {}", peer ? error_message(e) : "out of memory", step,
                cap ? format_bytes(cap) : "none", format_bytes(peak), action.event.reason);
   if (p_.metrics) {
     nlohmann::json j = action.event.to_json();
@@ -155,7 +155,7 @@ void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limi
     j["step"] = step;
     j["mem_peak_bytes"] = peak;
     j["current_bytes"] = p_.memory->current_bytes();
-    j["error"] = std::string(e.what()).substr(0, 300);
+    j["error"] = error_message(e).substr(0, 300);
     if (p_.dist) j["rank"] = p_.dist->rank();
     if (peer) j["peer"] = true;
     p_.metrics->write(j);
@@ -180,7 +180,7 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
       if (!peer && !is_oom_error(e)) throw;
       if (!peer) {
         // The report shows the memory as the failed attempt left it, before anything is dropped.
-        MemoryReport rep = p_.reporter->write(step, *p_.memory, "oom", e.what());
+        MemoryReport rep = p_.reporter->write(step, *p_.memory, "oom", error_message(e));
         spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
       }
       drop_failed_attempt();

@@ -295,7 +295,7 @@ CheckpointStore::~CheckpointStore() {
   try {
     wait();
   } catch (const std::exception& e) {
-    spdlog::error("checkpoint: the last background save failed: {}", e.what());
+    spdlog::error("checkpoint: the last background save failed: {}", error_message(e));
   }
 }
 
@@ -420,7 +420,7 @@ std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFile
     publish_folder(tmp_dir, final_dir, name);
   } catch (const std::exception& e) {
     remove_quietly(tmp_dir);
-    throw std::runtime_error("checkpoint save of step " + std::to_string(step) + " failed: " + e.what() +
+    throw std::runtime_error("checkpoint save of step " + std::to_string(step) + " failed: " + error_message(e) +
                              "; the previous checkpoints and `latest` are untouched");
   }
   commit_latest(name, step, final_dir);

@@ -6,13 +6,16 @@
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -275,12 +278,17 @@ int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin)
 void validate_memory_limit_spec(const std::string& spec) {
   const std::string s = lower(trim(spec));
   if (s.empty() || s == "none" || s == "auto") return;
+  int64_t bytes = 0;
   try {
-    parse_bytes(s);
+    bytes = parse_bytes(s);
   } catch (const std::invalid_argument&) {
     throw std::invalid_argument("memory.limit: '" + spec +
                                 "' is not a limit; write a byte size (6GiB, 300MiB, 1.5GB, 123), auto or none");
   }
+  // A cap of 0 bytes would mean "no cap": "0" or "0.5" must not lift the limit by accident.
+  if (bytes < 1)
+    throw std::invalid_argument("memory.limit: '" + spec + "' is not a positive byte size (it rounds to " +
+                                std::to_string(bytes) + " bytes); write e.g. 300MiB, or none for no limit");
 }
 
 int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, double margin,
@@ -308,6 +316,37 @@ int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backe
 
 ControlFile::ControlFile(std::string path) : path_(std::move(path)) {}
 
+namespace {
+
+// The control file's text, read without ever blocking the loop: opened non-blocking (a FIFO in its
+// place would otherwise wait for a writer), a regular file only, 64 KiB at most. Sets `why` instead.
+std::optional<std::string> read_control_text(const std::string& path, std::string& why) {
+  constexpr int64_t kMaxBytes = 64 * 1024;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    why = std::string("cannot open it (") + std::strerror(errno) + ")";
+    return std::nullopt;
+  }
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "not a regular file (a FIFO, socket or device); write a YAML file";
+  } else if (st.st_size > kMaxBytes) {
+    why = "larger than 64 KiB (" + std::to_string(st.st_size) + " bytes); it holds one key";
+  } else {
+    char buf[8192];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && static_cast<int64_t>(text.size()) <= kMaxBytes)
+      text.append(buf, static_cast<size_t>(n));
+    if (n < 0) why = std::string("cannot read it (") + std::strerror(errno) + ")";
+  }
+  ::close(fd);
+  if (!why.empty()) return std::nullopt;
+  return text;
+}
+
+}  // namespace
+
 ControlPoll ControlFile::poll() {
   ControlPoll out;
   struct stat st {};
@@ -325,8 +364,14 @@ ControlPoll ControlFile::poll() {
   const std::string keep = " ignored; keeping memory.limit=" + current_.memory_limit.value_or("(unset)");
   const std::string form = "expected 'memory: {limit: 3GiB}' (a byte size, auto or none);";
   ControlUpdate update;
+  std::string why;
+  const auto text = read_control_text(path_, why);
+  if (!text) {
+    out.warning = "control file " + path_ + ": " + why + ";" + keep;
+    return out;
+  }
   try {
-    const YAML::Node doc = YAML::LoadFile(path_);
+    const YAML::Node doc = YAML::Load(*text);
     if (!doc.IsNull() && !doc.IsMap()) {
       out.warning = "control file " + path_ + ": " + form + keep;
       return out;
@@ -341,6 +386,10 @@ ControlPoll ControlFile::poll() {
         const std::string k = inner.first.as<std::string>();
         if (k != "limit") {
           out.warning = "control file " + path_ + ": unknown key 'memory." + k + "'; " + form + keep;
+          return out;
+        }
+        if (update.memory_limit) {
+          out.warning = "control file " + path_ + ": memory.limit appears twice; keep one;" + keep;
           return out;
         }
         if (!inner.second.IsScalar()) {

@@ -73,7 +73,7 @@ int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin)
 
 /// Resolves a `memory.limit` spec to a cap in bytes (0 = none):
 ///   "none" or ""  -> 0
-///   a byte size   -> that size (parse_bytes: "6GiB", "1.5GB", "123")
+///   a byte size   -> that size (parse_bytes: "6GiB", "1.5GB", "123"); at least 1 byte ("0", "0.5" are invalid)
 ///   "auto"        -> CPU: auto_cpu_limit(cgroup limit, host RSS - backend.current_bytes(), margin),
 ///                    i.e. 0 outside a memory-limited cgroup;
 ///                    CUDA: (free device memory + what this process's allocator reserved) * (1 - margin).
@@ -83,8 +83,8 @@ int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin)
 int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, double margin,
                              const std::string& root = "/");
 
-/// Checks a `memory.limit` spec without resolving it ("none", "", "auto" or a byte size). Throws
-/// std::invalid_argument naming the spec otherwise.
+/// Checks a `memory.limit` spec without resolving it ("none", "", "auto" or a byte size of at least 1
+/// byte). Throws std::invalid_argument naming the spec otherwise.
 void validate_memory_limit_spec(const std::string& spec);
 
 // ---- the control file -----------------------------------------------------------------------------
@@ -106,9 +106,11 @@ struct ControlPoll {
 ///       limit: 3GiB     # or auto, none, 3221225472
 ///
 /// poll() re-reads the file only when its modification time or size changed since the last read, so
-/// calling it every step costs one stat(). A malformed file (bad YAML, not a mapping, an unknown key, a
-/// bad value) never throws: poll() returns a warning that names the file and the problem, and the values
-/// from the last good read stay in current(). A missing file is not an error (no update).
+/// calling it every step costs one stat(). It never blocks: the file is opened non-blocking and read
+/// only if it is a regular file of at most 64 KiB. A malformed file (bad YAML, not a mapping, an unknown
+/// or repeated key, a bad value, not a regular file, too large) never throws: poll() returns a warning
+/// that names the file and the problem, and the values from the last good read stay in current(). A
+/// missing file is not an error (no update).
 class ControlFile {
  public:
   explicit ControlFile(std::string path);

@@ -214,10 +214,18 @@ void Telemetry::request_memory_report() {
   report_requested_ = true;
 }
 bool Telemetry::take_memory_report_request() {
+  const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  bool r = report_requested_;
+  if (!report_requested_) return false;
+  if (last_report_taken_ && seconds_between(*last_report_taken_, now) < report_interval_s_) return false;
   report_requested_ = false;
-  return r;
+  last_report_taken_ = now;
+  return true;
+}
+void Telemetry::set_memory_report_interval_s(double seconds) {
+  if (!(seconds >= 0)) throw std::invalid_argument("telemetry: the memory report interval must be >= 0 seconds");
+  std::lock_guard<std::mutex> lock(mu_);
+  report_interval_s_ = seconds;
 }
 void Telemetry::set_memory_report(const std::string& json_text) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "trainer/memory/report.h"
@@ -114,10 +115,16 @@ class Telemetry : public MemoryReportSink {
   void set_gpu_utilization(double percent);
 
   // ---- memory report requests (GET /memory) -------------------------------------------------------
-  /// Asks the loop for a memory report (the HTTP thread calls this).
+  /// Asks the loop for a memory report (the HTTP thread calls this). Requests coalesce: however many
+  /// arrive, at most one is pending.
   void request_memory_report();
-  /// True once if a report was requested since the last call (the loop polls it with SIGUSR2's flag).
+  /// True if a report is pending and the last one was taken at least memory_report_interval_s ago
+  /// (the loop polls it after each step, with SIGUSR2's flag); the request is then taken. A request
+  /// inside the interval stays pending until it ends, so a flood of GET /memory costs the loop one
+  /// report per interval, never one per step.
   bool take_memory_report_request();
+  /// The least time between two reports asked through request_memory_report() (>= 0; 10 s by default).
+  void set_memory_report_interval_s(double seconds);
   /// The latest report (JSON text) the loop wrote, for GET /memory; "" before the first.
   void set_memory_report(const std::string& json_text) override;
   std::string memory_report() const;
@@ -148,6 +155,8 @@ class Telemetry : public MemoryReportSink {
 
   TelemetrySnapshot counters_;  // counters and flags; ages and step/memory filled in by snapshot()
   bool report_requested_ = false;
+  double report_interval_s_ = 10.0;
+  std::optional<Clock::time_point> last_report_taken_;
   std::string memory_report_;
 };
 
