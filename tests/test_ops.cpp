@@ -19,6 +19,7 @@
 #include <regex>
 #include <thread>
 
+#include "common/clock.h"
 #include "models/registry.h"
 #include "test_util.h"
 #include "train_util.h"
@@ -317,9 +318,9 @@ TEST(OpsTelemetry, ObserveCountsTheRecordsOfMetricsJsonl) {
 }
 
 TEST(OpsTelemetry, LastCheckpointTimestampFromTheResumedCheckpointThenFromEachSave) {
-  auto unix_now = [] {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  };
+  // The trainer's own clock (whole microseconds): a finer one could read later than the gauge within
+  // the same microsecond.
+  auto unix_now = [] { return trainer::unix_now(); };
   auto scrape = [](const trainer::Telemetry& t) {
     auto e = parse_prometheus(t.prometheus_text());
     EXPECT_TRUE(e.errors.empty()) << e.errors.front();
