@@ -2,8 +2,10 @@
 // converter on hand-written files (exact bytes) and on the real fortunes, the uint16 .bin converter, and
 // the loaders (determinism per (seed, epoch), resume by seek, targets = inputs shifted by one against the
 // raw stream, rank slices, the evaluation pass).
-#include "data/hdf5_lock.h"
+// torch (through data/tokens.h) before hdf5.h: a macro of hdf5.h breaks c10/util/variant.h otherwise
+// (seen without the precompiled header).
 #include "data/tokens.h"
+#include "data/hdf5_lock.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
