@@ -39,8 +39,7 @@ nlohmann::json TrainingRun::state_json() const {
   return j;
 }
 
-void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
-  auto t0 = std::chrono::steady_clock::now();
+std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
   // Model and optimizer are replicated; the RNG is each rank's own, so rank 0 gathers them all and
   // writes the one checkpoint (every rank calls this at the same step: the gather is a collective).
   NamedTensors rng;
@@ -54,10 +53,7 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
       rng.emplace_back("cpu" + suffix, cpus[r].to(torch::kByte));
       if (!cudas.empty()) rng.emplace_back("cuda" + suffix, cudas[r].to(torch::kByte));
     }
-    if (!main_rank()) {
-      last_ckpt_time_ = std::chrono::steady_clock::now();
-      return;
-    }
+    if (!main_rank()) return std::nullopt;
   } else {
     rng.emplace_back("cpu", generators.cpu);
     if (generators.cuda.defined()) rng.emplace_back("cuda", generators.cuda);
@@ -68,14 +64,7 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
   files["rng.pt"] = tensors_to_bytes(rng);
   files["state.json"] = state_json().dump(2);
   files["config.yaml"] = to_yaml(cfg_);
-  nlohmann::json extra = {{"reason", reason}, {"device", device_.str()}};
-  if (cfg_.checkpoint.async && !wait) store_->save_async(step_, std::move(files), extra);
-  else store_->save(step_, std::move(files), extra);
-  last_ckpt_time_ = std::chrono::steady_clock::now();
-  double secs = seconds_since(t0);
-  spdlog::info("checkpoint: step {} ({}), {} in {:.2f}s{}", step_, reason, wait || !cfg_.checkpoint.async ? "written" : "serialized",
-               secs, wait || !cfg_.checkpoint.async ? "" : ", writing in the background");
-  metrics_.event("checkpoint", {{"step", step_}, {"reason", reason}, {"seconds", secs}});
+  return files;
 }
 
 std::optional<LoadedCheckpoint> TrainingRun::find_checkpoint() const {
@@ -168,6 +157,8 @@ bool TrainingRun::resume() {
                                std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
   loader_->seek(epoch_, position_);
+  last_saved_path_ = ck->path;  // what an exit 4 names until this run saves its own
+  last_saved_step_ = step_;
   const auto& ladder = step_runner_->controller();
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
                position_, ladder.micro_batch(), ladder.accum_steps());

@@ -2,8 +2,8 @@
 //
 //   setup -> resume -> start -> [ poll -> fetch -> step -> record -> evaluate -> agree on save/stop ]* -> finish
 //
-// and the two other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), or a signal stops it
-// (checkpoint, exit 128 + signal).
+// and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
+// (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
 #include "trainer/run.h"
 
 #include <spdlog/spdlog.h>
@@ -18,13 +18,7 @@ namespace trainer {
 TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg), opts_(opts) {}
 
 TrainingRun::~TrainingRun() {
-  if (store_) {
-    try {
-      store_->wait();
-    } catch (const std::exception& e) {
-      spdlog::error("checkpoint: {}", e.what());
-    }
-  }
+  if (store_) store_->wait();  // a failure nobody collected is logged by the store
 }
 
 int TrainingRun::run() {
@@ -194,34 +188,39 @@ void TrainingRun::maybe_evaluate() {
 }
 
 std::optional<int> TrainingRun::agree_on_save_and_stop() {
+  if (main_rank()) collect_saves();  // a background save that failed is reported now and retried below
   bool ckpt_now = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
-                  (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds);
+                  (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds) ||
+                  retry_save_;
   bool ckpt_request = take_checkpoint_request();
   int stop_sig = stop_requested() ? stop_signal() : 0;
+  bool cannot_save = save_failures_ >= cfg_.checkpoint.max_failures;
   if (dist_) {
     // Saving is collective and a stop must happen at the same step everywhere: a signal or a timer
     // seen by any rank counts for all (torchrun forwards SIGTERM to every rank, not at the same instant).
-    auto a = dist_->all_max({ckpt_now ? 1.0 : 0.0, ckpt_request ? 1.0 : 0.0, static_cast<double>(stop_sig)},
+    // Rank 0 alone knows how its saves went.
+    auto a = dist_->all_max({ckpt_now ? 1.0 : 0.0, ckpt_request ? 1.0 : 0.0, static_cast<double>(stop_sig),
+                             cannot_save ? 1.0 : 0.0},
                             "the checkpoint and stop agreement");
     ckpt_now = a[0] > 0;
     ckpt_request = a[1] > 0;
     stop_sig = static_cast<int>(a[2]);
-  }
-  if (ckpt_request) {
-    save_checkpoint("SIGUSR1", false);
-    ckpt_now = false;
+    cannot_save = a[3] > 0;
   }
   if (stop_sig != 0) {
     // SIGTERM/SIGINT: the step in progress was finished; save and exit with 128 + signal so a scheduler
-    // restarts the job, which then resumes from this checkpoint.
+    // restarts the job, which then resumes from this checkpoint. Earlier failed saves do not matter here.
     const std::string sig = stop_sig == SIGINT ? "SIGINT" : "SIGTERM";
     spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", sig, step_);
     telemetry_.set_stopping();
-    save_checkpoint(sig, true);
+    if (!save_before_exit(sig))
+      return exit_not_saved("the " + sig + " checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
     metrics_.event("stop", {{"step", step_}, {"signal", sig}});
     return exit_code_for_signal(stop_sig);
   }
-  if (ckpt_now && step_ < total_steps_) save_checkpoint("periodic", false);
+  if (cannot_save) return exit_not_saved("step " + std::to_string(step_), save_failures_);
+  if ((ckpt_request || ckpt_now) && step_ < total_steps_)
+    save_in_background(ckpt_request ? "SIGUSR1" : retry_save_ ? "retry" : "periodic");
   return std::nullopt;
 }
 
@@ -229,7 +228,9 @@ int TrainingRun::give_up(const OomGaveUp& e) {
   spdlog::error("{}", e.what());
   metrics_.event("oom_gave_up", {{"step", step_}, {"message", e.what()}, {"mem_peak_bytes", memory_->peak_bytes()}});
   // The cap stays in force: the checkpoint's own buffers are small next to a step's activations.
-  save_checkpoint("oom_gave_up", true);
+  if (!save_before_exit("oom_gave_up"))
+    return exit_not_saved("the checkpoint of step " + std::to_string(step_) + " before giving up on memory",
+                          cfg_.checkpoint.max_failures);
   return kExitOomGaveUp;
 }
 
@@ -240,7 +241,8 @@ int TrainingRun::finish() {
     metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
                             {"samples", e.samples}, {"final", true}});
   }
-  save_checkpoint("final", true);
+  if (!save_before_exit("final"))
+    return exit_not_saved("the final checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
   const double total = seconds_since(start_time_);
   metrics_.event("end", {{"step", step_}, {"seconds", total}, {"samples_seen", samples_seen_}});
   spdlog::info("done: {} steps in {}", step_, format_duration(total));

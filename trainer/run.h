@@ -5,7 +5,8 @@
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
 //   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
 //   evaluate.cpp   evaluation on the test split, with its own OOM backoff
-//   resume.cpp     what a checkpoint holds (save_checkpoint) and reading it back (resume)
+//   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
+//   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
 //   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
 //
 // Internal to trainer/: users call train() (train.h).
@@ -107,8 +108,16 @@ class TrainingRun {
   void check_same_experiment(const LoadedCheckpoint& ck) const;
   void restore_tensors(const LoadedCheckpoint& ck);
   void restore_loop(const nlohmann::json& state);
-  void save_checkpoint(const std::string& reason, bool wait);
+  std::optional<CheckpointFiles> serialize_checkpoint();  // collective; the files on rank 0 only
   nlohmann::json state_json() const;
+
+  // saving.cpp
+  void save_in_background(const std::string& reason);  // periodic, SIGUSR1, a retry; async per config
+  bool save_before_exit(const std::string& reason);    // in the foreground, retried; agreed by all ranks
+  void collect_saves();                                // the background saves that finished
+  void on_saved(int64_t step, const std::string& reason, const std::string& path, double seconds);
+  void on_save_failed(int64_t step, const std::string& reason, const std::string& error, const std::string& next);
+  int exit_not_saved(const std::string& what, int64_t attempts);  // the one line, exit 4
 
   int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
   bool main_rank() const { return env_.rank == 0; }
@@ -159,6 +168,19 @@ class TrainingRun {
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
+  // Saving (saving.cpp): the newest checkpoint known to be written (the resumed one at first), the
+  // failed attempts in a row since, and the background save being written.
+  std::string last_saved_path_;
+  int64_t last_saved_step_ = -1;
+  int64_t save_failures_ = 0;
+  std::string last_save_error_;
+  bool retry_save_ = false;  // a save failed: save again at the next step
+  struct PendingSave {
+    int64_t step = 0;
+    std::string reason;
+    std::chrono::steady_clock::time_point started;
+  };
+  std::optional<PendingSave> pending_save_;
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
   double data_wait_s_ = 0;            // time the last step waited for its batch
   double window_time_ = 0;            // seconds of the steps since the last log line
