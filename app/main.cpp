@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "app/cli.h"
+#include "common/log.h"
 #include "common/signals.h"
 
 int main(int argc, char** argv) {
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
     return trainer::cli_main(argc, argv);
   } catch (const std::exception& e) {
     // The one line a user sees for bad input; never "terminate called after throwing".
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "error: " << trainer::one_line(e) << std::endl;
     return trainer::kExitBadInput;
   }
 }

@@ -4,6 +4,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <c10/util/Exception.h>
+
 #include <cmath>
 #include <cstdio>
 
@@ -19,6 +21,18 @@ void setup_logging(const std::string& run_dir, const std::string& level) {
   logger->set_level(spdlog::level::from_str(level));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
+}
+
+std::string one_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  std::string out;
+  for (char c : msg) {
+    if (c == '\n') out += "; ";
+    else out += c;
+  }
+  return out;
 }
 
 void MetricsLog::open(const std::string& path) {

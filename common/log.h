@@ -15,6 +15,10 @@ namespace trainer {
 /// resumed run keeps one log). `level` is trace|debug|info|warn|error. Empty run_dir: console only.
 void setup_logging(const std::string& run_dir, const std::string& level);
 
+/// An exception's message as one line: a c10::Error without its backtrace (LibTorch appends dozens of
+/// frames), line breaks replaced by "; ".
+std::string one_line(const std::exception& e);
+
 /// Appends JSON lines to a file and flushes each one, so a killed run loses no line it wrote.
 class MetricsLog {
  public:

@@ -46,8 +46,8 @@ int TrainingRun::run() {
     return give_up(e);
   } catch (const std::exception& e) {
     // Setup and resume errors (bad input) propagate; a failure while training is an error of the run.
-    spdlog::error("training stopped at step {}: {}", step_, e.what());
-    metrics_.event("error", {{"step", step_}, {"message", e.what()}});
+    spdlog::error("training stopped at step {}: {}", step_, one_line(e));
+    metrics_.event("error", {{"step", step_}, {"message", one_line(e)}});
     return kExitError;
   }
   return finish();
@@ -179,12 +179,31 @@ void TrainingRun::maybe_evaluate() {
   const bool epoch_end = step_ % steps_per_epoch_ == 0;
   const bool due = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;
   if (!due || step_ >= total_steps_ || !has_eval()) return;  // the last step's evaluation is finish()'s
+  // A failed evaluation is reported and training goes on: the test split is not the run's state, and
+  // the final evaluation reports it again (after the final checkpoint).
+  if (const auto e = evaluate_and_log(false); !e.empty()) {
+    spdlog::warn("evaluation at step {} failed, training goes on: {}", step_, e);
+    metrics_.event("eval_failed", {{"step", step_}, {"message", e}});
+  }
+}
+
+std::string TrainingRun::evaluate_and_log(bool final) {
   const auto t = std::chrono::steady_clock::now();
-  const EvalResult e = evaluate();
-  spdlog::info("eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", step_, e.loss, 100 * e.top1,
-               100 * e.top5, seconds_since(t));
-  metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
-                          {"samples", e.samples}, {"seconds", seconds_since(t)}});
+  EvalResult e;
+  try {
+    e = evaluate();
+  } catch (const std::exception& err) {
+    model_->train();
+    if (dist_) throw;  // the ranks would no longer agree on their collectives
+    return one_line(err);
+  }
+  spdlog::info("{}eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", final ? "final " : "", step_,
+               e.loss, 100 * e.top1, 100 * e.top5, seconds_since(t));
+  nlohmann::json j = {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
+                      {"samples", e.samples}, {"seconds", seconds_since(t)}};
+  if (final) j["final"] = true;
+  metrics_.event("eval", j);
+  return "";
 }
 
 std::optional<int> TrainingRun::agree_on_save_and_stop() {
@@ -235,14 +254,17 @@ int TrainingRun::give_up(const OomGaveUp& e) {
 }
 
 int TrainingRun::finish() {
-  const EvalResult e = evaluate();
-  if (has_eval()) {
-    spdlog::info("final eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}%", step_, e.loss, 100 * e.top1, 100 * e.top5);
-    metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
-                            {"samples", e.samples}, {"final", true}});
-  }
+  // The final checkpoint comes before the final evaluation: an error there must not cost the training.
   if (!save_before_exit("final"))
     return exit_not_saved("the final checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
+  if (has_eval()) {
+    if (const auto e = evaluate_and_log(true); !e.empty()) {
+      spdlog::error("final evaluation at step {} failed: {}; the trained model is saved in {}", step_, e,
+                    last_saved_path_);
+      metrics_.event("error", {{"step", step_}, {"message", "final evaluation: " + e}});
+      return kExitError;
+    }
+  }
   const double total = seconds_since(start_time_);
   metrics_.event("end", {{"step", step_}, {"seconds", total}, {"samples_seen", samples_seen_}});
   spdlog::info("done: {} steps in {}", step_, format_duration(total));

@@ -81,6 +81,7 @@ class TrainingRun {
   void setup_observers();
   void setup_memory();
   void setup_data();
+  void check_test_split() const;
   void setup_model();
   void setup_step();
 
@@ -89,6 +90,7 @@ class TrainingRun {
   data::Batch fetch();
   void record(const StepResult& r, const data::Batch& batch, double step_time);
   void maybe_evaluate();
+  std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
   std::optional<int> agree_on_save_and_stop();
   int give_up(const OomGaveUp& e);
   int finish();

@@ -158,11 +158,41 @@ void TrainingRun::setup_data() {
     auto sh = train_images_->sample_shape();
     sample_shape_ = {sh[0], sh[1], sh[2]};
   }
+  check_test_split();
   steps_per_epoch_ = loader_->steps_per_epoch();
   total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
                                       : std::max<int64_t>(1, std::llround(cfg_.train.epochs * steps_per_epoch_));
   warmup_steps_ = cfg_.schedule.warmup_steps > 0 ? cfg_.schedule.warmup_steps
                                                  : std::llround(cfg_.schedule.warmup_epochs * steps_per_epoch_);
+}
+
+void TrainingRun::check_test_split() const {
+  // The evaluation runs at the end (and between epochs): a split the model cannot take must fail here,
+  // before anything trains, not after.
+  auto shape_str = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t d : v) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    return "[" + s + "]";
+  };
+  if (test_images_) {
+    if (test_images_->num_classes() > cfg_.model.num_classes)
+      throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.test +
+                        " (data.test) has " + std::to_string(test_images_->num_classes()) + " classes");
+    const auto sh = test_images_->sample_shape();
+    const std::vector<int64_t> test_shape(sh.begin(), sh.end());
+    if (test_shape != sample_shape_)
+      throw ConfigError("data.test: " + cfg_.data.test + " holds samples of shape " + shape_str(test_shape) +
+                        ", the training split " + shape_str(sample_shape_));
+  }
+  if (test_tokens_) {
+    if (test_tokens_->vocab_size() > train_tokens_->vocab_size())
+      throw ConfigError("data.test: " + cfg_.data.test + " has a vocabulary of " +
+                        std::to_string(test_tokens_->vocab_size()) + " tokens, the model (from " + cfg_.data.train +
+                        ") " + std::to_string(train_tokens_->vocab_size()));
+    if (test_tokens_->size() < cfg_.model.context + 1)
+      throw ConfigError("data.test: " + cfg_.data.test + " has " + std::to_string(test_tokens_->size()) +
+                        " tokens, fewer than model.context + 1 = " + std::to_string(cfg_.model.context + 1));
+  }
 }
 
 void TrainingRun::setup_model() {
