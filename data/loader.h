@@ -102,7 +102,8 @@ class Loader {
 
   /// The next batch of the stream. A worker's exception is rethrown here as std::runtime_error naming
   /// the batch and the original message; that batch is then not consumed (state() is unchanged), and the
-  /// next call retries it.
+  /// next call retries it. An allocation that fails (a memory cap: c10::OutOfMemoryError) propagates
+  /// as it is, also without consuming or skipping a batch.
   Batch next();
 
   /// Restarts the stream at sample `position` (0 <= position <= N) of epoch `epoch`: the following

@@ -21,6 +21,30 @@ namespace fs = std::filesystem;
 
 namespace trainer {
 
+namespace {
+
+/// Lifts the memory cap while it lives. Saving and resuming allocate (copies of the state to
+/// serialize, the tensors read back): under a cap at or below the live bytes, the one that made the run
+/// give up for example, they would fail and lose the progress the cap did not. This memory is
+/// temporary and small next to a step's activations.
+class LiftedCap {
+ public:
+  explicit LiftedCap(MemoryBackend& memory) : memory_(memory), limit_(memory.limit()) {
+    if (limit_ > 0) memory_.set_limit(0);
+  }
+  ~LiftedCap() {
+    if (limit_ > 0) memory_.set_limit(limit_);
+  }
+  LiftedCap(const LiftedCap&) = delete;
+  LiftedCap& operator=(const LiftedCap&) = delete;
+
+ private:
+  MemoryBackend& memory_;
+  int64_t limit_;
+};
+
+}  // namespace
+
 nlohmann::json TrainingRun::state_json() const {
   nlohmann::json j;
   j["step"] = step_;
@@ -40,6 +64,7 @@ nlohmann::json TrainingRun::state_json() const {
 }
 
 std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
+  const LiftedCap lifted(*memory_);
   // Model and optimizer are replicated; the RNG is each rank's own, so rank 0 gathers them all and
   // writes the one checkpoint (every rank calls this at the same step: the gather is a collective).
   NamedTensors rng;
@@ -104,6 +129,7 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
 }
 
 void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
+  const LiftedCap lifted(*memory_);
   load_state_dict_bytes(*model_, ck.files.at("model.pt"), /*strict=*/true);
   std::map<std::string, torch::Tensor> opt_state;
   for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(device_);

@@ -32,13 +32,14 @@ int TrainingRun::run() {
   start(resumed);
   try {
     while (step_ < total_steps_) {
-      poll();
-      data::Batch batch = fetch();
+      std::optional<data::Batch> batch = fetch();
+      poll(!batch);  // every rank gives up together if any rank's batch did not fit
+      if (need_micro_batch_search_) search_micro_batch(*batch);
       const auto t0 = std::chrono::steady_clock::now();
-      StepResult r = step_runner_->run(batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
-                                                                        warmup_steps_),
+      StepResult r = step_runner_->run(*batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
+                                                                         warmup_steps_),
                                        agreed_limit_);
-      record(r, batch, seconds_since(t0));
+      record(r, *batch, seconds_since(t0));
       maybe_evaluate();
       if (auto code = agree_on_save_and_stop()) return *code;
     }
@@ -72,23 +73,34 @@ void TrainingRun::start(bool resumed) {
   telemetry_.set_ready(true);
 }
 
-data::Batch TrainingRun::fetch() {
+std::optional<data::Batch> TrainingRun::fetch() {
   const auto t = std::chrono::steady_clock::now();
-  data::Batch batch = loader_->next();
-  data_wait_s_ = seconds_since(t);
-  if (need_micro_batch_search_) {
-    // train.micro_batch: auto, once before the first step, on the first batch's samples.
-    need_micro_batch_search_ = false;
-    const int64_t mb = step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_);
-    MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
-    co.micro_batch = mb;
-    step_runner_->set_controller(make_controller(co, agreed_limit_));
-    spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
-                 limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps());
-    metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", step_runner_->controller().accum_steps()},
-                                        {"limit", limit_bytes_}});
+  data::Batch batch;
+  try {
+    batch = loader_->next();
+  } catch (const std::exception& e) {
+    // The batch's tensors count against the cap. No rung of the ladder makes room for them (it shrinks
+    // activations, which are gone between steps): the live bytes alone are over the cap.
+    if (!is_oom_error(e)) throw;
+    batch_oom_ = one_line(e);
+    return std::nullopt;
   }
+  data_wait_s_ = seconds_since(t);
   return batch;
+}
+
+void TrainingRun::search_micro_batch(const data::Batch& batch) {
+  // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
+  // search is a collective, which a rank whose batch did not fit would not have entered.
+  need_micro_batch_search_ = false;
+  const int64_t mb = step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_);
+  MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
+  co.micro_batch = mb;
+  step_runner_->set_controller(make_controller(co, agreed_limit_));
+  spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
+               limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps());
+  metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", step_runner_->controller().accum_steps()},
+                                      {"limit", limit_bytes_}});
 }
 
 namespace {
@@ -246,7 +258,7 @@ std::optional<int> TrainingRun::agree_on_save_and_stop() {
 int TrainingRun::give_up(const OomGaveUp& e) {
   spdlog::error("{}", e.what());
   metrics_.event("oom_gave_up", {{"step", step_}, {"message", e.what()}, {"mem_peak_bytes", memory_->peak_bytes()}});
-  // The cap stays in force: the checkpoint's own buffers are small next to a step's activations.
+  // serialize_checkpoint() lifts the cap while it copies the state: the cap may be below the live bytes.
   if (!save_before_exit("oom_gave_up"))
     return exit_not_saved("the checkpoint of step " + std::to_string(step_) + " before giving up on memory",
                           cfg_.checkpoint.max_failures);

@@ -87,7 +87,8 @@ class TrainingRun {
 
   // run.cpp
   void start(bool resumed);
-  data::Batch fetch();
+  std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
+  void search_micro_batch(const data::Batch& batch);  // train.micro_batch: auto
   void record(const StepResult& r, const data::Batch& batch, double step_time);
   void maybe_evaluate();
   std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
@@ -96,9 +97,9 @@ class TrainingRun {
   int finish();
 
   // limits.cpp
-  void poll();  // the memory limit every step, the threads every 50 steps
-  void poll_memory_limit();
-  void agree_on_limit();
+  void poll(bool batch_failed);  // the memory limit every step, the threads every 50 steps
+  void poll_memory_limit(bool batch_failed);  // OomGaveUp on every rank if any rank's batch did not fit
+  bool agree_on_limit(bool batch_failed);     // whether any rank's batch did not fit
   void poll_threads();
 
   // evaluate.cpp
@@ -184,6 +185,7 @@ class TrainingRun {
   };
   std::optional<PendingSave> pending_save_;
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
+  std::string batch_oom_;             // why this rank's batch did not fit under the cap
   double data_wait_s_ = 0;            // time the last step waited for its batch
   double window_time_ = 0;            // seconds of the steps since the last log line
   int64_t window_steps_ = 0;

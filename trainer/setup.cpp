@@ -230,7 +230,7 @@ void TrainingRun::setup_model() {
 }
 
 void TrainingRun::setup_step() {
-  agree_on_limit();
+  agree_on_limit(false);
   StepParts parts;
   parts.model = model_;
   parts.optimizer = optimizer_.get();
