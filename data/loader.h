@@ -123,6 +123,9 @@ class Loader {
   /// Global batches in one epoch started at position 0: N / G with drop_last, ceil(N / G) without.
   int64_t steps_per_epoch() const;
 
+  /// Samples per epoch, N: seek() takes positions 0..N.
+  int64_t samples_per_epoch() const { return n_; }
+
   /// The batch that starts at (epoch, position), prepared in the calling thread; the stream does not
   /// move. Equal, bit for bit, to the batch next() returns there.
   Batch batch_at(int64_t epoch, int64_t position);

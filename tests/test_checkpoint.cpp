@@ -503,6 +503,36 @@ TEST(CheckpointStore, OtherFormatVersionFallsBackToPrevious) {
       "format_version 2 is not supported (this build reads 1)");
 }
 
+TEST(CheckpointStore, CheckpointTheCallerRejectsFallsBackToPrevious) {
+  // CRC-valid files the caller cannot use (a file it needs is not there): the same fallback as for a
+  // corrupt checkpoint, and the same refusal for --resume of exactly that one.
+  TempDir run("ck_check");
+  trainer::CheckpointStore store(run.str(), 5);
+  store.save(1, files_for(1));
+  auto incomplete = files_for(2);
+  incomplete.erase("state.json");
+  store.save(2, incomplete);
+  const trainer::CheckpointCheck check = [](const trainer::LoadedCheckpoint& c) {
+    return c.files.count("state.json") ? std::string() : std::string("state.json is missing (an incomplete checkpoint)");
+  };
+  EXPECT_EQ(store.load_latest()->step, 2) << "without a check, the store has no reason to skip it";
+  const auto c = store.load_latest(check);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->step, 1);
+  EXPECT_EQ(c->files, files_for(1));
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_NE(c->warnings[0].find("checkpoint " + folder(run, 2) + " is unusable: state.json is missing (an incomplete "
+                                "checkpoint); falling back"),
+            std::string::npos)
+      << c->warnings[0];
+  expect_throw_with([&] { trainer::CheckpointStore::load(folder(run, 2), check); },
+                    {"cannot resume from checkpoint " + folder(run, 2) + ": state.json is missing"});
+  EXPECT_EQ(trainer::CheckpointStore::load(folder(run, 1), check).step, 1);
+  // When the check rejects every checkpoint, that is an error naming each, not a fresh start.
+  expect_throw_with([&] { store.load_latest([](const trainer::LoadedCheckpoint&) { return std::string("no"); }); },
+                    {"no valid checkpoint in ", "step-00000002: no", "step-00000001: no"});
+}
+
 TEST(CheckpointStore, DanglingOrGarbledLatestFallsBack) {
   TempDir run("ck_latest");
   trainer::CheckpointStore store(run.str(), 5);

@@ -92,12 +92,45 @@ std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
   return files;
 }
 
+std::string TrainingRun::checkpoint_problem(const LoadedCheckpoint& ck) const {
+  // Checked before anything is restored, so that an unusable checkpoint falls back to an older one as
+  // a corrupt one does: its CRCs only say the files are the ones that were written, not that they are
+  // all there (a save by an older build, a folder edited by hand) or that they fit this run's data.
+  for (const char* name : {"model.pt", "optimizer.pt", "rng.pt", "state.json", "config.yaml"})
+    if (ck.files.count(name) == 0) return std::string(name) + " is missing (an incomplete checkpoint)";
+  int64_t epoch = 0, position = 0;
+  try {
+    Config saved;
+    apply_yaml_text(saved, ck.files.at("config.yaml"), ck.path + "/config.yaml");
+    const auto st = nlohmann::json::parse(ck.files.at("state.json"));
+    // Everything restore_loop() reads, parsed as it parses it.
+    if (st.at("step").get<int64_t>() != ck.step)
+      return "state.json says step " + st.at("step").dump() + ", the manifest " + std::to_string(ck.step);
+    epoch = st.at("epoch").get<int64_t>();
+    position = st.at("position").get<int64_t>();
+    st.at("samples_seen").get<int64_t>();
+    st.at("scaler").get<GradScalerState>();
+    st.value("nonfinite_in_a_row", int64_t{0}), st.value("eval_micro_batch", int64_t{0});
+    st.value("world_size", int64_t{1});
+    if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch)
+      MicroBatchController::from_json(st.at("controller"));
+  } catch (const std::exception& e) {
+    return "state.json or config.yaml: " + one_line(e);
+  }
+  const int64_t n = loader_->positions_per_epoch();
+  if (epoch < 0 || position < 0 || position > n)
+    return "state.json's data position (epoch " + std::to_string(epoch) + ", position " + std::to_string(position) +
+           ") is outside the training data (positions 0 to " + std::to_string(n) + ")";
+  return "";
+}
+
 std::optional<LoadedCheckpoint> TrainingRun::find_checkpoint() const {
   std::optional<LoadedCheckpoint> ck;
+  auto check = [this](const LoadedCheckpoint& c) { return checkpoint_problem(c); };
   if (!opts_.resume_from.empty()) {
-    ck = CheckpointStore::load(opts_.resume_from);
+    ck = CheckpointStore::load(opts_.resume_from, check);
   } else if (!opts_.no_resume) {  // --no-resume: setup() made sure the folder was empty
-    ck = store_->load_latest();
+    ck = store_->load_latest(check);
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
   }
   if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
@@ -197,8 +230,10 @@ bool TrainingRun::resume() {
 // `trainer export`: a checkpoint's weights for Python's torch.load.
 std::string export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out) {
   std::optional<LoadedCheckpoint> ck;
-  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint);
-  else ck = CheckpointStore(run_dir, 0).load_latest();
+  // Only the weights are read here: a checkpoint without them falls back like a corrupt one.
+  auto check = [](const LoadedCheckpoint& c) { return c.files.count("model.pt") ? "" : "model.pt is missing"; };
+  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint, check);
+  else ck = CheckpointStore(run_dir, 0).load_latest(check);
   if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
   // model.pt is already a Python-compatible state dict; it is written through a temporary file so a
   // failed export never leaves a truncated file under the final name.

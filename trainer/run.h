@@ -49,7 +49,11 @@ struct BatchStream {
   virtual void seek(int64_t epoch, int64_t position) = 0;
   virtual data::LoaderState state() const = 0;
   virtual int64_t steps_per_epoch() const = 0;
+  virtual int64_t positions_per_epoch() const = 0;  // seek() takes positions 0..this
 };
+
+inline int64_t positions_per_epoch(const data::Loader& l) { return l.samples_per_epoch(); }
+inline int64_t positions_per_epoch(const data::TokenLoader& l) { return l.windows_per_epoch(); }
 
 template <typename Loader>
 struct StreamOf : BatchStream {
@@ -58,6 +62,7 @@ struct StreamOf : BatchStream {
   void seek(int64_t epoch, int64_t position) override { loader->seek(epoch, position); }
   data::LoaderState state() const override { return loader->state(); }
   int64_t steps_per_epoch() const override { return loader->steps_per_epoch(); }
+  int64_t positions_per_epoch() const override { return trainer::positions_per_epoch(*loader); }
   std::unique_ptr<Loader> loader;
 };
 
@@ -108,6 +113,7 @@ class TrainingRun {
   // resume.cpp
   bool resume();
   std::optional<LoadedCheckpoint> find_checkpoint() const;
+  std::string checkpoint_problem(const LoadedCheckpoint& ck) const;  // "" when this run can resume from it
   void check_same_experiment(const LoadedCheckpoint& ck) const;
   void restore_tensors(const LoadedCheckpoint& ck);
   void restore_loop(const nlohmann::json& state);

@@ -495,7 +495,7 @@ std::optional<SaveOutcome> CheckpointStore::take_outcome() {
   return o;
 }
 
-std::optional<LoadedCheckpoint> CheckpointStore::load_latest() const {
+std::optional<LoadedCheckpoint> CheckpointStore::load_latest(const CheckpointCheck& check) const {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return std::nullopt;
   std::vector<std::string> warnings;
@@ -534,7 +534,10 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() const {
   std::string reasons;
   for (const auto& [s, path] : folders) {
     LoadedCheckpoint c;
-    const std::string why = verify_checkpoint(path, Verify::Checksums, &c);
+    std::string why = verify_checkpoint(path, Verify::Checksums, &c);
+    // Intact files can still make an unusable checkpoint (one written incompletely by an older build,
+    // or edited): that is no reason to lose the older ones either.
+    if (why.empty() && check) why = check(c);
     if (why.empty()) {
       c.warnings = std::move(warnings);
       if (!c.warnings.empty()) spdlog::warn("checkpoint: resuming from {} (step {})", c.path, c.step);
@@ -547,7 +550,7 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() const {
                            "); move the folder away to start from scratch, or fix the files");
 }
 
-LoadedCheckpoint CheckpointStore::load(const std::string& path) {
+LoadedCheckpoint CheckpointStore::load(const std::string& path, const CheckpointCheck& check) {
   std::error_code ec;
   fs::path dir(path);
   if (!fs::exists(dir, ec)) throw std::runtime_error("cannot resume from " + path + ": it does not exist");
@@ -566,7 +569,8 @@ LoadedCheckpoint CheckpointStore::load(const std::string& path) {
     dir = ckdir / *latest;
   }
   LoadedCheckpoint c;
-  const std::string why = verify_checkpoint(dir, Verify::Checksums, &c);
+  std::string why = verify_checkpoint(dir, Verify::Checksums, &c);
+  if (why.empty() && check) why = check(c);
   if (!why.empty()) throw std::runtime_error("cannot resume from checkpoint " + dir.string() + ": " + why);
   return c;
 }

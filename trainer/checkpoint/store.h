@@ -49,6 +49,11 @@ struct LoadedCheckpoint {
   const std::string& file(const std::string& name) const;
 };
 
+/// The caller's check of a checkpoint's contents, after the store verified its files: "" when it is
+/// usable, else the reason (one line). The store knows only files; the caller knows what they must say
+/// (that config.yaml is there, that the data position is inside the data).
+using CheckpointCheck = std::function<std::string(const LoadedCheckpoint&)>;
+
 /// How a background save ended (take_outcome()).
 struct SaveOutcome {
   int64_t step = 0;
@@ -114,16 +119,17 @@ class CheckpointStore {
   bool in_flight() const { return in_flight_.load(); }
 
   /// The checkpoint `latest` names, verified. If it is unusable (missing, corrupt, truncated, missing
-  /// files, other format version) or `latest` is missing or dangling, falls back to the newest older
-  /// valid checkpoint and says why in `warnings`. nullopt when there is no checkpoint at all (a fresh
-  /// run). Throws std::runtime_error listing every reason when checkpoints exist but none is valid:
-  /// starting from scratch silently would lose the run's progress. Does not wait for a background save.
-  std::optional<LoadedCheckpoint> load_latest() const;
+  /// files, other format version, rejected by `check`) or `latest` is missing or dangling, falls back to
+  /// the newest older valid checkpoint and says why in `warnings`. nullopt when there is no checkpoint
+  /// at all (a fresh run). Throws std::runtime_error listing every reason when checkpoints exist but none
+  /// is valid: starting from scratch silently would lose the run's progress. Does not wait for a
+  /// background save.
+  std::optional<LoadedCheckpoint> load_latest(const CheckpointCheck& check = {}) const;
 
   /// Reads exactly the checkpoint at `path` (for --resume PATH), without falling back: a checkpoint
   /// folder, or a checkpoints or run folder whose `latest` is then followed. Throws std::runtime_error
-  /// naming the path and the reason if it is not a valid checkpoint.
-  static LoadedCheckpoint load(const std::string& path);
+  /// naming the path and the reason if it is not a valid checkpoint (or `check` rejects it).
+  static LoadedCheckpoint load(const std::string& path, const CheckpointCheck& check = {});
 
   /// The valid checkpoints (checksums verified), oldest first. Reads every file: for tools, not the loop.
   std::vector<CheckpointInfo> list() const;
