@@ -45,7 +45,7 @@ void MetricsLog::write(const nlohmann::json& record) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!out_.is_open()) return;
-    out_ << record.dump() << '\n';
+    out_ << json_text(record) << '\n';
     out_.flush();
   }
   if (observer_) observer_(record);
@@ -54,6 +54,10 @@ void MetricsLog::write(const nlohmann::json& record) {
 void MetricsLog::event(const std::string& kind, nlohmann::json fields) {
   fields["event"] = kind;
   write(fields);
+}
+
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string format_duration(double s) {

@@ -38,6 +38,10 @@ class MetricsLog {
   std::function<void(const nlohmann::json&)> observer_;
 };
 
+/// `j` as JSON text (`indent` as nlohmann's dump). Strings that are not UTF-8 (a path from outside, an
+/// error naming one) have their invalid bytes written as U+FFFD instead of making dump() throw.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 /// "1h02m03s" / "4m05s" / "12.3s".
 std::string format_duration(double seconds);
 

@@ -1,11 +1,17 @@
 // What every HDF5 user in data/ shares. Debian's libhdf5 is the serial build, which is not thread-safe:
 // every HDF5 call in the process, by any reader or writer, must be made while holding the one lock
-// below. Under that lock, H5Handle owns an identifier and H5Quiet keeps HDF5's error stack off stderr.
+// below. Under that lock, H5Handle owns an identifier, H5Quiet keeps HDF5's error stack off stderr, and
+// dataset_size_problem() checks a dataset's extent against what the file really stores.
 #pragma once
+
+// LibTorch first: 1.13's c10/util/variant.h calls an unqualified data(), which finds `namespace data`
+// when that is declared before it; then a file that includes this header before LibTorch stops compiling.
+#include <torch/torch.h>
 
 #include <hdf5.h>
 
 #include <mutex>
+#include <string>
 
 namespace data {
 
@@ -55,5 +61,15 @@ class H5Quiet {
   H5E_auto2_t func_ = nullptr;
   void* data_ = nullptr;
 };
+
+/// Why dataset `dset` of `file` cannot hold what its extent claims, or "" when it can; `name` names it in
+/// the message. The claim (every dimension times the element size) must fit in 64 bits, and the bytes the
+/// file stores for the dataset (H5Dget_storage_size, at most the file's size) must cover it: all of it
+/// without filters, and at most 1032 bytes per stored byte per deflate (gzip) filter, deflate's largest
+/// ratio. A pipeline with other compressing filters (szip, nbit, scaleoffset, plugins), which the
+/// trainer's writers never use, is not bounded here. Call it before allocating anything of the claimed
+/// size: a truncated file or a chunked dataset whose data was never written then costs no memory.
+/// Call with hdf5_lock() held.
+std::string dataset_size_problem(hid_t file, hid_t dset, const std::string& name);
 
 }  // namespace data

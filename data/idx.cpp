@@ -48,7 +48,9 @@ struct GzFile {
   }
 };
 
-// Reads the header and the payload of an IDX file of unsigned bytes with `ndims` dimensions.
+// Reads the header and the payload of an IDX file of unsigned bytes with `ndims` dimensions. The header
+// is not trusted with memory: a plain file must hold the bytes it promises before any is allocated, and a
+// gzip stream is read in blocks that grow with what it really inflates to.
 std::vector<int64_t> read_idx(const std::string& path, int ndims, std::vector<uint8_t>& payload) {
   GzFile file(path);
   uint8_t head[4];
@@ -62,20 +64,44 @@ std::vector<int64_t> read_idx(const std::string& path, int ndims, std::vector<ui
     file.fail(buf);
   }
   std::vector<int64_t> dims(ndims);
+  std::string dims_text;
   int64_t total = 1;
+  bool overflow = false;
   for (int d = 0; d < ndims; ++d) {
     uint8_t b[4];
     if (file.read(b, 4) != 4) file.fail("truncated header");
     dims[d] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
     if (dims[d] == 0 && d > 0) file.fail("dimension " + std::to_string(d) + " is zero");
-    total *= dims[d];
+    dims_text += (d ? " x " : "") + std::to_string(dims[d]);
+    overflow = overflow || __builtin_mul_overflow(total, dims[d], &total);
   }
-  payload.resize(static_cast<size_t>(total));
-  const int64_t got = file.read(payload.data(), total);
-  if (got != total) {
+  if (overflow) file.fail("the header claims " + dims_text + " bytes of data, more than any file holds");
+  auto truncated = [&](int64_t has) {
     file.fail("truncated: the header promises " + std::to_string(total) + " bytes of data, the file has " +
-              std::to_string(got));
+              std::to_string(has));
+  };
+
+  const int64_t header_bytes = 4 + 4 * int64_t{ndims};
+  int64_t got = 0;
+  if (gzdirect(file.f)) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (!ec && static_cast<int64_t>(size) - header_bytes < total) truncated(static_cast<int64_t>(size) - header_bytes);
+    payload.resize(static_cast<size_t>(total));
+    got = file.read(payload.data(), total);
+  } else {
+    payload.clear();
+    while (got < total) {
+      // Doubling blocks: a stream shorter than its header says stops at its end, having used memory
+      // within a small multiple of what it really held.
+      const int64_t step = std::min(total - got, std::max<int64_t>(got, int64_t{1} << 20));
+      payload.resize(static_cast<size_t>(got + step));
+      const int64_t n = file.read(payload.data() + got, step);
+      got += n;
+      if (n < step) break;
+    }
   }
+  if (got != total) truncated(got);
   uint8_t extra;
   if (file.read(&extra, 1) != 0) file.fail("has trailing bytes after the " + std::to_string(total) + " bytes of data");
   return dims;

@@ -14,7 +14,9 @@ const std::vector<std::string>& fashion_mnist_class_names();
 
 /// Reads an IDX image file (magic 0x00000803: unsigned bytes, 3 dimensions N, H, W), gzipped or not,
 /// into a uint8 tensor (N, 1, H, W). Throws std::runtime_error naming the path and the problem (missing
-/// file, bad magic number, truncated data, trailing bytes, corrupt gzip stream).
+/// file, bad magic number, a size product that overflows, truncated data with the promised and present
+/// byte counts, trailing bytes, corrupt gzip stream). Memory follows the bytes really present, never
+/// the header's claim.
 torch::Tensor read_idx_images(const std::string& path);
 
 /// Reads an IDX label file (magic 0x00000801: unsigned bytes, 1 dimension N) into an int64 tensor (N).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the trainer builds and runs with (skips the apt call when all are
-# present). Needs root or sudo.
+# present). Needs root or sudo. With --fuzz, also clang and its libFuzzer runtime (scripts/fuzz.sh).
 set -euo pipefail
 # libopenblas0-openmp: LibTorch's libblas.so.3 becomes OpenBLAS instead of the netlib reference BLAS.
 # libgloo-dev: the headers of the Gloo library LibTorch's c10d uses (distributed training on the CPU).
@@ -11,6 +11,7 @@ pkgs=(cmake ninja-build g++ libtorch-dev libopenblas0-openmp libspdlog-dev libcx
       zlib1g-dev libgtest-dev libgmock-dev libgloo-dev libcpp-httplib-dev nlohmann-json3-dev
       python3-torch python3-torchvision python3-matplotlib python3-protobuf python3-venv
       dataset-fashion-mnist fortunes prometheus)
+[[ ${1:-} == --fuzz ]] && pkgs+=(clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")

@@ -687,14 +687,24 @@ TEST(OpsResources, CpuSecondsFromProcStatAndTheResourceLine) {
   EXPECT_DOUBLE_EQ(trainer::process_cpu_seconds(fake.root()), 400.0 / sysconf(_SC_CLK_TCK));
   EXPECT_EQ(trainer::process_cpu_seconds(fake.root() + "/nowhere"), -1);
 
-  // The real process: a thread that spins for 0.3 s shows as CPU use.
-  trainer::ResourceMonitor mon(-1);
+  // The real process: a thread that spins until the process has used 0.3 s of CPU shows as CPU use.
+  // On shared cores the spin may take longer than 0.3 s, so the reference is the CPU time over the wall
+  // time of the same interval, measured independently (clock_gettime), not a fixed figure.
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+  };
+  const double cpu0 = cpu_now();
   const auto t0 = std::chrono::steady_clock::now();
+  trainer::ResourceMonitor mon(-1);
   volatile double x = 0;
-  while (seconds_since(t0) < 0.3) x = x + 1;
+  while (cpu_now() - cpu0 < 0.3) x = x + 1;
   trainer::CpuMemoryBackend backend;
   auto s = mon.sample(&backend);
-  EXPECT_GT(s.cpu_percent, 20) << "a busy thread for 0.3 s";
+  const double expected = 100.0 * (cpu_now() - cpu0) / seconds_since(t0);
+  EXPECT_GT(s.cpu_percent, 0.7 * expected - 5) << "a thread busy for 0.3 s of CPU; reference " << expected << "%";
+  EXPECT_LT(s.cpu_percent, 1.3 * expected + 5) << "reference " << expected << "%";
   EXPECT_LT(s.cpu_percent, 100.0 * s.usable_cpus + 50);
   EXPECT_GT(s.rss_bytes, 0);
   EXPECT_EQ(s.gpu_percent, -1);

@@ -207,3 +207,33 @@ TEST(Resume, CheckpointWithAStateThatDoesNotParseFallsBack) {
   expect_fallback_to_step_4([](trainer::CheckpointFiles& f) { f["state.json"] = "{\"step\": 6}"; },
                             "state.json or config.yaml: ");
 }
+
+TEST(Resume, RunFolderWhoseNameIsNotUtf8) {
+  // JSON strings must be UTF-8: the resume event (and every other record naming a path) used to throw
+  // nlohmann's type_error 316 for such a folder, so the run could never be resumed.
+  TempDir dir;
+  const std::string run_dir = (dir / "run-\xff\xfe\xc3").string();
+  const std::string quoted = "'" + run_dir + "'";
+  auto r = testutil::run(testutil::trainer_cmd(quoted, job(2)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testutil::run(testutil::trainer_cmd(quoted, job(4)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resumes = testutil::events(run_dir, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>(), 2);
+  // The bytes that are not UTF-8 read as U+FFFD; the rest of the path is kept.
+  const std::string path = resumes[0]["path"].get<std::string>();
+  EXPECT_EQ(path.rfind(dir.str() + "/run-\xef\xbf\xbd", 0), 0u) << path;
+  EXPECT_EQ(path.substr(path.size() - 26), "/checkpoints/step-00000002") << path;
+  auto steps = testutil::step_lines(run_dir);
+  ASSERT_EQ(steps.size(), 4u);
+  // The resumed run ends where an uninterrupted one does.
+  auto whole = (dir / "whole").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(4))).exit_code, 0);
+  auto out = (dir / "w.pt").string();
+  r = testutil::run(testutil::trainer_bin() + " export --run-dir " + quoted + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, torch::Tensor> resumed;
+  for (auto& [k, v] : trainer::read_tensors(out)) resumed[k] = v;
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), resumed));
+}

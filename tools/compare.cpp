@@ -14,21 +14,13 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tools/bench.h"
 #include "trainer/memory/backend.h"
 
 namespace fs = std::filesystem;
 
 namespace trainer {
 namespace {
-
-double quantile(std::vector<double> v, double q) {
-  // Linear interpolation between the closest ranks (numpy's default), so p50 is the usual median.
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -158,10 +150,10 @@ nlohmann::json summarize_metrics(const std::string& path) {
     for (size_t i = losses.size() - n; i < losses.size(); ++i) sum += losses[i];
     s["final_loss"] = sum / static_cast<double>(n);
   }
-  if (!sps.empty()) s["samples_per_s"] = quantile(sps, 0.5);
+  if (!sps.empty()) s["samples_per_s"] = percentile(sps, 50);
   if (!step_times.empty()) {
-    s["step_time_p50_s"] = quantile(step_times, 0.5);
-    s["step_time_p90_s"] = quantile(step_times, 0.9);
+    s["step_time_p50_s"] = percentile(step_times, 50);
+    s["step_time_p90_s"] = percentile(step_times, 90);
   }
   if (peak >= 0) s["peak_memory_bytes"] = peak;
   if (eval_count > 0) {

@@ -1,6 +1,6 @@
 // The training loop. It only sequences; each stage is a named call:
 //
-//   setup -> resume -> start -> [ poll -> fetch -> step -> record -> evaluate -> agree on save/stop ]* -> finish
+//   setup -> resume -> start -> [ fetch -> poll -> step -> record -> evaluate -> agree on save/stop ]* -> finish
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
@@ -185,6 +185,19 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
     MemoryReport rep = memory_report_->write(step_, *memory_, "request");
     spdlog::info("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
   }
+}
+
+EvalResult TrainingRun::evaluate() {
+  if (!has_eval()) return {};
+  EvalHooks hooks;
+  hooks.heartbeat = [this] { telemetry_.heartbeat(); };
+  hooks.backoff = [this](int64_t old, int64_t now) {
+    metrics_.event("eval_backoff", {{"step", step_}, {"old_micro_batch", old}, {"new_micro_batch", now},
+                                    {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
+  };
+  telemetry_.set_phase("eval");
+  return evaluate_split(*model_, {test_images_, test_tokens_}, eval_settings(cfg_, device_, env_.rank, env_.world_size),
+                        *memory_, eval_micro_batch_, dist_.get(), hooks);
 }
 
 void TrainingRun::maybe_evaluate() {

@@ -1,10 +1,11 @@
 // The state of one training run. Its parts, each in a file named after it:
 //
-//   run.cpp        the loop: it only sequences (poll -> fetch -> step -> record -> evaluate -> agree on
+//   run.cpp        the loop: it only sequences (fetch -> poll -> step -> record -> evaluate -> agree on
 //                  save/stop), and how the run ends
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
 //   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
-//   evaluate.cpp   evaluation on the test split, with its own OOM backoff
+//   evaluate.h     the evaluation of a split, with its own OOM backoff (shared with `trainer eval`);
+//                  run.cpp calls it on the test split
 //   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
 //   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
 //   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
@@ -28,6 +29,7 @@
 #include "trainer/checkpoint/store.h"
 #include "trainer/config.h"
 #include "trainer/dist.h"
+#include "trainer/evaluate.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
@@ -66,11 +68,6 @@ struct StreamOf : BatchStream {
   std::unique_ptr<Loader> loader;
 };
 
-struct EvalResult {
-  double loss = 0, top1 = 0, top5 = 0;
-  int64_t samples = 0;
-};
-
 class TrainingRun {
  public:
   TrainingRun(const Config& cfg, const RunOptions& opts);
@@ -107,8 +104,7 @@ class TrainingRun {
   bool agree_on_limit(bool batch_failed);     // whether any rank's batch did not fit
   void poll_threads();
 
-  // evaluate.cpp
-  EvalResult evaluate();
+  EvalResult evaluate();  // the test split (evaluate.h)
 
   // resume.cpp
   bool resume();
@@ -145,7 +141,7 @@ class TrainingRun {
 
   bool tokens_ = false;  // a language model on a token stream (else image classification)
   std::shared_ptr<data::ImageDataset> train_images_, test_images_;
-  std::shared_ptr<data::TokenDataset> train_tokens_, test_tokens_;
+  std::shared_ptr<data::TokenSource> train_tokens_, test_tokens_;
   std::unique_ptr<BatchStream> loader_;
   std::vector<int64_t> sample_shape_;  // (C, H, W) or (T)
   double flops_per_sample_ = 0;        // forward

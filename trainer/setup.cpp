@@ -115,10 +115,14 @@ void TrainingRun::setup_memory() {
 void TrainingRun::setup_data() {
   // Images (HDF5 or synthetic) or a token stream, behind one stream interface.
   const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
-  if (cfg_.data.kind == "tokens") {
-    tokens_ = true;
-    train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
-    if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+  tokens_ = token_job(cfg_);
+  if (tokens_) {
+    if (cfg_.data.kind == "synthetic") {
+      train_tokens_ = synthetic_tokens(cfg_);
+    } else {
+      train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
+      if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+    }
     data::TokenLoaderOptions to;
     to.global_batch = cfg_.train.global_batch;
     to.context = cfg_.model.context;
@@ -185,10 +189,11 @@ void TrainingRun::check_test_split() const {
                         ", the training split " + shape_str(sample_shape_));
   }
   if (test_tokens_) {
-    if (test_tokens_->vocab_size() > train_tokens_->vocab_size())
+    // The model's vocabulary: model.vocab_size when set (at least the training file's), else the file's.
+    const int64_t vocab = vocab_size(cfg_);
+    if (test_tokens_->vocab_size() > vocab)
       throw ConfigError("data.test: " + cfg_.data.test + " has a vocabulary of " +
-                        std::to_string(test_tokens_->vocab_size()) + " tokens, the model (from " + cfg_.data.train +
-                        ") " + std::to_string(train_tokens_->vocab_size()));
+                        std::to_string(test_tokens_->vocab_size()) + " tokens, the model " + std::to_string(vocab));
     if (test_tokens_->size() < cfg_.model.context + 1)
       throw ConfigError("data.test: " + cfg_.data.test + " has " + std::to_string(test_tokens_->size()) +
                         " tokens, fewer than model.context + 1 = " + std::to_string(cfg_.model.context + 1));
@@ -197,7 +202,7 @@ void TrainingRun::check_test_split() const {
 
 void TrainingRun::setup_model() {
   torch::manual_seed(cfg_.seed);
-  model_ = build_model(cfg_, sample_shape_, tokens_ ? train_tokens_->vocab_size() : 0);
+  model_ = build_model(cfg_, sample_shape_, tokens_ ? vocab_size(cfg_) : 0);
   if (!cfg_.model.init_from.empty()) {
     load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
     spdlog::info("model: weights from {}", cfg_.model.init_from);

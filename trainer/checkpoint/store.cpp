@@ -2,9 +2,9 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
+#include "common/log.h"
+#include "common/versions.h"
 
-#include <ATen/Context.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <spdlog/spdlog.h>
 #include <zlib.h>
 
@@ -180,19 +180,6 @@ void remove_quietly(const fs::path& p) {
   if (ec && ec.value() != ENOENT && ec.value() != ENOTDIR) spdlog::warn("checkpoint: could not remove {}: {}", p.string(), ec.message());
 }
 
-std::string cuda_version() {
-#ifdef TRAINER_WITH_CUDA
-  try {
-    if (at::hasCUDA()) {
-      const long v = at::detail::getCUDAHooks().versionCUDART();  // e.g. 12040
-      return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-    }
-  } catch (const std::exception&) {
-  }
-#endif
-  return "";
-}
-
 void check_file_name(const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.' || name == kManifest || name == kLatest)
     throw std::invalid_argument("CheckpointStore::save: bad file name '" + name +
@@ -355,7 +342,7 @@ void CheckpointStore::write_folder(const fs::path& tmp_dir, int64_t step, const 
   }
   remove_quietly(tmp_dir);
   if (::mkdir(tmp_dir.c_str(), 0755) != 0) throw IoError("cannot create", tmp_dir.string(), errno);
-  const std::string cuda = cuda_version();
+  const std::string cuda = cuda_runtime_version();
   nlohmann::json manifest = {
       {"format_version", kFormatVersion},
       {"step", step},
@@ -374,7 +361,7 @@ void CheckpointStore::write_folder(const fs::path& tmp_dir, int64_t step, const 
     manifest["files"][fname] = {{"size", static_cast<uint64_t>(bytes.size())}, {"crc32", crc32_hex(bytes)}};
   }
   // The manifest goes last: a folder with a valid manifest has all its files.
-  write_file_synced((tmp_dir / kManifest).string(), manifest.dump(2) + "\n");
+  write_file_synced((tmp_dir / kManifest).string(), json_text(manifest, 2) + "\n");
   fsync_path(tmp_dir.string(), true);
 }
 

@@ -308,6 +308,16 @@ int64_t CudaMemoryBackend::free_bytes() const {
 }
 #endif
 
+DeviceMemory device_memory_of(const MemoryBackend& backend) {
+  DeviceMemory m;
+  m.device = backend.name();
+  m.allocated = backend.current_bytes();
+  m.reserved = backend.reserved_bytes();
+  m.peak = backend.peak_bytes();
+  m.limit = backend.limit();
+  return m;
+}
+
 std::unique_ptr<MemoryBackend> make_memory_backend(c10::Device device) {
   if (device.is_cpu()) return std::make_unique<CpuMemoryBackend>();
   if (device.is_cuda()) {

@@ -114,6 +114,17 @@ class MemoryBackend {
   std::string report() const;
 };
 
+/// The numbers of a backend that are cheap to read every step (atomics on CPU, the caching allocator's
+/// counters on CUDA): what the telemetry shows and what a memory report starts from. Bytes.
+struct DeviceMemory {
+  std::string device;      ///< "cpu", "cuda:0"
+  int64_t allocated = 0;   ///< tensor bytes allocated now
+  int64_t reserved = 0;    ///< bytes held from the system (CUDA cache; = allocated on CPU)
+  int64_t peak = 0;        ///< peak allocated bytes since the backend's last reset_peak()
+  int64_t limit = 0;       ///< the cap in force (0 = none)
+};
+DeviceMemory device_memory_of(const MemoryBackend& backend);
+
 /// The capped-allocator backend (installs the allocator on construction).
 class CpuMemoryBackend : public MemoryBackend {
  public:

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "trainer/memory/backend.h"
 
 #ifdef TRAINER_WITH_CUDA
@@ -78,12 +79,8 @@ std::string show_count(const nlohmann::json& v) { return v.is_number() ? std::to
 
 MemoryStats collect_memory_stats(const MemoryBackend& backend) {
   MemoryStats m;
-  m.device = backend.name();
-  m.allocated = backend.current_bytes();
-  m.reserved = backend.reserved_bytes();
+  static_cast<DeviceMemory&>(m) = device_memory_of(backend);
   m.active = m.allocated;
-  m.peak = backend.peak_bytes();
-  m.limit = backend.limit();
   m.total = backend.total_bytes();
   m.free = backend.free_bytes();
   m.fragmentation = std::max<int64_t>(0, m.reserved - m.allocated);
@@ -196,12 +193,12 @@ MemoryReport MemoryReporter::write(int64_t step, const MemoryBackend& backend, c
   r.text = format(r.json);
   fs::path path = fs::path(run_dir_) / fmt::format("memory_report_{}.json", step);
   for (int n = 2; fs::exists(path); ++n) path = fs::path(run_dir_) / fmt::format("memory_report_{}_{}.json", step, n);
-  if (sink_) sink_->set_memory_report(r.json.dump(2));
+  if (sink_) sink_->set_memory_report(json_text(r.json, 2));
   // A reader (a person, a log shipper) never sees half a file: write aside, then rename over.
   const fs::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << r.json.dump(2) << "\n";
+    out << json_text(r.json, 2) << "\n";
     if (!out.flush()) {
       r.write_error = "memory report: cannot write " + tmp.string() + " (disk full or run folder not writable)";
       return r;

@@ -42,13 +42,8 @@ class MemoryReportSink {
 };
 
 /// Device memory statistics for a report. Sizes in bytes; -1 = the backend cannot tell.
-struct MemoryStats {
-  std::string device;                ///< "cpu", "cuda:0"
-  int64_t allocated = 0;
-  int64_t reserved = 0;
+struct MemoryStats : DeviceMemory {  // device, allocated, reserved, peak, limit
   int64_t active = 0;
-  int64_t peak = 0;
-  int64_t limit = 0;                 ///< 0 = none
   int64_t total = 0;
   int64_t free = 0;
   int64_t fragmentation = 0;         ///< reserved - allocated

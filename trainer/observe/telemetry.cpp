@@ -61,15 +61,6 @@ bool get_number(const nlohmann::json& j, const char* key, T& out) {
 
 }  // namespace
 
-DeviceMemoryTelemetry device_memory_of(const MemoryBackend& backend) {
-  DeviceMemoryTelemetry m;
-  m.device = backend.name();
-  m.allocated = backend.current_bytes();
-  m.reserved = backend.reserved_bytes();
-  m.peak = backend.peak_bytes();
-  m.limit = backend.limit();
-  return m;
-}
 
 // ---- Telemetry --------------------------------------------------------------------------------------
 
@@ -165,22 +156,14 @@ void Telemetry::observe(const nlohmann::json& r) {
   }
 }
 
-void Telemetry::add_oom(int64_t n) {
+void Telemetry::add(int64_t TelemetrySnapshot::*counter, int64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  counters_.ooms += n;
+  counters_.*counter += n;
 }
-void Telemetry::add_backoff(int64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_.backoffs += n;
-}
-void Telemetry::add_probe(int64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_.probes += n;
-}
-void Telemetry::add_probe_failed(int64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_.probes_failed += n;
-}
+void Telemetry::add_oom(int64_t n) { add(&TelemetrySnapshot::ooms, n); }
+void Telemetry::add_backoff(int64_t n) { add(&TelemetrySnapshot::backoffs, n); }
+void Telemetry::add_probe(int64_t n) { add(&TelemetrySnapshot::probes, n); }
+void Telemetry::add_probe_failed(int64_t n) { add(&TelemetrySnapshot::probes_failed, n); }
 void Telemetry::on_checkpoint() {
   const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);

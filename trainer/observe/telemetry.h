@@ -37,17 +37,8 @@ struct StepTelemetry {
   int64_t accum_steps = 0;   ///< micro-batches per optimizer step
 };
 
-/// Device memory as the loop's MemoryBackend reports it, in bytes.
-struct DeviceMemoryTelemetry {
-  std::string device;      ///< "cpu", "cuda:0"
-  int64_t allocated = 0;   ///< tensor bytes allocated now
-  int64_t reserved = 0;    ///< bytes held from the system (CUDA cache; = allocated on CPU)
-  int64_t peak = 0;        ///< peak allocated bytes of the last step
-  int64_t limit = 0;       ///< the cap in force (0 = none)
-};
-
-/// The four numbers of `backend` (cheap: atomics on CPU, the caching allocator's counters on CUDA).
-DeviceMemoryTelemetry device_memory_of(const MemoryBackend& backend);
+/// Device memory as the loop's MemoryBackend reports it (trainer/memory/backend.h: device_memory_of).
+using DeviceMemoryTelemetry = DeviceMemory;
 
 /// A copy of everything Telemetry holds, with the ages computed at the time of the copy.
 struct TelemetrySnapshot {
@@ -153,6 +144,8 @@ class Telemetry : public MemoryReportSink {
   bool checkpointed_ = false;
   StepTelemetry step_;
   DeviceMemoryTelemetry memory_;
+  void add(int64_t TelemetrySnapshot::*counter, int64_t n);
+
   TelemetrySnapshot counters_;  // counters and flags; ages and step/memory filled in by snapshot()
   bool report_requested_ = false;
   std::string memory_report_;

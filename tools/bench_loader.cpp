@@ -1,0 +1,106 @@
+// `trainer bench --loader-only`: the training data pipeline alone.
+#include "tools/bench.h"
+
+#include <chrono>
+#include <memory>
+
+#include "data/dataset.h"
+#include "data/image_h5.h"
+#include "data/loader.h"
+#include "data/tokens.h"
+#include "tools/bench_job.h"
+#include "trainer/memory/backend.h"
+#include "trainer/from_config.h"
+#include "trainer/memory/resources.h"
+
+using nlohmann::json;
+
+namespace trainer {
+
+using namespace bench;
+
+namespace {
+
+// The fields of every loader result; the environment is read after the measurement.
+json loader_result(const Config& cfg, const BenchOptions& opts, double sps, int64_t workers, int64_t prefetch,
+                   int threads) {
+  json j = describe_run(cfg, opts.config_path, opts.overrides, opts.command_line);
+  j["mode"] = "loader";
+  j["samples_per_s"] = sps;
+  j["batches"] = opts.steps;
+  j["warmup_batches"] = opts.warmup;
+  j["workers"] = workers;
+  j["prefetch"] = prefetch;
+  j["threads"] = threads;
+  j["config_yaml"] = to_yaml(cfg);
+  j.update(bench_environment(device_name(cfg)));
+  return j;
+}
+
+json bench_token_loader(const Config& cfg, const BenchOptions& opts, int threads) {
+  // The token loader has no workers: next() cuts the windows in the caller's thread, as in training.
+  std::shared_ptr<data::TokenSource> tds;
+  if (cfg.data.kind == "synthetic") tds = synthetic_tokens(cfg);
+  else tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
+  data::TokenLoaderOptions to;
+  to.global_batch = cfg.train.global_batch;
+  to.context = cfg.model.context;
+  to.seed = cfg.seed;
+  data::TokenLoader loader(tds, to);
+  for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t samples = 0;
+  for (int64_t i = 0; i < opts.steps; ++i) samples += loader.next().images.size(0);
+  const double sps =
+      static_cast<double>(samples) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  json j = loader_result(cfg, opts, sps, /*workers=*/0, /*prefetch=*/0, threads);
+  j["tokens_per_s"] = sps * static_cast<double>(cfg.model.context);
+  return j;
+}
+
+json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads, bool pin_memory) {
+  std::shared_ptr<data::ImageDataset> ds;
+  if (cfg.data.kind == "synthetic")
+    ds = std::make_shared<data::SyntheticImageDataset>(cfg.data.synthetic_size, cfg.data.shape[0], cfg.data.shape[1],
+                                                       cfg.data.shape[2], cfg.model.num_classes, cfg.seed);
+  else
+    ds = std::make_shared<data::ImageH5Dataset>(cfg.data.train, cfg.data.in_memory);
+  // The same options as the training loop's loader (trainer/run.cpp).
+  data::LoaderOptions lo;
+  lo.global_batch = cfg.train.global_batch;
+  lo.seed = cfg.seed;
+  lo.workers = cfg.data.workers > 0 ? cfg.data.workers : threads;
+  lo.prefetch = cfg.data.prefetch;
+  lo.augment.random_crop_padding = cfg.data.crop_padding;
+  lo.augment.hflip = cfg.data.hflip;
+  lo.augment.normalize = cfg.data.normalize;
+  lo.pin_memory = pin_memory;
+  data::Loader loader(ds, lo);
+  for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
+  const double sps = data::measure_loader_throughput(loader, static_cast<int>(opts.steps));
+
+  json j = loader_result(cfg, opts, sps, lo.workers, lo.prefetch, threads);
+  j["augment"] = {{"crop_padding", lo.augment.random_crop_padding},
+                  {"hflip", lo.augment.hflip},
+                  {"normalize", lo.augment.normalize},
+                  {"pin_memory", loader.pinned()}};
+  return j;
+}
+
+}  // namespace
+
+json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
+  check_counts(opts);
+  Config cfg = cfg_in;
+  validate(cfg);
+  const std::string device = device_name(cfg);
+  const int threads = threads_of(cfg);
+  apply_cpu_threads(threads);
+  // On the CPU the training loop's batches come from the capped allocator; measure with it too.
+  std::unique_ptr<MemoryBackend> memory;
+  if (device == "cpu") memory = make_memory_backend(torch::Device(torch::kCPU));
+  if (token_job(cfg)) return bench_token_loader(cfg, opts, threads);
+  return bench_image_loader(cfg, opts, threads, /*pin_memory=*/device != "cpu");
+}
+
+}  // namespace trainer

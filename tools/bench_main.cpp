@@ -1,0 +1,144 @@
+// The `trainer bench` command line.
+#include "tools/bench.h"
+
+#include <cxxopts.hpp>
+
+#include <fstream>
+#include <iostream>
+
+#include "common/signals.h"
+#include "tools/bench_job.h"
+
+using nlohmann::json;
+
+namespace trainer {
+
+using namespace bench;
+
+namespace {
+
+cxxopts::Options bench_options() {
+  cxxopts::Options o("trainer bench",
+                     "Measure a job's training speed through the real loop (or its data pipeline alone) and "
+                     "write one JSON result (docs/BENCHMARKS.md)");
+  o.add_options()("c,config", "YAML config (default: the built-in job)", cxxopts::value<std::string>()->default_value(""))(
+      "s,set", "override a key: --set train.global_batch=64 (repeatable)", cxxopts::value<std::string>())(
+      "warmup", "optimizer steps (batches) run first, not measured", cxxopts::value<int64_t>()->default_value("5"))(
+      "steps", "timed optimizer steps (batches)", cxxopts::value<int64_t>()->default_value("20"))(
+      "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
+      "loader-only", "measure the data pipeline alone")(
+      "oom", "the OOM recovery benchmark: recovery time, auto micro-batch, throughput after grow-back")(
+      "rounds", "--oom: alternating (backoff, fresh) run pairs", cxxopts::value<int64_t>()->default_value("3"))(
+      "peak-tflops", "the device's peak TFLOP/s, for MFU (default: a table of known GPUs)",
+      cxxopts::value<double>()->default_value("0"))(
+      "run-dir", "keep the run folder here (default: a temporary one, removed)",
+      cxxopts::value<std::string>()->default_value(""))("h,help", "this help");
+  return o;
+}
+
+// --set values are taken out before cxxopts sees them (it would split `data.shape=[3,64,64]` at commas):
+// returns them, and leaves the other arguments in `rest`.
+std::vector<std::string> take_sets(int argc, char** argv, std::vector<char*>& rest) {
+  std::vector<std::string> sets;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if ((arg == "--set" || arg == "-s") && i + 1 < argc) sets.push_back(argv[++i]);
+    else if (arg.rfind("--set=", 0) == 0) sets.push_back(arg.substr(6));
+    else rest.push_back(argv[i]);
+  }
+  return sets;
+}
+
+void write_result(const json& j, const std::string& out) {
+  if (out.empty()) {
+    std::cout << j.dump(2) << std::endl;
+    return;
+  }
+  std::ofstream f(out);
+  f << j.dump(2) << '\n';
+  if (!f.flush()) throw std::runtime_error(out + ": cannot write the bench result");
+}
+
+int run_oom(const cxxopts::ParseResult& a, const BenchOptions& opts, const Config& cfg) {
+  BenchOomOptions oo;
+  oo.rounds = a["rounds"].as<int64_t>();
+  oo.warmup = a.count("warmup") ? opts.warmup : 5;
+  oo.steps = a.count("steps") ? opts.steps : 10;
+  oo.run_dir = opts.run_dir;
+  oo.config_path = opts.config_path;
+  oo.overrides = opts.overrides;
+  oo.command_line = opts.command_line;
+  json j = bench_oom(cfg, oo);  // it sets steps, limits and micro-batches per run itself
+  write_result(j, a["out"].as<std::string>());
+  const auto& rec = j["recovery"];
+  std::cerr << "bench --oom: " << cfg.model.name << " batch " << cfg.train.global_batch << ": recovery "
+            << rec["recovery_s_median"].get<double>() << " s against a " << rec["normal_step_s_median"].get<double>()
+            << " s step (median of " << oo.rounds << "), auto/largest";
+  for (const auto& x : j["auto_vs_exhaustive"])
+    std::cerr << " " << x["auto_micro_batch"] << "/" << x["largest_fitting_micro_batch"];
+  std::cerr << ", throughput after grow-back / fresh " << j["grow_back"]["throughput_ratio_median"].get<double>()
+            << std::endl;
+  return kExitOk;
+}
+
+// The one-line summary of a training or loader result.
+void print_summary(const json& j, const Config& cfg, const std::string& out) {
+  if (j["mode"] == "loader") {
+    std::cerr << "bench: loader " << cfg.data.kind << " " << j["samples_per_s"].get<double>() << " samples/s with "
+              << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;
+  } else {
+    std::cerr << "bench: " << cfg.model.name << " batch " << cfg.train.global_batch << " on " << j["device"].get<std::string>()
+              << ": step p50 " << j["step_time_s_p50"].get<double>() << " s, p90 " << j["step_time_s_p90"].get<double>()
+              << " s, " << j["samples_per_s_median"].get<double>() << " samples/s (median), ";
+    if (j.contains("tokens_per_s_median")) std::cerr << j["tokens_per_s_median"].get<double>() << " tokens/s (median), ";
+    std::cerr
+              << j["samples_per_s_aggregate"].get<double>() << " (aggregate), data wait "
+              << 100 * j["data_wait_share"].get<double>() << "%" << (out.empty() ? "" : " -> " + out) << std::endl;
+  }
+}
+
+}  // namespace
+
+int bench_main(int argc, char** argv) {
+  cxxopts::Options o = bench_options();
+  std::string command_line = "trainer";
+  for (int i = 0; i < argc; ++i) command_line += std::string(" ") + argv[i];
+  std::vector<char*> rest;
+  const std::vector<std::string> sets = take_sets(argc, argv, rest);
+  int rest_argc = static_cast<int>(rest.size());
+  cxxopts::ParseResult a;
+  try {
+    a = o.parse(rest_argc, rest.data());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("command line: ") + e.what() + " (see trainer bench --help)");
+  }
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  if (!a.unmatched().empty())
+    throw std::runtime_error("command line: unexpected argument '" + a.unmatched()[0] + "' (see trainer bench --help)");
+
+  BenchOptions opts;
+  opts.warmup = a["warmup"].as<int64_t>();
+  opts.steps = a["steps"].as<int64_t>();
+  opts.peak_tflops = a["peak-tflops"].as<double>();
+  opts.run_dir = a["run-dir"].as<std::string>();
+  opts.config_path = a["config"].as<std::string>();
+  opts.overrides = sets;
+  opts.command_line = command_line;
+  check_counts(opts);
+  // The bench's own settings go last, so the config validates with them (a job file may set epochs only).
+  std::vector<std::string> all_sets = sets;
+  for (const auto& o : bench_overrides(opts)) all_sets.push_back(o);
+  Config cfg = load_config(opts.config_path, all_sets);
+
+  if (a.count("oom")) return run_oom(a, opts, cfg);
+  json j = a.count("loader-only") ? bench_loader(cfg, opts) : bench_training(cfg, opts);
+  const std::string out = a["out"].as<std::string>();
+  write_result(j, out);
+  print_summary(j, cfg, out);
+  return kExitOk;
+}
+
+}  // namespace trainer
