@@ -275,8 +275,9 @@ void Loader::top_up() {
     const LoaderState at = normalized(cursor_);
     Batch batch;
     if (!plan(at, batch)) return;
-    cursor_ = {at.epoch, at.position + batch.global_size};
-    auto job = make_job(std::move(batch));
+    const LoaderState after = {at.epoch, at.position + batch.global_size};
+    auto job = make_job(std::move(batch));  // allocates: the cursor moves only once it succeeded
+    cursor_ = after;
     in_flight_.push_back(job);
     run_parts(job);
   }
@@ -314,7 +315,12 @@ Batch Loader::next() {
                              " failed: " + what);
   }
   consumed_ = normalized({job->batch.epoch, job->batch.position + job->batch.global_size});
-  top_up();  // keep the workers busy while the caller uses this batch
+  try {
+    top_up();  // keep the workers busy while the caller uses this batch
+  } catch (const std::exception&) {
+    // This batch is consumed and must reach the caller. What failed here (an allocation under a memory
+    // cap) is tried again, and reported, by the next call's top_up().
+  }
   return std::move(job->batch);
 }
 

@@ -102,7 +102,8 @@ class Loader {
 
   /// The next batch of the stream. A worker's exception is rethrown here as std::runtime_error naming
   /// the batch and the original message; that batch is then not consumed (state() is unchanged), and the
-  /// next call retries it.
+  /// next call retries it. An allocation that fails (a memory cap: c10::OutOfMemoryError) propagates
+  /// as it is, also without consuming or skipping a batch.
   Batch next();
 
   /// Restarts the stream at sample `position` (0 <= position <= N) of epoch `epoch`: the following
@@ -121,6 +122,9 @@ class Loader {
 
   /// Global batches in one epoch started at position 0: N / G with drop_last, ceil(N / G) without.
   int64_t steps_per_epoch() const;
+
+  /// Samples per epoch, N: seek() takes positions 0..N.
+  int64_t samples_per_epoch() const { return n_; }
 
   /// The batch that starts at (epoch, position), prepared in the calling thread; the stream does not
   /// move. Equal, bit for bit, to the batch next() returns there.

@@ -503,6 +503,36 @@ TEST(CheckpointStore, OtherFormatVersionFallsBackToPrevious) {
       "format_version 2 is not supported (this build reads 1)");
 }
 
+TEST(CheckpointStore, CheckpointTheCallerRejectsFallsBackToPrevious) {
+  // CRC-valid files the caller cannot use (a file it needs is not there): the same fallback as for a
+  // corrupt checkpoint, and the same refusal for --resume of exactly that one.
+  TempDir run("ck_check");
+  trainer::CheckpointStore store(run.str(), 5);
+  store.save(1, files_for(1));
+  auto incomplete = files_for(2);
+  incomplete.erase("state.json");
+  store.save(2, incomplete);
+  const trainer::CheckpointCheck check = [](const trainer::LoadedCheckpoint& c) {
+    return c.files.count("state.json") ? std::string() : std::string("state.json is missing (an incomplete checkpoint)");
+  };
+  EXPECT_EQ(store.load_latest()->step, 2) << "without a check, the store has no reason to skip it";
+  const auto c = store.load_latest(check);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->step, 1);
+  EXPECT_EQ(c->files, files_for(1));
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_NE(c->warnings[0].find("checkpoint " + folder(run, 2) + " is unusable: state.json is missing (an incomplete "
+                                "checkpoint); falling back"),
+            std::string::npos)
+      << c->warnings[0];
+  expect_throw_with([&] { trainer::CheckpointStore::load(folder(run, 2), check); },
+                    {"cannot resume from checkpoint " + folder(run, 2) + ": state.json is missing"});
+  EXPECT_EQ(trainer::CheckpointStore::load(folder(run, 1), check).step, 1);
+  // When the check rejects every checkpoint, that is an error naming each, not a fresh start.
+  expect_throw_with([&] { store.load_latest([](const trainer::LoadedCheckpoint&) { return std::string("no"); }); },
+                    {"no valid checkpoint in ", "step-00000002: no", "step-00000001: no"});
+}
+
 TEST(CheckpointStore, DanglingOrGarbledLatestFallsBack) {
   TempDir run("ck_latest");
   trainer::CheckpointStore store(run.str(), 5);
@@ -706,18 +736,60 @@ TEST(CheckpointStore, BackgroundSaveEqualsForegroundByteForByte) {
   EXPECT_EQ(bg.load_latest()->step, 43);
 }
 
-TEST(CheckpointStore, BackgroundErrorsAreReportedNotLost) {
-  TempDir tmp("ck_bgerr");
-  testutil::write_file(tmp / "afile", "x");
-  trainer::CheckpointStore store((tmp / "afile" / "run").string(), 2);
-  store.save_async(1, files_for(1));  // returns at once; the failure happens on the worker
-  expect_throw_with([&] { store.wait(); }, {"checkpoint save of step 1 failed", "Not a directory (ENOTDIR)"});
-  EXPECT_NO_THROW(store.wait());  // reported once
-  store.save_async(2, files_for(2));
-  // The next save reports the previous failure instead of starting.
-  expect_throw_with([&] { store.save_async(3, files_for(3)); }, {"checkpoint save of step 2 failed"});
-  EXPECT_FALSE(store.in_flight());
-  EXPECT_NO_THROW(store.wait());
+TEST(CheckpointStore, BackgroundFailureIsReportedOnceAndDoesNotBlockTheNextSave) {
+  TempDir run("ck_bgerr");
+  trainer::CheckpointStore store(run.str(), 2);
+  store.save(1, files_for(1));
+  fs::create_directories(folder(run, 2));
+  testutil::Immutable stuck(folder(run, 2));  // a real EPERM: the save of step 2 cannot replace it
+  if (!stuck.ok()) GTEST_SKIP() << "chattr +i is not available here";
+  EXPECT_FALSE(store.take_outcome());  // foreground saves report by throwing
+  store.save_async(2, files_for(2));  // returns at once; the failure happens on the worker
+  store.wait();
+  auto o = store.take_outcome();
+  ASSERT_TRUE(o.has_value());
+  EXPECT_FALSE(o->ok());
+  EXPECT_EQ(o->step, 2);
+  EXPECT_EQ(o->path, "");
+  EXPECT_NE(o->error.find("checkpoint save of step 2 failed: cannot replace " + folder(run, 2)), std::string::npos)
+      << o->error;
+  EXPECT_NE(o->error.find("(EPERM)"), std::string::npos) << o->error;
+  EXPECT_FALSE(store.take_outcome());  // reported once
+  // The next save is tried (it used to rethrow the failure instead of saving) and succeeds.
+  store.save_async(3, files_for(3));
+  store.wait();
+  o = store.take_outcome();
+  ASSERT_TRUE(o.has_value());
+  EXPECT_TRUE(o->ok()) << o->error;
+  EXPECT_EQ(o->path, folder(run, 3));
+  EXPECT_EQ(store.load_latest()->step, 3);
+}
+
+TEST(CheckpointStore, RetryOfAStepWritesAFreshFolder) {
+  TempDir run("ck_retry");
+  trainer::CheckpointStore store(run.str(), 2);
+  store.save(1, files_for(1));
+  fs::create_directories(folder(run, 2));
+  testutil::Immutable stuck(folder(run, 2));
+  if (!stuck.ok()) GTEST_SKIP() << "chattr +i is not available here";
+  expect_throw_with([&] { store.save(2, files_for(2)); }, {"cannot replace " + folder(run, 2), "(EPERM)"});
+  EXPECT_EQ(store.save(2, files_for(2), {}, 1), folder(run, 2) + "-r1");
+  EXPECT_EQ(testutil::read_file(run / "checkpoints" / "latest"), "step-00000002-r1\n");
+  auto c = store.load_latest();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->step, 2);
+  EXPECT_EQ(c->path, folder(run, 2) + "-r1");
+  EXPECT_EQ(c->files, files_for(2));
+  // Without `latest`, a retry folder counts as the newest of its step.
+  fs::remove(run / "checkpoints" / "latest");
+  EXPECT_EQ(store.load_latest()->path, folder(run, 2) + "-r1");
+  // The next step prunes around the folder it cannot remove, keeping the retry.
+  store.save(3, files_for(3));
+  std::vector<int64_t> steps;
+  for (const auto& i : store.list()) steps.push_back(i.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(fs::exists(folder(run, 2) + "-r1"));
+  EXPECT_FALSE(fs::exists(folder(run, 1)));
 }
 
 // ==== Signals ========================================================================================

@@ -11,6 +11,7 @@
 #include "data/loader.h"
 #include "data/rng.h"
 #include "test_util.h"
+#include "trainer/memory/backend.h"
 
 #include <atomic>
 #include <fstream>
@@ -736,6 +737,28 @@ TEST(DataLoader, WorkerExceptionsReachNextAndTheBatchCanBeRetried) {
   failing->armed = false;
   expect_same_batch(loader.next(), reference.next(), "batch 2 retried");
   expect_same_batch(loader.next(), reference.next(), "batch 3");
+}
+
+TEST(DataLoader, OutOfMemoryPreparingABatchSkipsNoBatch) {
+  // A real cap of the capped allocator at 1 byte: every batch tensor the loader allocates fails. The
+  // stream must go on where it was once memory is back: no batch consumed by a call that failed.
+  data::Loader reference(small_dataset(), train_options(8));
+  data::Loader loader(small_dataset(), train_options(8, 2, 2));
+  expect_same_batch(loader.next(), reference.next(), "batch 0");
+  int failed = 0;
+  {
+    trainer::ScopedCpuCap cap(1);
+    for (int k = 0; k < 4; ++k) {
+      try {
+        expect_same_batch(loader.next(), reference.next(), "a batch prepared before the cap");
+      } catch (const std::exception& e) {
+        EXPECT_TRUE(trainer::is_oom_error(e)) << e.what();
+        ++failed;
+      }
+    }
+  }
+  EXPECT_GT(failed, 0) << "the cap never bit";
+  for (int k = 0; k < 4; ++k) expect_same_batch(loader.next(), reference.next(), "after the cap");
 }
 
 TEST(DataLoader, OptionErrorsNameTheOption) {

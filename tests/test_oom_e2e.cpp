@@ -136,6 +136,29 @@ TEST(OomE2E, NothingFitsSavesAndExitsWithCode3) {
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/latest")) << "a checkpoint is saved before giving up";
 }
 
+TEST(OomE2E, CapBelowTheLiveBytesSavesAndExitsWithCode3) {
+  // `memory: {limit: 1}` written into control.yaml mid-run: nothing fits, not even the step's snapshot
+  // or the loader's tensors. The ladder gives up and the checkpoint is still written (the save lifts
+  // the cap while it copies the state).
+  TempDir dir;
+  auto run_dir = (dir / "run").string();
+  pid_t pid = testutil::spawn(testutil::trainer_cmd(run_dir, job("--set train.steps=100000")),
+                              (dir / "run.log").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](auto& l) { return testutil::last_step(l) >= 3; }))
+      << testutil::read_file(dir / "run.log");
+  testutil::write_file(dir / "run" / "control.yaml", "memory: {limit: 1}\n");
+  const int code = testutil::wait_exit(pid);
+  const std::string out = testutil::read_file(dir / "run.log");
+  ASSERT_EQ(code, 3) << out;
+  auto gave_up = testutil::events(run_dir, "oom_gave_up");
+  ASSERT_EQ(gave_up.size(), 1u) << out;
+  auto ckpts = testutil::events(run_dir, "checkpoint");
+  ASSERT_FALSE(ckpts.empty()) << out;
+  EXPECT_EQ(ckpts.back()["reason"], "oom_gave_up");
+  EXPECT_EQ(ckpts.back()["step"], gave_up[0]["step"]) << "the steps trained before giving up are saved";
+  EXPECT_FALSE(testutil::final_weights(run_dir).empty()) << "the checkpoint is readable";
+}
+
 TEST(OomE2E, AutoMicroBatchFitsAndIsAtLeastHalfTheLargest) {
   TempDir dir;
   const std::string base = job("");

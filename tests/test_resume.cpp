@@ -3,9 +3,11 @@
 // micro-batch; refused config changes; a corrupt latest checkpoint falls back to the previous one.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 
 #include "train_util.h"
+#include "trainer/checkpoint/store.h"
 
 using testutil::TempDir;
 
@@ -41,6 +43,34 @@ void expect_same_losses(const std::string& a_dir, const std::string& b_dir) {
     EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
     EXPECT_EQ(a[i]["batch_hash"], b[i]["batch_hash"]) << "step " << i + 1;
   }
+}
+
+// Rewrites the checkpoint of `step` in `run_dir` with its files changed by `edit`, through the store: the
+// result is CRC-valid (a consistent manifest), only its contents are wrong.
+void rewrite_checkpoint(const std::string& run_dir, int64_t step,
+                        const std::function<void(trainer::CheckpointFiles&)>& edit) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  auto ck = trainer::CheckpointStore::load(run_dir + "/checkpoints/" + name);
+  edit(ck.files);
+  trainer::CheckpointStore(run_dir, 0).save(step, ck.files, ck.manifest.value("extra", nlohmann::json::object()));
+}
+
+// Checkpoints at 2, 4 and 6, the one at 6 rewritten by `edit`: the same command with 8 steps must
+// resume from 4, name the checkpoint it skipped and why, and end bitwise where an uninterrupted run ends.
+void expect_fallback_to_step_4(const std::function<void(trainer::CheckpointFiles&)>& edit, const std::string& why) {
+  TempDir dir;
+  auto run_dir = (dir / "run").string(), whole = (dir / "whole").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(8))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(6))).exit_code, 0);
+  rewrite_checkpoint(run_dir, 6, edit);
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(8)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step-00000006 is unusable: " + why), std::string::npos) << r.output;
+  auto resumes = testutil::events(run_dir, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>(), 4);
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(run_dir)));
 }
 
 }  // namespace
@@ -141,6 +171,41 @@ TEST(Resume, CorruptLatestFallsBackToThePreviousCheckpoint) {
   auto resumes = testutil::events(run_dir, "resume");
   ASSERT_EQ(resumes.size(), 1u);
   EXPECT_EQ(resumes[0]["step"].get<int64_t>(), 4);
+}
+
+TEST(Resume, CheckpointWithoutItsConfigFallsBackToThePreviousOne) {
+  // A CRC-valid manifest that lists no config.yaml used to end the run with "error: map::at".
+  expect_fallback_to_step_4([](trainer::CheckpointFiles& f) { f.erase("config.yaml"); },
+                            "config.yaml is missing (an incomplete checkpoint)");
+}
+
+TEST(Resume, CheckpointWhoseDataPositionIsOutsideTheDataFallsBack) {
+  // A data position beyond the 96 samples used to fail at the loader's seek, with no fallback.
+  auto move_out = [](trainer::CheckpointFiles& f) {
+    auto st = nlohmann::json::parse(f.at("state.json"));
+    st["position"] = 1000;
+    f["state.json"] = st.dump(2);
+  };
+  expect_fallback_to_step_4(move_out, "state.json's data position (epoch 0, position 1000) is outside the training "
+                                      "data (positions 0 to 96)");
+  // --resume of exactly that checkpoint does not fall back: one line naming it and the reason.
+  TempDir dir;
+  auto run_dir = (dir / "run").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(2))).exit_code, 0);
+  rewrite_checkpoint(run_dir, 2, move_out);
+  auto other = (dir / "other").string();
+  auto r = testutil::run(testutil::trainer_cmd(other, job(4, "--resume " + run_dir + "/checkpoints/step-00000002")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot resume from checkpoint " + run_dir + "/checkpoints/step-00000002: state.json's "
+                          "data position"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("seek"), std::string::npos) << r.output;
+}
+
+TEST(Resume, CheckpointWithAStateThatDoesNotParseFallsBack) {
+  expect_fallback_to_step_4([](trainer::CheckpointFiles& f) { f["state.json"] = "{\"step\": 6}"; },
+                            "state.json or config.yaml: ");
 }
 
 TEST(Resume, RunFolderWhoseNameIsNotUtf8) {

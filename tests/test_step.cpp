@@ -222,3 +222,19 @@ TEST(StepInProcess, CpuThreadsAreSharedByTheRanksOfANode) {
   cfg.train.threads = 3;
   EXPECT_EQ(trainer::cpu_threads(cfg, 2), 3);
 }
+
+TEST(StepInProcess, CapBelowTheLiveBytesGivesUpAndChangesNothing) {
+  // Every allocation of the step belongs inside its OOM handling, the snapshot's too: under a cap
+  // below the bytes already live, the ladder runs out of rungs (OomGaveUp: the run saves and exits 3)
+  // instead of an allocation error escaping the step (exit 1, nothing saved).
+  Rig rig(8);
+  auto b1 = batch(1);
+  rig.step->run(b1, 1, 1e-2, 0);  // the optimizer state exists
+  const auto before = rig.weights();
+  auto b2 = batch(2);
+  {
+    trainer::ScopedCpuCap cap(1);
+    EXPECT_THROW(rig.step->run(b2, 2, 1e-2, 1), trainer::OomGaveUp);
+  }
+  EXPECT_TRUE(bitwise_equal(rig.weights(), before)) << "a step that gave up changed the weights";
+}

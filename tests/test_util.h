@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -77,5 +78,47 @@ inline void write_file(const fs::path& p, const std::string& text) {
   std::ofstream f(p);
   f << text;
 }
+
+/// `chattr +i` on `path` while the object lives: a real EPERM for every change to it, also for root
+/// (chmod does not stop root). ok() is false where the file system or the privileges do not allow it.
+class Immutable {
+ public:
+  explicit Immutable(const fs::path& path) : path_(path) {
+    ok_ = std::system(("chattr +i '" + path_.string() + "' 2>/dev/null").c_str()) == 0;
+  }
+  ~Immutable() { release(); }
+  Immutable(const Immutable&) = delete;
+  Immutable& operator=(const Immutable&) = delete;
+  bool ok() const { return ok_; }
+  void release() {
+    if (ok_) (void)!std::system(("chattr -i '" + path_.string() + "'").c_str());
+    ok_ = false;
+  }
+
+ private:
+  fs::path path_;
+  bool ok_ = false;
+};
+
+/// A tmpfs of `bytes` mounted at `path` (created if needed) while the object lives: a real full disk
+/// (ENOSPC). ok() is false where mounting is not allowed (not root, no CAP_SYS_ADMIN).
+class SmallDisk {
+ public:
+  SmallDisk(const fs::path& path, int64_t bytes) : path_(path) {
+    fs::create_directories(path_);
+    ok_ = std::system(("mount -t tmpfs -o size=" + std::to_string(bytes) + " tmpfs '" + path_.string() +
+                       "' 2>/dev/null").c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (ok_) (void)!std::system(("umount -l '" + path_.string() + "'").c_str());
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  fs::path path_;
+  bool ok_ = false;
+};
 
 }  // namespace testutil

@@ -97,6 +97,7 @@ std::vector<Field> fields(Config& c) {
       {"checkpoint.every_seconds", &c.checkpoint.every_seconds, false},
       {"checkpoint.keep_last", &c.checkpoint.keep_last, false},
       {"checkpoint.async", &c.checkpoint.async, false},
+      {"checkpoint.max_failures", &c.checkpoint.max_failures, false},
       {"log.every", &c.log.every, false},
       {"log.level", &c.log.level, false},
       {"log.http_port", &c.log.http_port, false},
@@ -411,6 +412,7 @@ struct Checks {
     if (c.checkpoint.every_seconds < 0) bad("checkpoint.every_seconds", "must be >= 0");
     if (c.checkpoint.keep_last < 1 || c.checkpoint.keep_last > 1000000)
       bad("checkpoint.keep_last", "must be in [1, 1000000]");
+    if (c.checkpoint.max_failures < 1) bad("checkpoint.max_failures", "must be at least 1");
     if (c.log.every < 1) bad("log.every", "must be at least 1");
     one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
     if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");

@@ -105,6 +105,10 @@ struct CheckpointConfig {
   double every_seconds = 0.0;  ///< save when this much time passed since the last save (0 = off)
   int64_t keep_last = 3;       ///< complete checkpoints kept
   bool async = true;           ///< write files on a background thread
+  /// Failed save attempts in a row before the run stops with exit 4. A failed periodic save is retried
+  /// at the next step; the saves a run ends with (SIGTERM/SIGINT, final, OOM give-up) are retried at
+  /// once under fresh folder names, this many attempts in all.
+  int64_t max_failures = 3;
 };
 
 struct LogConfig {

@@ -7,12 +7,12 @@
 
 namespace trainer {
 
-void TrainingRun::poll() {
-  poll_memory_limit();
+void TrainingRun::poll(bool batch_failed) {
+  poll_memory_limit(batch_failed);
   if (step_ % 50 == 0) poll_threads();
 }
 
-void TrainingRun::poll_memory_limit() {
+void TrainingRun::poll_memory_limit(bool batch_failed) {
   // control.yaml is how an operator (or a container resize hook) changes the cap of a running job.
   ControlPoll poll = control_->poll();
   if (!poll.warning.empty()) spdlog::warn("{}", poll.warning);
@@ -43,17 +43,26 @@ void TrainingRun::poll_memory_limit() {
   }
   // Every step, on every rank (a collective in a data-parallel job): one rank's resize moves all.
   const int64_t before = agreed_limit_;
-  agree_on_limit();
+  if (agree_on_limit(batch_failed)) {
+    const int64_t live = memory_->current_bytes();
+    throw OomGaveUp("out of memory loading the batch of step " + std::to_string(step_ + 1) + " under the memory limit " +
+                    (limit_bytes_ ? format_bytes(limit_bytes_) : std::string("none")) + " (live tensors " +
+                    format_bytes(live) + ")" + (batch_oom_.empty() ? " on another rank" : ": " + batch_oom_) +
+                    "; the weights, the optimizer state and one batch do not fit: raise the memory limit");
+  }
   if (agreed_limit_ != before) step_runner_->on_limit_changed(agreed_limit_, step_);
 }
 
-void TrainingRun::agree_on_limit() {
+bool TrainingRun::agree_on_limit(bool batch_failed) {
   // Every rank's ladder must take the same decisions, so it sees the same inputs: the lowest cap of all
-  // ranks (each rank's allocator still enforces its own).
+  // ranks (each rank's allocator still enforces its own). The same collective says whether any rank's
+  // batch did not fit.
   agreed_limit_ = limit_bytes_;
-  if (!dist_) return;
-  auto a = dist_->all_max({limit_bytes_ > 0 ? -static_cast<double>(limit_bytes_) : -1e300}, "the memory limit agreement");
+  if (!dist_) return batch_failed;
+  auto a = dist_->all_max({limit_bytes_ > 0 ? -static_cast<double>(limit_bytes_) : -1e300, batch_failed ? 1.0 : 0.0},
+                          "the memory limit agreement");
   agreed_limit_ = a[0] <= -1e299 ? 0 : static_cast<int64_t>(-a[0]);
+  return a[1] > 0;
 }
 
 void TrainingRun::poll_threads() {

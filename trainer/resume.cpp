@@ -21,6 +21,30 @@ namespace fs = std::filesystem;
 
 namespace trainer {
 
+namespace {
+
+/// Lifts the memory cap while it lives. Saving and resuming allocate (copies of the state to
+/// serialize, the tensors read back): under a cap at or below the live bytes, the one that made the run
+/// give up for example, they would fail and lose the progress the cap did not. This memory is
+/// temporary and small next to a step's activations.
+class LiftedCap {
+ public:
+  explicit LiftedCap(MemoryBackend& memory) : memory_(memory), limit_(memory.limit()) {
+    if (limit_ > 0) memory_.set_limit(0);
+  }
+  ~LiftedCap() {
+    if (limit_ > 0) memory_.set_limit(limit_);
+  }
+  LiftedCap(const LiftedCap&) = delete;
+  LiftedCap& operator=(const LiftedCap&) = delete;
+
+ private:
+  MemoryBackend& memory_;
+  int64_t limit_;
+};
+
+}  // namespace
+
 nlohmann::json TrainingRun::state_json() const {
   nlohmann::json j;
   j["step"] = step_;
@@ -39,8 +63,8 @@ nlohmann::json TrainingRun::state_json() const {
   return j;
 }
 
-void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
-  auto t0 = std::chrono::steady_clock::now();
+std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
+  const LiftedCap lifted(*memory_);
   // Model and optimizer are replicated; the RNG is each rank's own, so rank 0 gathers them all and
   // writes the one checkpoint (every rank calls this at the same step: the gather is a collective).
   NamedTensors rng;
@@ -54,10 +78,7 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
       rng.emplace_back("cpu" + suffix, cpus[r].to(torch::kByte));
       if (!cudas.empty()) rng.emplace_back("cuda" + suffix, cudas[r].to(torch::kByte));
     }
-    if (!main_rank()) {
-      last_ckpt_time_ = std::chrono::steady_clock::now();
-      return;
-    }
+    if (!main_rank()) return std::nullopt;
   } else {
     rng.emplace_back("cpu", generators.cpu);
     if (generators.cuda.defined()) rng.emplace_back("cuda", generators.cuda);
@@ -68,22 +89,48 @@ void TrainingRun::save_checkpoint(const std::string& reason, bool wait) {
   files["rng.pt"] = tensors_to_bytes(rng);
   files["state.json"] = json_text(state_json(), 2);
   files["config.yaml"] = to_yaml(cfg_);
-  nlohmann::json extra = {{"reason", reason}, {"device", device_.str()}};
-  if (cfg_.checkpoint.async && !wait) store_->save_async(step_, std::move(files), extra);
-  else store_->save(step_, std::move(files), extra);
-  last_ckpt_time_ = std::chrono::steady_clock::now();
-  double secs = seconds_since(t0);
-  spdlog::info("checkpoint: step {} ({}), {} in {:.2f}s{}", step_, reason, wait || !cfg_.checkpoint.async ? "written" : "serialized",
-               secs, wait || !cfg_.checkpoint.async ? "" : ", writing in the background");
-  metrics_.event("checkpoint", {{"step", step_}, {"reason", reason}, {"seconds", secs}});
+  return files;
+}
+
+std::string TrainingRun::checkpoint_problem(const LoadedCheckpoint& ck) const {
+  // Checked before anything is restored, so that an unusable checkpoint falls back to an older one as
+  // a corrupt one does: its CRCs only say the files are the ones that were written, not that they are
+  // all there (a save by an older build, a folder edited by hand) or that they fit this run's data.
+  for (const char* name : {"model.pt", "optimizer.pt", "rng.pt", "state.json", "config.yaml"})
+    if (ck.files.count(name) == 0) return std::string(name) + " is missing (an incomplete checkpoint)";
+  int64_t epoch = 0, position = 0;
+  try {
+    Config saved;
+    apply_yaml_text(saved, ck.files.at("config.yaml"), ck.path + "/config.yaml");
+    const auto st = nlohmann::json::parse(ck.files.at("state.json"));
+    // Everything restore_loop() reads, parsed as it parses it.
+    if (st.at("step").get<int64_t>() != ck.step)
+      return "state.json says step " + st.at("step").dump() + ", the manifest " + std::to_string(ck.step);
+    epoch = st.at("epoch").get<int64_t>();
+    position = st.at("position").get<int64_t>();
+    st.at("samples_seen").get<int64_t>();
+    st.at("scaler").get<GradScalerState>();
+    st.value("nonfinite_in_a_row", int64_t{0}), st.value("eval_micro_batch", int64_t{0});
+    st.value("world_size", int64_t{1});
+    if (st.value("micro_batch_config", int64_t{0}) == cfg_.train.micro_batch)
+      MicroBatchController::from_json(st.at("controller"));
+  } catch (const std::exception& e) {
+    return "state.json or config.yaml: " + error_message(e);
+  }
+  const int64_t n = loader_->positions_per_epoch();
+  if (epoch < 0 || position < 0 || position > n)
+    return "state.json's data position (epoch " + std::to_string(epoch) + ", position " + std::to_string(position) +
+           ") is outside the training data (positions 0 to " + std::to_string(n) + ")";
+  return "";
 }
 
 std::optional<LoadedCheckpoint> TrainingRun::find_checkpoint() const {
   std::optional<LoadedCheckpoint> ck;
+  auto check = [this](const LoadedCheckpoint& c) { return checkpoint_problem(c); };
   if (!opts_.resume_from.empty()) {
-    ck = CheckpointStore::load(opts_.resume_from);
+    ck = CheckpointStore::load(opts_.resume_from, check);
   } else if (!opts_.no_resume) {  // --no-resume: setup() made sure the folder was empty
-    ck = store_->load_latest();
+    ck = store_->load_latest(check);
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
   }
   if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
@@ -116,6 +163,7 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
 }
 
 void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
+  const LiftedCap lifted(*memory_);
   load_state_dict_bytes(*model_, ck.files.at("model.pt"), /*strict=*/true);
   std::map<std::string, torch::Tensor> opt_state;
   for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
@@ -169,6 +217,8 @@ bool TrainingRun::resume() {
                                std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
   loader_->seek(epoch_, position_);
+  last_saved_path_ = ck->path;  // what an exit 4 names until this run saves its own
+  last_saved_step_ = step_;
   const auto& ladder = step_runner_->controller();
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
                position_, ladder.micro_batch(), ladder.accum_steps());
@@ -181,8 +231,10 @@ bool TrainingRun::resume() {
 // `trainer export`: a checkpoint's weights for Python's torch.load.
 std::string export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out) {
   std::optional<LoadedCheckpoint> ck;
-  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint);
-  else ck = CheckpointStore(run_dir, 0).load_latest();
+  // Only the weights are read here: a checkpoint without them falls back like a corrupt one.
+  auto check = [](const LoadedCheckpoint& c) { return c.files.count("model.pt") ? "" : "model.pt is missing"; };
+  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint, check);
+  else ck = CheckpointStore(run_dir, 0).load_latest(check);
   if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
   // model.pt is already a Python-compatible state dict; it is written through a temporary file so a
   // failed export never leaves a truncated file under the final name.

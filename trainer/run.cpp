@@ -1,9 +1,9 @@
 // The training loop. It only sequences; each stage is a named call:
 //
-//   setup -> resume -> start -> [ poll -> fetch -> step -> record -> evaluate -> agree on save/stop ]* -> finish
+//   setup -> resume -> start -> [ fetch -> poll -> step -> record -> evaluate -> agree on save/stop ]* -> finish
 //
-// and the two other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), or a signal stops it
-// (checkpoint, exit 128 + signal).
+// and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
+// (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
 #include "trainer/run.h"
 
 #include <spdlog/spdlog.h>
@@ -18,13 +18,7 @@ namespace trainer {
 TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg), opts_(opts) {}
 
 TrainingRun::~TrainingRun() {
-  if (store_) {
-    try {
-      store_->wait();
-    } catch (const std::exception& e) {
-      spdlog::error("checkpoint: {}", error_message(e));
-    }
-  }
+  if (store_) store_->wait();  // a failure nobody collected is logged by the store
 }
 
 int TrainingRun::run() {
@@ -38,13 +32,14 @@ int TrainingRun::run() {
   start(resumed);
   try {
     while (step_ < total_steps_) {
-      poll();
-      data::Batch batch = fetch();
+      std::optional<data::Batch> batch = fetch();
+      poll(!batch);  // every rank gives up together if any rank's batch did not fit
+      if (need_micro_batch_search_) search_micro_batch(*batch);
       const auto t0 = std::chrono::steady_clock::now();
-      StepResult r = step_runner_->run(batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
-                                                                        warmup_steps_),
+      StepResult r = step_runner_->run(*batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
+                                                                         warmup_steps_),
                                        agreed_limit_);
-      record(r, batch, seconds_since(t0));
+      record(r, *batch, seconds_since(t0));
       maybe_evaluate();
       if (auto code = agree_on_save_and_stop()) return *code;
     }
@@ -79,23 +74,34 @@ void TrainingRun::start(bool resumed) {
   telemetry_.set_ready(true);
 }
 
-data::Batch TrainingRun::fetch() {
+std::optional<data::Batch> TrainingRun::fetch() {
   const auto t = std::chrono::steady_clock::now();
-  data::Batch batch = loader_->next();
-  data_wait_s_ = seconds_since(t);
-  if (need_micro_batch_search_) {
-    // train.micro_batch: auto, once before the first step, on the first batch's samples.
-    need_micro_batch_search_ = false;
-    const int64_t mb = step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_);
-    MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
-    co.micro_batch = mb;
-    step_runner_->set_controller(make_controller(co, agreed_limit_));
-    spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
-                 limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps());
-    metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", step_runner_->controller().accum_steps()},
-                                        {"limit", limit_bytes_}});
+  data::Batch batch;
+  try {
+    batch = loader_->next();
+  } catch (const std::exception& e) {
+    // The batch's tensors count against the cap. No rung of the ladder makes room for them (it shrinks
+    // activations, which are gone between steps): the live bytes alone are over the cap.
+    if (!is_oom_error(e)) throw;
+    batch_oom_ = error_message(e);
+    return std::nullopt;
   }
+  data_wait_s_ = seconds_since(t);
   return batch;
+}
+
+void TrainingRun::search_micro_batch(const data::Batch& batch) {
+  // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
+  // search is a collective, which a rank whose batch did not fit would not have entered.
+  need_micro_batch_search_ = false;
+  const int64_t mb = step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_);
+  MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
+  co.micro_batch = mb;
+  step_runner_->set_controller(make_controller(co, agreed_limit_));
+  spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
+               limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps());
+  metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", step_runner_->controller().accum_steps()},
+                                      {"limit", limit_bytes_}});
 }
 
 namespace {
@@ -199,62 +205,92 @@ void TrainingRun::maybe_evaluate() {
   const bool epoch_end = step_ % steps_per_epoch_ == 0;
   const bool due = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;
   if (!due || step_ >= total_steps_ || !has_eval()) return;  // the last step's evaluation is finish()'s
+  // A failed evaluation is reported and training goes on: the test split is not the run's state, and
+  // the final evaluation reports it again (after the final checkpoint).
+  if (const auto e = evaluate_and_log(false); !e.empty()) {
+    spdlog::warn("evaluation at step {} failed, training goes on: {}", step_, e);
+    metrics_.event("eval_failed", {{"step", step_}, {"message", e}});
+  }
+}
+
+std::string TrainingRun::evaluate_and_log(bool final) {
   const auto t = std::chrono::steady_clock::now();
-  const EvalResult e = evaluate();
-  spdlog::info("eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", step_, e.loss, 100 * e.top1,
-               100 * e.top5, seconds_since(t));
-  metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
-                          {"samples", e.samples}, {"seconds", seconds_since(t)}});
+  EvalResult e;
+  try {
+    e = evaluate();
+  } catch (const std::exception& err) {
+    model_->train();
+    if (dist_) throw;  // the ranks would no longer agree on their collectives
+    return error_message(err);
+  }
+  spdlog::info("{}eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", final ? "final " : "", step_,
+               e.loss, 100 * e.top1, 100 * e.top5, seconds_since(t));
+  nlohmann::json j = {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
+                      {"samples", e.samples}, {"seconds", seconds_since(t)}};
+  if (final) j["final"] = true;
+  metrics_.event("eval", j);
+  return "";
 }
 
 std::optional<int> TrainingRun::agree_on_save_and_stop() {
+  if (main_rank()) collect_saves();  // a background save that failed is reported now and retried below
   bool ckpt_now = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
-                  (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds);
+                  (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds) ||
+                  retry_save_;
   bool ckpt_request = take_checkpoint_request();
   int stop_sig = stop_requested() ? stop_signal() : 0;
+  bool cannot_save = save_failures_ >= cfg_.checkpoint.max_failures;
   if (dist_) {
     // Saving is collective and a stop must happen at the same step everywhere: a signal or a timer
     // seen by any rank counts for all (torchrun forwards SIGTERM to every rank, not at the same instant).
-    auto a = dist_->all_max({ckpt_now ? 1.0 : 0.0, ckpt_request ? 1.0 : 0.0, static_cast<double>(stop_sig)},
+    // Rank 0 alone knows how its saves went.
+    auto a = dist_->all_max({ckpt_now ? 1.0 : 0.0, ckpt_request ? 1.0 : 0.0, static_cast<double>(stop_sig),
+                             cannot_save ? 1.0 : 0.0},
                             "the checkpoint and stop agreement");
     ckpt_now = a[0] > 0;
     ckpt_request = a[1] > 0;
     stop_sig = static_cast<int>(a[2]);
-  }
-  if (ckpt_request) {
-    save_checkpoint("SIGUSR1", false);
-    ckpt_now = false;
+    cannot_save = a[3] > 0;
   }
   if (stop_sig != 0) {
     // SIGTERM/SIGINT: the step in progress was finished; save and exit with 128 + signal so a scheduler
-    // restarts the job, which then resumes from this checkpoint.
+    // restarts the job, which then resumes from this checkpoint. Earlier failed saves do not matter here.
     const std::string sig = stop_sig == SIGINT ? "SIGINT" : "SIGTERM";
     spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", sig, step_);
     telemetry_.set_stopping();
-    save_checkpoint(sig, true);
+    if (!save_before_exit(sig))
+      return exit_not_saved("the " + sig + " checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
     metrics_.event("stop", {{"step", step_}, {"signal", sig}});
     return exit_code_for_signal(stop_sig);
   }
-  if (ckpt_now && step_ < total_steps_) save_checkpoint("periodic", false);
+  if (cannot_save) return exit_not_saved("step " + std::to_string(step_), save_failures_);
+  if ((ckpt_request || ckpt_now) && step_ < total_steps_)
+    save_in_background(ckpt_request ? "SIGUSR1" : retry_save_ ? "retry" : "periodic");
   return std::nullopt;
 }
 
 int TrainingRun::give_up(const OomGaveUp& e) {
   spdlog::error("{}", e.what());
   metrics_.event("oom_gave_up", {{"step", step_}, {"message", e.what()}, {"mem_peak_bytes", memory_->peak_bytes()}});
-  // The cap stays in force: the checkpoint's own buffers are small next to a step's activations.
-  save_checkpoint("oom_gave_up", true);
+  // serialize_checkpoint() lifts the cap while it copies the state: the cap may be below the live bytes.
+  if (!save_before_exit("oom_gave_up"))
+    return exit_not_saved("the checkpoint of step " + std::to_string(step_) + " before giving up on memory",
+                          cfg_.checkpoint.max_failures);
   return kExitOomGaveUp;
 }
 
 int TrainingRun::finish() {
-  const EvalResult e = evaluate();
+  // The final checkpoint comes before the final evaluation: an error there must not cost the training.
+  if (!save_before_exit("final"))
+    return exit_not_saved("the final checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
   if (has_eval()) {
-    spdlog::info("final eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}%", step_, e.loss, 100 * e.top1, 100 * e.top5);
-    metrics_.event("eval", {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
-                            {"samples", e.samples}, {"final", true}});
+    if (const auto e = evaluate_and_log(true); !e.empty()) {
+      spdlog::error("final evaluation at step {} failed: {}; the trained model is saved in {}", step_, e,
+                    last_saved_path_);
+      metrics_.event("error", {{"step", step_}, {"message", "final evaluation: " + e}});
+      return kExitError;
+    }
   }
-  save_checkpoint("final", true);
   const double total = seconds_since(start_time_);
   metrics_.event("end", {{"step", step_}, {"seconds", total}, {"samples_seen", samples_seen_}});
   spdlog::info("done: {} steps in {}", step_, format_duration(total));

@@ -1,12 +1,13 @@
 // The state of one training run. Its parts, each in a file named after it:
 //
-//   run.cpp        the loop: it only sequences (poll -> fetch -> step -> record -> evaluate -> agree on
+//   run.cpp        the loop: it only sequences (fetch -> poll -> step -> record -> evaluate -> agree on
 //                  save/stop), and how the run ends
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
 //   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
 //   evaluate.h     the evaluation of a split, with its own OOM backoff (shared with `trainer eval`);
 //                  run.cpp calls it on the test split
-//   resume.cpp     what a checkpoint holds (save_checkpoint) and reading it back (resume)
+//   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
+//   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
 //   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
 //
 // Internal to trainer/: users call train() (train.h).
@@ -50,7 +51,11 @@ struct BatchStream {
   virtual void seek(int64_t epoch, int64_t position) = 0;
   virtual data::LoaderState state() const = 0;
   virtual int64_t steps_per_epoch() const = 0;
+  virtual int64_t positions_per_epoch() const = 0;  // seek() takes positions 0..this
 };
+
+inline int64_t positions_per_epoch(const data::Loader& l) { return l.samples_per_epoch(); }
+inline int64_t positions_per_epoch(const data::TokenLoader& l) { return l.windows_per_epoch(); }
 
 template <typename Loader>
 struct StreamOf : BatchStream {
@@ -59,6 +64,7 @@ struct StreamOf : BatchStream {
   void seek(int64_t epoch, int64_t position) override { loader->seek(epoch, position); }
   data::LoaderState state() const override { return loader->state(); }
   int64_t steps_per_epoch() const override { return loader->steps_per_epoch(); }
+  int64_t positions_per_epoch() const override { return trainer::positions_per_epoch(*loader); }
   std::unique_ptr<Loader> loader;
 };
 
@@ -78,22 +84,25 @@ class TrainingRun {
   void setup_memory();
   void setup_data();
   int64_t steps_of_epochs(double epochs, const char* key) const;  // after setup_data(): steps per epoch known
+  void check_test_split() const;
   void setup_model();
   void setup_step();
 
   // run.cpp
   void start(bool resumed);
-  data::Batch fetch();
+  std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
+  void search_micro_batch(const data::Batch& batch);  // train.micro_batch: auto
   void record(const StepResult& r, const data::Batch& batch, double step_time);
   void maybe_evaluate();
+  std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
   std::optional<int> agree_on_save_and_stop();
   int give_up(const OomGaveUp& e);
   int finish();
 
   // limits.cpp
-  void poll();  // the memory limit every step, the threads every 50 steps
-  void poll_memory_limit();
-  void agree_on_limit();
+  void poll(bool batch_failed);  // the memory limit every step, the threads every 50 steps
+  void poll_memory_limit(bool batch_failed);  // OomGaveUp on every rank if any rank's batch did not fit
+  bool agree_on_limit(bool batch_failed);     // whether any rank's batch did not fit
   void poll_threads();
 
   EvalResult evaluate();  // the test split (evaluate.h)
@@ -101,11 +110,20 @@ class TrainingRun {
   // resume.cpp
   bool resume();
   std::optional<LoadedCheckpoint> find_checkpoint() const;
+  std::string checkpoint_problem(const LoadedCheckpoint& ck) const;  // "" when this run can resume from it
   void check_same_experiment(const LoadedCheckpoint& ck) const;
   void restore_tensors(const LoadedCheckpoint& ck);
   void restore_loop(const nlohmann::json& state);
-  void save_checkpoint(const std::string& reason, bool wait);
+  std::optional<CheckpointFiles> serialize_checkpoint();  // collective; the files on rank 0 only
   nlohmann::json state_json() const;
+
+  // saving.cpp
+  void save_in_background(const std::string& reason);  // periodic, SIGUSR1, a retry; async per config
+  bool save_before_exit(const std::string& reason);    // in the foreground, retried; agreed by all ranks
+  void collect_saves();                                // the background saves that finished
+  void on_saved(int64_t step, const std::string& reason, const std::string& path, double seconds);
+  void on_save_failed(int64_t step, const std::string& reason, const std::string& error, const std::string& next);
+  int exit_not_saved(const std::string& what, int64_t attempts);  // the one line, exit 4
 
   int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
   bool main_rank() const { return env_.rank == 0; }
@@ -156,7 +174,21 @@ class TrainingRun {
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
+  // Saving (saving.cpp): the newest checkpoint known to be written (the resumed one at first), the
+  // failed attempts in a row since, and the background save being written.
+  std::string last_saved_path_;
+  int64_t last_saved_step_ = -1;
+  int64_t save_failures_ = 0;
+  std::string last_save_error_;
+  bool retry_save_ = false;  // a save failed: save again at the next step
+  struct PendingSave {
+    int64_t step = 0;
+    std::string reason;
+    std::chrono::steady_clock::time_point started;
+  };
+  std::optional<PendingSave> pending_save_;
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
+  std::string batch_oom_;             // why this rank's batch did not fit under the cap
   double data_wait_s_ = 0;            // time the last step waited for its batch
   double window_time_ = 0;            // seconds of the steps since the last log line
   int64_t window_steps_ = 0;

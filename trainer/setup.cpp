@@ -186,6 +186,7 @@ void TrainingRun::setup_data() {
     auto sh = train_images_->sample_shape();
     sample_shape_ = {sh[0], sh[1], sh[2]};
   }
+  check_test_split();
   steps_per_epoch_ = loader_->steps_per_epoch();
   total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
                                       : std::max<int64_t>(1, steps_of_epochs(cfg_.train.epochs, "train.epochs"));
@@ -203,6 +204,36 @@ int64_t TrainingRun::steps_of_epochs(double epochs, const char* key) const {
                       " steps do not fit in a step counter (2^62); ask for fewer");
   }
   return std::llround(steps);
+}
+
+void TrainingRun::check_test_split() const {
+  // The evaluation runs at the end (and between epochs): a split the model cannot take must fail here,
+  // before anything trains, not after.
+  auto shape_str = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t d : v) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    return "[" + s + "]";
+  };
+  if (test_images_) {
+    if (test_images_->num_classes() > cfg_.model.num_classes)
+      throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.test +
+                        " (data.test) has " + std::to_string(test_images_->num_classes()) + " classes");
+    const auto sh = test_images_->sample_shape();
+    const std::vector<int64_t> test_shape(sh.begin(), sh.end());
+    if (test_shape != sample_shape_)
+      throw ConfigError("data.test: " + cfg_.data.test + " holds samples of shape " + shape_str(test_shape) +
+                        ", the training split " + shape_str(sample_shape_));
+  }
+  if (test_tokens_) {
+    // The model's vocabulary: model.vocab_size when set (at least the training file's), else the file's.
+    const int64_t vocab = vocab_size(cfg_);
+    if (test_tokens_->vocab_size() > vocab)
+      throw ConfigError("data.test: " + cfg_.data.test + " has a vocabulary of " +
+                        std::to_string(test_tokens_->vocab_size()) + " tokens, the model " + std::to_string(vocab));
+    if (test_tokens_->size() < cfg_.model.context + 1)
+      throw ConfigError("data.test: " + cfg_.data.test + " has " + std::to_string(test_tokens_->size()) +
+                        " tokens, fewer than model.context + 1 = " + std::to_string(cfg_.model.context + 1));
+  }
 }
 
 void TrainingRun::setup_model() {
@@ -240,7 +271,7 @@ void TrainingRun::setup_model() {
 }
 
 void TrainingRun::setup_step() {
-  agree_on_limit();
+  agree_on_limit(false);
   StepParts parts;
   parts.model = model_;
   parts.optimizer = optimizer_.get();

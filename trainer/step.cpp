@@ -7,6 +7,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <cmath>
+#include <optional>
 
 namespace trainer {
 
@@ -170,9 +171,12 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   r.lr = lr;
   p_.memory->reset_peak();
   r.mem_start_bytes = p_.memory->current_bytes();
-  const StepSnapshot snapshot(*p_.model, o_.forward.device);
+  // The snapshot allocates too (buffer copies, generator states): taking it is part of the attempt, so
+  // a cap below the live bytes ends in the ladder's answer, not in an error outside it.
+  std::optional<StepSnapshot> snapshot;
   while (true) {
     try {
+      if (!snapshot) snapshot.emplace(*p_.model, o_.forward.device);
       attempt(batch, step, lr, r);
       break;
     } catch (const std::exception& e) {
@@ -184,7 +188,7 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
         spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
       }
       drop_failed_attempt();
-      snapshot.restore();
+      if (snapshot) snapshot->restore();  // without one, nothing has run yet
       on_oom(e, peer, step, limit, r);
       p_.memory->reset_peak();
     }
@@ -220,13 +224,26 @@ int64_t Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch
       return false;
     }
   };
-  p_.optimizer->allocate_state();
-  const StepSnapshot snapshot(*p_.model, o_.forward.device);
   const int64_t size = batch.size();
-  int64_t mb = find_max_micro_batch(fits, std::min(min_micro_batch, size), size);
+  const int64_t floor = std::min(min_micro_batch, size);
+  std::optional<StepSnapshot> snapshot;
+  int64_t mb = -1;  // -1: the optimizer state or the snapshot did not fit
+  try {
+    p_.optimizer->allocate_state();
+    snapshot.emplace(*p_.model, o_.forward.device);
+    // Nothing fits even at the floor: start there and let the ladder's next rung (recomputation) try.
+    mb = std::max(find_max_micro_batch(fits, floor, size), floor);
+  } catch (const std::exception& e) {
+    if (!is_oom_error(e)) throw;
+    drop_failed_attempt();
+  }
   // The smallest over ranks: the micro-batch count per step (and so the collectives) must be equal.
   if (p_.dist) mb = static_cast<int64_t>(-p_.dist->all_max({-static_cast<double>(mb)}, "the micro-batch agreement")[0]);
-  snapshot.restore();  // the probes must not count as training
+  if (snapshot) snapshot->restore();  // the probes must not count as training
+  if (mb < 0)
+    throw OomGaveUp("micro_batch auto: the model and its optimizer state do not fit in memory (limit " +
+                    (limit > 0 ? format_bytes(limit) : std::string("none")) +
+                    "); raise memory.limit or use a smaller model");
   return mb;
 }
 

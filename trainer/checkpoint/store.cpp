@@ -22,6 +22,7 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 namespace trainer {
 
@@ -60,18 +61,30 @@ struct IoError : std::runtime_error {
   int code;
 };
 
-std::string step_name(int64_t step) {
-  char buf[32];
+/// "step-00001200", or "step-00001200-r2" for attempt 2 of that step's save.
+std::string step_name(int64_t step, int attempt = 0) {
+  char buf[48];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
-  return buf;
+  return attempt > 0 ? std::string(buf) + "-r" + std::to_string(attempt) : std::string(buf);
 }
 
-/// Parses "step-00001200" -> 1200; nullopt for any other name.
-std::optional<int64_t> parse_step_name(const std::string& name) {
-  static const std::regex re("^step-([0-9]{8,18})$");
+struct FolderName {
+  int64_t step = 0;
+  int attempt = 0;
+};
+
+/// Parses "step-00001200" -> {1200, 0} and "step-00001200-r2" -> {1200, 2}; nullopt for any other name.
+std::optional<FolderName> parse_folder_name(const std::string& name) {
+  static const std::regex re("^step-([0-9]{8,18})(-r([0-9]{1,4}))?$");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
-  return std::stoll(m[1].str());
+  return FolderName{std::stoll(m[1].str()), m[3].matched ? std::stoi(m[3].str()) : 0};
+}
+
+std::optional<int64_t> parse_step_name(const std::string& name) {
+  const auto f = parse_folder_name(name);
+  if (!f) return std::nullopt;
+  return f->step;
 }
 
 std::string crc32_hex(const std::string& bytes) {
@@ -235,15 +248,17 @@ std::string verify_checkpoint(const fs::path& dir, Verify level, LoadedCheckpoin
   return "";
 }
 
-/// Step folders in `dir`, newest (highest step) first.
+/// Step folders in `dir`, newest (highest step, then highest attempt) first.
 std::vector<std::pair<int64_t, fs::path>> step_folders(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
+  std::vector<std::tuple<int64_t, int, fs::path>> found;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const auto step = parse_step_name(it->path().filename().string());
-    if (step && it->is_directory(ec)) out.emplace_back(*step, it->path());
+    const auto name = parse_folder_name(it->path().filename().string());
+    if (name && it->is_directory(ec)) found.emplace_back(name->step, name->attempt, it->path());
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  std::vector<std::pair<int64_t, fs::path>> out;
+  for (auto& [step, attempt, path] : found) out.emplace_back(step, std::move(path));
   return out;
 }
 
@@ -292,11 +307,9 @@ CheckpointStore::CheckpointStore(std::string run_dir, int keep_last, std::string
 }
 
 CheckpointStore::~CheckpointStore() {
-  try {
-    wait();
-  } catch (const std::exception& e) {
-    spdlog::error("checkpoint: the last background save failed: {}", error_message(e));
-  }
+  wait();
+  for (const auto& o : outcomes_)
+    if (!o.ok()) spdlog::error("checkpoint: a background save failed: {}", o.error);
 }
 
 void CheckpointStore::check_writable() const {
@@ -407,12 +420,14 @@ void CheckpointStore::prune(int64_t step) const {
   }
 }
 
-std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFiles& files,
+std::string CheckpointStore::write_checkpoint(int64_t step, int attempt, const CheckpointFiles& files,
                                               const nlohmann::json& extra) const {
   if (step < 0) throw std::invalid_argument("CheckpointStore::save: step must be >= 0, got " + std::to_string(step));
+  if (attempt < 0 || attempt > 9999)
+    throw std::invalid_argument("CheckpointStore::save: attempt must be in [0, 9999], got " + std::to_string(attempt));
   for (const auto& f : files) check_file_name(f.first);
   if (!extra.is_object() && !extra.is_null()) throw std::invalid_argument("CheckpointStore::save: extra manifest fields must be a JSON object");
-  const std::string name = step_name(step);
+  const std::string name = step_name(step, attempt);
   const fs::path final_dir = fs::path(dir_) / name;
   const fs::path tmp_dir = fs::path(dir_) / (kTmpPrefix + name + "-" + std::to_string(::getpid()));
   try {
@@ -428,19 +443,28 @@ std::string CheckpointStore::write_checkpoint(int64_t step, const CheckpointFile
   return final_dir.string();
 }
 
-std::string CheckpointStore::save(int64_t step, const CheckpointFiles& files, const nlohmann::json& extra) {
+std::string CheckpointStore::save(int64_t step, const CheckpointFiles& files, const nlohmann::json& extra,
+                                  int attempt) {
   wait();
-  return write_checkpoint(step, files, extra);
+  return write_checkpoint(step, attempt, files, extra);
 }
 
 void CheckpointStore::save_async(int64_t step, CheckpointFiles files, nlohmann::json extra) {
   wait();
   in_flight_ = true;
   worker_ = std::thread([this, step, files = std::move(files), extra = std::move(extra)]() {
+    SaveOutcome o;
+    o.step = step;
     try {
-      write_checkpoint(step, files, extra);
+      o.path = write_checkpoint(step, 0, files, extra);
+    } catch (const std::exception& e) {
+      o.error = e.what();
     } catch (...) {
-      worker_error_ = std::current_exception();  // read by wait() after join()
+      o.error = "checkpoint save of step " + std::to_string(step) + " failed with an unknown exception";
+    }
+    {
+      std::lock_guard<std::mutex> lock(outcomes_mu_);
+      outcomes_.push_back(std::move(o));
     }
     in_flight_ = false;
   });
@@ -448,14 +472,17 @@ void CheckpointStore::save_async(int64_t step, CheckpointFiles files, nlohmann::
 
 void CheckpointStore::wait() {
   if (worker_.joinable()) worker_.join();
-  if (worker_error_) {
-    std::exception_ptr e = worker_error_;
-    worker_error_ = nullptr;
-    std::rethrow_exception(e);
-  }
 }
 
-std::optional<LoadedCheckpoint> CheckpointStore::load_latest() const {
+std::optional<SaveOutcome> CheckpointStore::take_outcome() {
+  std::lock_guard<std::mutex> lock(outcomes_mu_);
+  if (outcomes_.empty()) return std::nullopt;
+  SaveOutcome o = std::move(outcomes_.front());
+  outcomes_.pop_front();
+  return o;
+}
+
+std::optional<LoadedCheckpoint> CheckpointStore::load_latest(const CheckpointCheck& check) const {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return std::nullopt;
   std::vector<std::string> warnings;
@@ -494,7 +521,10 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() const {
   std::string reasons;
   for (const auto& [s, path] : folders) {
     LoadedCheckpoint c;
-    const std::string why = verify_checkpoint(path, Verify::Checksums, &c);
+    std::string why = verify_checkpoint(path, Verify::Checksums, &c);
+    // Intact files can still make an unusable checkpoint (one written incompletely by an older build,
+    // or edited): that is no reason to lose the older ones either.
+    if (why.empty() && check) why = check(c);
     if (why.empty()) {
       c.warnings = std::move(warnings);
       if (!c.warnings.empty()) spdlog::warn("checkpoint: resuming from {} (step {})", c.path, c.step);
@@ -507,7 +537,7 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() const {
                            "); move the folder away to start from scratch, or fix the files");
 }
 
-LoadedCheckpoint CheckpointStore::load(const std::string& path) {
+LoadedCheckpoint CheckpointStore::load(const std::string& path, const CheckpointCheck& check) {
   std::error_code ec;
   fs::path dir(path);
   if (!fs::exists(dir, ec)) throw std::runtime_error("cannot resume from " + path + ": it does not exist");
@@ -526,7 +556,8 @@ LoadedCheckpoint CheckpointStore::load(const std::string& path) {
     dir = ckdir / *latest;
   }
   LoadedCheckpoint c;
-  const std::string why = verify_checkpoint(dir, Verify::Checksums, &c);
+  std::string why = verify_checkpoint(dir, Verify::Checksums, &c);
+  if (why.empty() && check) why = check(c);
   if (!why.empty()) throw std::runtime_error("cannot resume from checkpoint " + dir.string() + ": " + why);
   return c;
 }
