@@ -26,14 +26,10 @@ void TrainingRun::poll_memory_limit() {
   // in-place resize reaches the trainer this way. (The resolved cap also depends on the process's
   // non-tensor memory, so it is recomputed only when the cgroup limit itself moves.)
   if (limit_spec_ == "auto" && !device_.is_cuda()) {
-    int64_t cg = read_cgroup_memory().limit_bytes;
-    if (cg != cgroup_limit_) {
-      cgroup_limit_ = cg;
-      changed = true;
-    }
+    if (read_cgroup_memory(container_root()).limit_bytes != cgroup_limit_) changed = true;
   }
   if (changed) {
-    int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+    int64_t limit = resolve_limit();
     if (limit != limit_bytes_) {
       spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
                    limit ? format_bytes(limit) : "none", limit_spec_);
@@ -45,6 +41,19 @@ void TrainingRun::poll_memory_limit() {
   const int64_t before = agreed_limit_;
   agree_on_limit();
   if (agreed_limit_ != before) step_runner_->on_limit_changed(agreed_limit_, step_);
+}
+
+int64_t TrainingRun::resolve_limit() {
+  const AutoLimitOptions o = auto_limit_options(cfg_, device_.is_cuda());
+  const int64_t limit = resolve_memory_limit(limit_spec_, *memory_, o);
+  cgroup_limit_ = read_cgroup_memory(o.cgroup_root).limit_bytes;
+  rss_at_limit_ = host_rss_bytes();
+  if (limit_spec_ == "auto" && cgroup_limit_ > 0 && !device_.is_cuda())
+    spdlog::info("memory.limit auto: container limit {}, resident {} ({} in tensors), reserve {}, margin {:.0f}% -> "
+                 "tensor cap {}", format_bytes(cgroup_limit_), format_bytes(rss_at_limit_),
+                 format_bytes(memory_->current_bytes()), format_bytes(o.reserve_bytes), 100 * o.margin,
+                 format_bytes(limit));
+  return limit;
 }
 
 void TrainingRun::agree_on_limit() {

@@ -28,6 +28,7 @@
 #include "trainer/config.h"
 #include "trainer/dist.h"
 #include "trainer/memory/backend.h"
+#include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
 #include "trainer/memory/resources.h"
@@ -82,10 +83,13 @@ class TrainingRun {
   void setup_data();
   void setup_model();
   void setup_step();
+  void load_memory_curve();
 
   // run.cpp
   void start(bool resumed);
   data::Batch fetch();
+  void find_micro_batch(const data::Batch& batch);
+  int64_t curve_start() const;  // where the auto search starts: the curve's prediction (0 = no curve)
   void record(const StepResult& r, const data::Batch& batch, double step_time);
   void maybe_evaluate();
   std::optional<int> agree_on_save_and_stop();
@@ -95,6 +99,7 @@ class TrainingRun {
   // limits.cpp
   void poll();  // the memory limit every step, the threads every 50 steps
   void poll_memory_limit();
+  int64_t resolve_limit();  // limit_spec_ in bytes now; records the container's limit and the RSS it saw
   void agree_on_limit();
   void poll_threads();
 
@@ -156,8 +161,10 @@ class TrainingRun {
   int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the ladder sees
   std::string limit_spec_;            // as configured or set through control.yaml
   int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
+  int64_t rss_at_limit_ = 0;          // the process's RSS then (bytes)
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
+  std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
   double data_wait_s_ = 0;            // time the last step waited for its batch

@@ -6,6 +6,7 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace trainer {
@@ -202,11 +203,14 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   return r;
 }
 
-int64_t Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit) {
+MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
+                                        int64_t start) {
   // Measured on real samples with the optimizer state already allocated, so the job starts fast rather
   // than OOM-ing its way down.
   p_.optimizer->zero_grad();
+  MicroBatchSearch found;
   auto fits = [&](int64_t mb) {
+    ++found.probes;
     try {
       Logits out = forward_logits(*p_.model, batch.images.narrow(0, 0, mb), batch.labels.narrow(0, 0, mb), o_.forward);
       F::cross_entropy(out.logits, out.targets,
@@ -223,11 +227,13 @@ int64_t Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch
   p_.optimizer->allocate_state();
   const StepSnapshot snapshot(*p_.model, o_.forward.device);
   const int64_t size = batch.size();
-  int64_t mb = find_max_micro_batch(fits, std::min(min_micro_batch, size), size);
+  found.start = start > 0 ? std::clamp(start, std::min(min_micro_batch, size), size) : 0;
+  int64_t mb = find_max_micro_batch(fits, std::min(min_micro_batch, size), size, found.start);
   // The smallest over ranks: the micro-batch count per step (and so the collectives) must be equal.
   if (p_.dist) mb = static_cast<int64_t>(-p_.dist->all_max({-static_cast<double>(mb)}, "the micro-batch agreement")[0]);
   snapshot.restore();  // the probes must not count as training
-  return mb;
+  found.micro_batch = mb;
+  return found;
 }
 
 void Step::on_limit_changed(int64_t limit, int64_t step) {
