@@ -19,12 +19,41 @@
 #include "trainer/from_config.h"
 #include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
+#include "trainer/eval_command.h"
+#include "trainer/memory/backend.h"
 #include "trainer/train.h"
 
 namespace fs = std::filesystem;
 
 namespace trainer {
 namespace {
+
+// --set values are taken out before cxxopts sees them: it splits list options at commas, which would
+// cut `--set data.shape=[3,224,224]` in three. Returns the other arguments.
+std::vector<char*> take_sets(int argc, char** argv, std::vector<std::string>& sets) {
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if ((arg == "--set" || arg == "-s") && i + 1 < argc) {
+      sets.push_back(argv[++i]);
+    } else if (arg.rfind("--set=", 0) == 0) {
+      sets.push_back(arg.substr(6));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  return rest;
+}
+
+// cxxopts 2.x and 3.x name their exception types differently: any parse error becomes one line that
+// names the subcommand.
+cxxopts::ParseResult parse(cxxopts::Options& o, int argc, char** argv, const std::string& command) {
+  try {
+    return o.parse(argc, argv);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(command + ": " + e.what() + " (see trainer " + command + " --help)");
+  }
+}
 
 int convert_idx_main(int argc, char** argv) {
   cxxopts::Options o("trainer convert-idx", "Convert IDX files (e.g. Fashion-MNIST) to the trainer's HDF5 format");
@@ -61,6 +90,66 @@ int convert_text_main(int argc, char** argv) {
   return kExitOk;
 }
 
+int convert_bin_main(int argc, char** argv) {
+  cxxopts::Options o("trainer convert-bin", "Convert nanoGPT's uint16 token files (train.bin, val.bin) to the trainer's "
+                                           "HDF5 token format: DIR/train.h5 from train.bin, and so on");
+  o.add_options()("src", "raw little-endian uint16 token files (comma-separated)", cxxopts::value<std::string>())(
+      "vocab", "the vocabulary (50257 for GPT-2's BPE); every token must be below it", cxxopts::value<int64_t>())(
+      "out", "output folder", cxxopts::value<std::string>())("h,help", "this help");
+  auto a = parse(o, argc, argv, "convert-bin");
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  for (const char* required : {"src", "vocab", "out"})
+    if (!a.count(required)) throw std::runtime_error(std::string("convert-bin: --") + required + " is required (see trainer convert-bin --help)");
+  const fs::path out = a["out"].as<std::string>();
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw std::runtime_error("convert-bin: cannot create " + out.string() + " (" + ec.message() + ")");
+  std::stringstream ss(a["src"].as<std::string>());
+  for (std::string src; std::getline(ss, src, ',');) {
+    if (src.empty()) continue;
+    const std::string dst = (out / fs::path(src).stem()).string() + ".h5";
+    const int64_t n = data::convert_uint16_bin(src, a["vocab"].as<int64_t>(), dst);
+    std::cout << "converted " << src << " -> " << dst << ": " << n << " tokens (vocab " << a["vocab"].as<int64_t>()
+              << ")" << std::endl;
+  }
+  return kExitOk;
+}
+
+int eval_main(int argc, char** argv) {
+  cxxopts::Options o("trainer eval", "Score a run's latest checkpoint, a chosen checkpoint, or model.init_from weights on "
+                                     "a split; writes one JSON file and prints one line");
+  o.add_options()("run-dir", "score this run's latest checkpoint", cxxopts::value<std::string>()->default_value(""))(
+      "checkpoint", "score this checkpoint folder", cxxopts::value<std::string>()->default_value(""))(
+      "c,config", "config (default: the checkpoint's own; without a checkpoint, the weights are model.init_from)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "split", "test (data.test), train (data.train) or a file", cxxopts::value<std::string>()->default_value("test"))(
+      "out", "the JSON file (default: <run-dir>/eval.json, else ./eval.json)",
+      cxxopts::value<std::string>()->default_value(""))("h,help", "this help");
+  EvalCommand cmd;
+  std::vector<char*> rest = take_sets(argc, argv, cmd.overrides);
+  auto a = parse(o, static_cast<int>(rest.size()), rest.data(), "eval");
+  if (a.count("help")) {
+    std::cout << o.help() << "\n  -s, --set key=value  override a config key (repeatable)" << std::endl;
+    return kExitOk;
+  }
+  cmd.run_dir = a["run-dir"].as<std::string>();
+  cmd.checkpoint = a["checkpoint"].as<std::string>();
+  cmd.config_path = a["config"].as<std::string>();
+  cmd.split = a["split"].as<std::string>();
+  cmd.out = a["out"].as<std::string>();
+  try {
+    std::cout << run_eval_command(cmd).second << std::endl;
+  } catch (const std::exception& e) {
+    if (!is_oom_error(e)) throw;
+    std::cerr << "error: eval: out of memory even at an evaluation micro-batch of 1 (raise memory.limit)" << std::endl;
+    return kExitOomGaveUp;
+  }
+  return kExitOk;
+}
+
 int export_main(int argc, char** argv) {
   cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a state dict "
                                        "that Python's torch.load reads");
@@ -78,11 +167,25 @@ int export_main(int argc, char** argv) {
   return kExitOk;
 }
 
+// A dry run checks the config and the model, not the data: a training file that does not exist yet is
+// a warning, and the summary is made as for synthetic data (data.shape, or the model's vocabulary).
 void dry_run(const Config& cfg) {
-  const auto shape = sample_shape(cfg);
-  auto model = build_model(cfg, shape, cfg.data.kind == "tokens" ? vocab_size(cfg) : 0);
+  const bool tokens = token_job(cfg);  // also checks that the data kind fits the model
+  Config assumed = cfg;
+  std::error_code ec;
+  if (cfg.data.kind != "synthetic" && !fs::exists(cfg.data.train, ec)) {
+    assumed.data.kind = "synthetic";
+    std::ostringstream what;
+    if (tokens) what << "model.vocab_size " << vocab_size(assumed);
+    else what << "data.shape [" << cfg.data.shape[0] << ", " << cfg.data.shape[1] << ", " << cfg.data.shape[2] << "]";
+    std::cerr << "warning: data.train '" << cfg.data.train << "' does not exist; the model summary assumes "
+              << what.str() << std::endl;
+  }
+  const auto shape = sample_shape(assumed);
+  auto model = build_model(assumed, shape, tokens ? vocab_size(assumed) : 0);
+  const std::string summary = models::summarize(*model, shape);  // before any output: it may throw
   std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
-  std::cout << "# model\n" << models::summarize(*model, shape) << std::endl;
+  std::cout << "# model\n" << summary << std::endl;
 }
 
 }  // namespace
@@ -90,13 +193,15 @@ void dry_run(const Config& cfg) {
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "convert-bin") return convert_bin_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "eval") return eval_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
-                                "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer export --help,\n"
-                                "trainer compare --help, trainer bench --help");
+                                "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer convert-bin --help,\n"
+                                "trainer eval --help, trainer export --help, trainer compare --help, trainer bench --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(
@@ -105,20 +210,8 @@ int cli_main(int argc, char** argv) {
       "no-resume", "start fresh; refuse a run folder that already has checkpoints")(
       "dry-run", "print the resolved config and a model summary, then exit")(
       "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
-  // --set values are taken out before cxxopts sees them: it splits list options at commas, which would
-  // cut `--set data.shape=[3,224,224]` in three.
   std::vector<std::string> sets;
-  std::vector<char*> rest;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if ((arg == "--set" || arg == "-s") && i + 1 < argc) {
-      sets.push_back(argv[++i]);
-    } else if (arg.rfind("--set=", 0) == 0) {
-      sets.push_back(arg.substr(6));
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
+  std::vector<char*> rest = take_sets(argc, argv, sets);
   int rest_argc = static_cast<int>(rest.size());
   cxxopts::ParseResult a;
   try {

@@ -15,12 +15,14 @@ on speed:
              gpt_tiny / gpt2: the GPT of models/gpt.cpp (GPT-2 names, pre-LN, causal attention written
              as models/attention.cpp's plain path, tanh GELU, output tied to transformer.wte.weight,
              GPT-2 init); model.context (0 = the registered one), model.dropout; the vocabulary is
-             --vocab-size (default: the registered model's; compare.py passes the trainer's, which is
-             the token file's).
-  data       data.kind synthetic: a pool of 4 pre-generated batches of data.shape, uint8 noise
+             --vocab-size, else model.vocab_size, else the registered model's (compare.py passes the
+             trainer's, which for data.kind tokens is the token file's).
+  data       data.kind synthetic with an image model: a pool of 4 pre-generated batches of data.shape, uint8 noise
              normalized as the trainer's synthetic dataset (mean 0.5, std of uniform bytes), float32
              NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's
              loader makes its batches in background threads instead.
+             data.kind synthetic with a GPT: the trainer's own first 4 global batches, token for token
+             (data/tokens.h SyntheticTokens and TokenLoader's window order, repeated in numpy below).
              data.kind tokens: a pool of 4 batches of random windows of context + 1 token ids, uniform in
              [0, vocab) (the file is not read: the step's cost does not depend on the ids); inputs are
              the first T tokens, targets the last T, as the trainer's TokenLoader.
@@ -59,7 +61,7 @@ import yaml
 # copy equals the trainer's, key for key.
 DEFAULTS = {
     "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
-              "init_from": "", "context": 0, "dropout": 0.0},
+              "init_from": "", "context": 0, "vocab_size": 0, "dropout": 0.0},
     "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
              "in_memory": True, "shape": [3, 224, 224], "synthetic_size": 10000, "workers": 0, "prefetch": 2,
              "crop_padding": 0, "hflip": False, "normalize": True},
@@ -183,12 +185,14 @@ def is_gpt(cfg):
 
 def gpt_arch(cfg):
     """The GPT's options as models/registry.cpp builds them: model.context replaces the registered context
-    when non-zero; the vocabulary is --vocab-size when given."""
+    when non-zero; the vocabulary is --vocab-size when given, else model.vocab_size when non-zero."""
     a = dict(GPTS[cfg["model"]["name"]])
     if cfg["model"]["context"] > 0:
         a["context"] = cfg["model"]["context"]
     if VOCAB_SIZE > 0:
         a["vocab_size"] = VOCAB_SIZE
+    elif cfg["model"]["vocab_size"] > 0:
+        a["vocab_size"] = cfg["model"]["vocab_size"]
     a["dropout"] = cfg["model"]["dropout"]
     return a
 
@@ -205,16 +209,82 @@ def check_mirrored(cfg):
     if kind not in ("synthetic", "tokens"):
         raise ConfigError("config: key 'data.kind': the Python reference runs on synthetic images or token "
                           "streams only; set data.kind: synthetic or tokens (got '%s')" % kind)
-    if (kind == "tokens") != is_gpt(cfg):
-        raise ConfigError("config: key 'data.kind': %s trains on %s, got data.kind '%s'"
-                          % (cfg["model"]["name"], "tokens" if is_gpt(cfg) else "images (synthetic)", kind))
-    if kind == "tokens" and cfg["model"]["context"] <= 0:
-        raise ConfigError("config: key 'model.context': data.kind tokens needs the tokens per sample")
+    if kind == "tokens" and not is_gpt(cfg):
+        raise ConfigError("config: key 'data.kind': %s trains on images (synthetic), got data.kind 'tokens'"
+                          % cfg["model"]["name"])
+    if is_gpt(cfg) and cfg["model"]["context"] <= 0:
+        raise ConfigError("config: key 'model.context': a language model needs the tokens per sample")
     if cfg["memory"]["activation_checkpointing"] != "none":
         raise ConfigError("config: key 'memory.activation_checkpointing': not mirrored by the Python reference; "
                           "benchmark with none")
-    if kind == "synthetic" and len(cfg["data"]["shape"]) != 3:
+    if kind == "synthetic" and not is_gpt(cfg) and len(cfg["data"]["shape"]) != 3:
         raise ConfigError("config: key 'data.shape': expected (C, H, W), got %r" % cfg["data"]["shape"])
+
+
+# ---- synthetic tokens: data/tokens.h's SyntheticTokens and TokenLoader, repeated ----------------------
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9e3779b97f4a7c15
+
+
+def mix64(z):
+    """splitmix64's output function (data/rng.h), on a Python int."""
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
+    return z ^ (z >> 31)
+
+
+def synthetic_token_block(seed, vocab, starts, n):
+    """Tokens [s, s + n) of the trainer's synthetic stream for each s in `starts`, as int64 (len(starts), n):
+    token k = floor(hi32(mix64(state + (k + 1) * golden)) * vocab / 2^32), state = mix64(hash_key(seed,
+    "synto")). numpy's uint64 arithmetic wraps modulo 2^64, as C++'s does."""
+    import numpy as np
+    state = mix64(mix64((mix64(seed) + GOLDEN * (0x73796e746f + 1)) & MASK64))  # mix64(hash_key(seed, tag))
+    u = np.uint64
+    k = np.asarray(starts, dtype=u)[:, None] + np.arange(1, n + 1, dtype=u)[None, :]  # (B, n): k + 1
+    z = u(state) + u(GOLDEN) * k
+    z = (z ^ (z >> u(30))) * u(0xbf58476d1ce4e5b9)
+    z = (z ^ (z >> u(27))) * u(0x94d049bb133111eb)
+    z = z ^ (z >> u(31))
+    return ((z >> u(32)) * u(vocab) >> u(32)).astype(np.int64)
+
+
+def token_windows(seed, epoch, slots, T, N):
+    """TokenLoader::epoch_windows: each window's first token, in epoch `epoch`'s order."""
+    state = mix64((mix64(seed) + GOLDEN * (epoch + 1)) & MASK64) ^ 0x746f6b656e73
+
+    def below(n):  # modulo rejection, as tokens.cpp's Rng
+        nonlocal state
+        limit = MASK64 - MASK64 % n
+        while True:
+            state = (state + GOLDEN) & MASK64
+            r = mix64(state)
+            if r < limit:
+                return r % n
+
+    offset = below(N - 1 - slots * T + 1)
+    order = list(range(slots))
+    for i in range(slots - 1, 0, -1):  # Fisher-Yates
+        j = below(i + 1)
+        order[i], order[j] = order[j], order[i]
+    return [offset + s * T for s in order]
+
+
+def synthetic_token_batches(cfg, vocab, count, torch):
+    """The trainer's first `count` global batches of data.kind synthetic for a GPT (trainer/from_config.cpp
+    synthetic_tokens: data.synthetic_size windows of T per epoch, (size + 1) * T + 1 tokens), as (x, y)."""
+    T, G, S = cfg["model"]["context"], cfg["train"]["global_batch"], cfg["data"]["synthetic_size"]
+    N = (S + 1) * T + 1
+    batches, epoch, position, order = [], 0, 0, None
+    while len(batches) < count:
+        if position + G > S:
+            epoch, position, order = epoch + 1, 0, None
+        if order is None:
+            order = token_windows(cfg["seed"], epoch, S, T, N)
+        w = torch.from_numpy(synthetic_token_block(cfg["seed"], vocab, order[position:position + G], T + 1))
+        batches.append((w[:, :-1].contiguous(), w[:, 1:].contiguous()))  # (G, T) each
+        position += G
+    return batches
 
 
 # ---- the machine ----------------------------------------------------------------------------------
@@ -675,8 +745,11 @@ def run(cfg, args, torch):
     std = math.sqrt((256.0 ** 2 - 1) / 12.0) / 255.0
     vocab = gpt_arch(cfg)["vocab_size"] if tokens else 0
     pool = []
-    for _ in range(POOL_BATCHES):
-        if tokens:
+    synthetic = synthetic_token_batches(cfg, vocab, POOL_BATCHES, torch) if tokens and cfg["data"]["kind"] == "synthetic" else None
+    for i in range(POOL_BATCHES):
+        if synthetic:
+            x, y = synthetic[i]
+        elif tokens:
             w = torch.randint(0, vocab, (G, shape[0] + 1), generator=gen)
             x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()  # (G, T) each
         else:
@@ -838,6 +911,8 @@ def main():
     ap.add_argument("--vocab-size", type=int, default=0,
                     help="a GPT's vocabulary (default: the registered model's; the trainer takes the token file's)")
     ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
+    ap.add_argument("--dump-batches", default="",
+                    help="data.kind synthetic with a GPT: torch.save the pool {x0, y0, x1, ...} here and exit")
     ap.add_argument("--print-defaults", action="store_true", help="print this script's copy of the defaults")
     args = ap.parse_args()
     if args.print_defaults:
@@ -854,6 +929,12 @@ def main():
     if not args.describe:
         check_mirrored(cfg)  # before the slow import of torch
     import torch
+    if args.dump_batches:
+        if not (is_gpt(cfg) and cfg["data"]["kind"] == "synthetic"):
+            raise ConfigError("command line: --dump-batches needs a GPT on data.kind synthetic")
+        batches = synthetic_token_batches(cfg, gpt_arch(cfg)["vocab_size"], POOL_BATCHES, torch)
+        torch.save({"%s%d" % (n, i): t for i, b in enumerate(batches) for n, t in zip("xy", b)}, args.dump_batches)
+        return 0
     res = describe(cfg, torch) if args.describe else run(cfg, args, torch)
     text = json.dumps(res, indent=2)
     if args.out:

@@ -190,7 +190,7 @@ std::string meta_problem(const ImageMeta& meta, int64_t channels, int64_t max_la
 
 ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_shape, const H5WriteOptions& options)
     : path_(std::move(path)), tmp_path_(path_ + ".tmp"), shape_(sample_shape) {
-  const std::string where = "ImageH5Writer: " + path_ + ": ";
+  const std::string where = "image file '" + path_ + "': ";
   for (int64_t d : shape_) {
     if (d <= 0) throw std::invalid_argument(where + "sample shape must be positive, got (" +
                                             std::to_string(shape_[0]) + ", " + std::to_string(shape_[1]) +
@@ -257,7 +257,7 @@ void ImageH5Writer::close_quietly() {
 }
 
 void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t n) {
-  const std::string where = "ImageH5Writer: " + path_ + ": ";
+  const std::string where = "image file '" + path_ + "': ";
   if (finished_ || file_ < 0) throw std::logic_error(where + "append() after finish()");
   if (n < 0) throw std::invalid_argument(where + "append() of a negative count");
   if (n == 0) return;
@@ -292,7 +292,7 @@ void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t
 }
 
 void ImageH5Writer::append(const torch::Tensor& images, const torch::Tensor& labels) {
-  const std::string where = "ImageH5Writer: " + path_ + ": ";
+  const std::string where = "image file '" + path_ + "': ";
   if (images.scalar_type() != torch::kUInt8 || images.dim() != 4 || images.size(1) != shape_[0] ||
       images.size(2) != shape_[1] || images.size(3) != shape_[2]) {
     throw std::invalid_argument(where + "expected uint8 images (N, " + std::to_string(shape_[0]) + ", " +
@@ -310,7 +310,7 @@ void ImageH5Writer::append(const torch::Tensor& images, const torch::Tensor& lab
 }
 
 void ImageH5Writer::finish(const ImageMeta& meta) {
-  const std::string where = "ImageH5Writer: " + path_ + ": ";
+  const std::string where = "image file '" + path_ + "': ";
   if (finished_ || file_ < 0) throw std::logic_error(where + "finish() called twice");
   const std::string problem = meta_problem(meta, shape_[0], max_label_);
   if (!problem.empty()) throw std::invalid_argument(where + problem);
@@ -345,7 +345,7 @@ void ImageH5Writer::finish(const ImageMeta& meta) {
 void write_image_h5(const std::string& path, const torch::Tensor& images, const torch::Tensor& labels,
                     const ImageMeta& meta, const H5WriteOptions& options) {
   if (images.dim() != 4) {
-    throw std::invalid_argument("write_image_h5: " + path + ": expected images (N, C, H, W), got shape " +
+    throw std::invalid_argument("image file '" + path + "': expected images (N, C, H, W), got shape " +
                                 c10::str(images.sizes()));
   }
   ImageH5Writer writer(path, {images.size(1), images.size(2), images.size(3)}, options);
@@ -356,7 +356,7 @@ void write_image_h5(const std::string& path, const torch::Tensor& images, const 
 // ---- reader ----------------------------------------------------------------------------------------
 
 void ImageH5Dataset::fail(const std::string& what) const {
-  throw std::runtime_error("ImageH5Dataset: " + path_ + ": " + what);
+  throw std::runtime_error("image file '" + path_ + "': " + what);
 }
 
 ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::move(path)), in_memory_(in_memory) {
@@ -368,12 +368,12 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
   H5Quiet quiet;
   try {
     if (H5Fis_hdf5(path_.c_str()) <= 0) {
-      throw FormatError("not an HDF5 file (convert raw data with `trainer convert-idx` or data::write_image_h5)");
+      throw FormatError("not an HDF5 file (make one with `trainer convert-idx`, or as docs/DATA.md describes)");
     }
     H5Handle file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
     const hid_t f = file.get();
 
-    const std::string hint = " (write trainer.images files with `trainer convert-idx` or data::write_image_h5)";
+    const std::string hint = " (make trainer.images files with `trainer convert-idx`, or as docs/DATA.md describes)";
     if (!has_attr(f, "format")) throw FormatError("missing root attribute 'format'" + hint);
     const auto format = read_strings_attr(f, "format");
     if (format.size() != 1 || format[0] != kImageH5Format) {
@@ -508,7 +508,7 @@ ImageH5Dataset::~ImageH5Dataset() {
 }
 
 void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_out, int64_t* labels_out) const {
-  check_indices(indices, size(), "ImageH5Dataset: " + path_);
+  check_indices(indices, size(), "image file '" + path_ + "'");
   const int64_t bytes = sample_bytes();
   for (size_t k = 0; k < indices.size(); ++k) labels_out[k] = labels_[indices[k]];
   if (indices.empty()) return;

@@ -81,7 +81,7 @@ void write_image_h5(const std::string& path, const torch::Tensor& images, const 
 /// integers of rank 4; labels: integers of rank 1 and the same length), that the file stores the bytes
 /// both datasets' extents claim (dataset_size_problem, before anything that size is allocated), the
 /// attributes, and that every label lies in [0, num_classes); any failure throws std::runtime_error with
-/// one line "ImageH5Dataset: <path>: <what is wrong>". Labels are always kept in memory (8 bytes per sample).
+/// one line "image file '<path>': <what is wrong>". Labels are always kept in memory (8 bytes per sample).
 ///
 /// With in_memory = false, read() fetches the requested samples from the file: the indices are sorted,
 /// runs of consecutive indices coalesced, and each run read as one hyperslab (the HDF5 chunk cache is

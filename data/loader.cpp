@@ -85,7 +85,7 @@ struct Loader::Job {
 
 Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
-  if (!dataset_) throw std::invalid_argument("data::Loader: no dataset");
+  if (!dataset_) throw std::invalid_argument("image loader: no dataset");
   n_ = dataset_->size();
   shape_ = dataset_->sample_shape();
   validate();
@@ -96,7 +96,7 @@ Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions option
 }
 
 void Loader::validate() const {
-  auto bad = [](const std::string& what) { throw std::invalid_argument("data::Loader: " + what); };
+  auto bad = [](const std::string& what) { throw std::invalid_argument("image loader: " + what); };
   const std::string n_str = std::to_string(n_);
   if (n_ <= 0) bad("the dataset is empty");
   if (opt_.global_batch <= 0) bad("global_batch must be positive, got " + std::to_string(opt_.global_batch));
@@ -291,7 +291,7 @@ void Loader::discard_in_flight() {
 
 Batch Loader::next() {
   top_up();
-  if (in_flight_.empty()) throw std::logic_error("data::Loader: next() after the end of the stream");
+  if (in_flight_.empty()) throw std::logic_error("image loader: next() after the end of the stream");
   std::shared_ptr<Job> job = in_flight_.front();
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -309,7 +309,7 @@ Batch Loader::next() {
       what = e.what();
     } catch (...) {
     }
-    throw std::runtime_error("data::Loader: reading the batch at " + state_str(job->batch.epoch, job->batch.position) +
+    throw std::runtime_error("image loader: reading the batch at " + state_str(job->batch.epoch, job->batch.position) +
                              " failed: " + what);
   }
   consumed_ = normalized({job->batch.epoch, job->batch.position + job->batch.global_size});
@@ -319,7 +319,7 @@ Batch Loader::next() {
 
 void Loader::seek(int64_t epoch, int64_t position) {
   if (epoch < 0 || position < 0 || position > n_) {
-    throw std::invalid_argument("data::Loader::seek: " + state_str(epoch, position) +
+    throw std::invalid_argument("image loader: seek to " + state_str(epoch, position) +
                                 " is outside the stream (epoch >= 0, 0 <= position <= " + std::to_string(n_) + ")");
   }
   discard_in_flight();
@@ -345,12 +345,12 @@ void Loader::set_global_batch(int64_t global_batch) {
 
 Batch Loader::batch_at(int64_t epoch, int64_t position) {
   if (epoch < 0 || position < 0 || position > n_) {
-    throw std::invalid_argument("data::Loader::batch_at: " + state_str(epoch, position) +
+    throw std::invalid_argument("image loader: batch at " + state_str(epoch, position) +
                                 " is outside the stream (epoch >= 0, 0 <= position <= " + std::to_string(n_) + ")");
   }
   Batch batch;
   if (!plan(normalized({epoch, position}), batch)) {
-    throw std::invalid_argument("data::Loader::batch_at: " + state_str(epoch, position) + " is past the end");
+    throw std::invalid_argument("image loader: batch at " + state_str(epoch, position) + " is past the end");
   }
   auto job = make_job(std::move(batch));
   fill(*job, 0, job->batch.size());

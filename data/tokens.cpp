@@ -1,6 +1,7 @@
 #include "data/tokens.h"
 
 #include "data/hdf5_lock.h"
+#include "data/rng.h"
 
 #include <hdf5.h>
 
@@ -25,7 +26,7 @@ using Lock = std::lock_guard<std::mutex>;
 
 // ---- HDF5 helpers (call with hdf5_lock() held) ---------------------------------------------------------
 
-// A problem found while holding the lock; public entry points prefix the class and path.
+// A problem found while holding the lock; public entry points prefix the file's path.
 struct H5Problem : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -99,14 +100,9 @@ int64_t read_int_attr(hid_t loc, const char* name) {
 }
 
 // ---- random numbers -------------------------------------------------------------------------------------
-// splitmix64 (Steele, Lea, Flood 2014): the window order depends only on (seed, epoch), not on torch's
-// global generator, the thread, or the library version.
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+// splitmix64 (data/rng.h): the window order depends only on (seed, epoch), not on torch's global
+// generator, the thread, or the library version. This `below` (modulo rejection) predates rng.h's and
+// stays: it fixes every token run's window order, and bench/reference.py repeats it.
 
 class Rng {
  public:
@@ -137,14 +133,14 @@ bool skipped_in_directory(const fs::path& p) { return p.extension() == ".dat" ||
 TokenWriter::TokenWriter(std::string path, int64_t vocab_size, std::string source)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), source_(std::move(source)), vocab_(vocab_size) {
   if (vocab_ < 1 || vocab_ > INT32_MAX) {
-    throw std::invalid_argument("TokenWriter '" + path_ + "': vocab_size must be in [1, 2^31), got " +
+    throw std::invalid_argument("token file '" + path_ + "': vocab_size must be in [1, 2^31), got " +
                                 std::to_string(vocab_));
   }
   Lock lock(hdf5_lock());
   H5Quiet quiet;
   H5Handle file(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) {
-    throw std::runtime_error("TokenWriter '" + path_ + "': cannot create '" + tmp_ +
+    throw std::runtime_error("token file '" + path_ + "': cannot create '" + tmp_ +
                              "' (does the folder exist and is it writable?)");
   }
   const hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = kTokensChunk;
@@ -153,7 +149,7 @@ TokenWriter::TokenWriter(std::string path, int64_t vocab_size, std::string sourc
   H5Pset_chunk(dcpl.get(), 1, &chunk);
   const hid_t type = vocab_ <= 65536 ? H5T_STD_U16LE : H5T_STD_I32LE;
   H5Handle dset(H5Dcreate2(file.get(), "tokens", type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) throw std::runtime_error("TokenWriter '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
+  if (!dset.valid()) throw std::runtime_error("token file '" + path_ + "': cannot create dataset /tokens in '" + tmp_ + "'");
   dset_ = dset.release();
   file_ = file.release();
 }
@@ -173,7 +169,7 @@ void TokenWriter::append(const int64_t* tokens, int64_t n) {
   TORCH_CHECK(!finished_, "TokenWriter '", path_, "': append after finish");
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab_) {
-      throw std::invalid_argument("TokenWriter '" + path_ + "': token " + std::to_string(tokens[i]) +
+      throw std::invalid_argument("token file '" + path_ + "': token " + std::to_string(tokens[i]) +
                                   " at position " + std::to_string(written_ + buffer_.size() + i) +
                                   " is outside [0, vocab_size = " + std::to_string(vocab_) + ")");
     }
@@ -204,7 +200,7 @@ void TokenWriter::flush() {
                    small ? static_cast<const void*>(u16.data()) : static_cast<const void*>(i32.data())),
           "writing tokens");
   } catch (const H5Problem& e) {
-    throw std::runtime_error("TokenWriter '" + path_ + "': " + e.what() + " (disk full?)");
+    throw std::runtime_error("token file '" + path_ + "': " + e.what() + " (disk full?)");
   }
   written_ += static_cast<int64_t>(count);
   buffer_.clear();
@@ -222,17 +218,17 @@ int64_t TokenWriter::finish() {
       write_int64_attr(file_, "vocab_size", vocab_);
       write_string_attr(file_, "source", source_);
     } catch (const H5Problem& e) {
-      throw std::runtime_error("TokenWriter '" + path_ + "': " + e.what());
+      throw std::runtime_error("token file '" + path_ + "': " + e.what());
     }
     H5Dclose(dset_);
     dset_ = -1;
     const herr_t closed = H5Fclose(file_);
     file_ = -1;
-    if (closed < 0) throw std::runtime_error("TokenWriter '" + path_ + "': closing '" + tmp_ + "' failed (disk full?)");
+    if (closed < 0) throw std::runtime_error("token file '" + path_ + "': closing '" + tmp_ + "' failed (disk full?)");
   }
   std::error_code ec;
   fs::rename(tmp_, path_, ec);
-  if (ec) throw std::runtime_error("TokenWriter: cannot rename '" + tmp_ + "' to '" + path_ + "': " + ec.message());
+  if (ec) throw std::runtime_error("token file: cannot rename '" + tmp_ + "' to '" + path_ + "': " + ec.message());
   finished_ = true;
   return written_;
 }
@@ -261,7 +257,7 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
   if (!(val_fraction >= 0 && val_fraction < 1)) {
     std::ostringstream got;
     got << val_fraction;
-    throw std::invalid_argument("convert_text: val_fraction must be in [0, 1), got " + got.str());
+    throw std::invalid_argument("convert-text: val_fraction must be in [0, 1), got " + got.str());
   }
   TokenConversion r;
   int64_t total = 0;
@@ -278,10 +274,10 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
     } else if (fs::is_regular_file(p, ec)) {
       r.files.push_back(entry);
     } else {
-      throw std::invalid_argument("convert_text: '" + entry + "' is neither a file nor a directory");
+      throw std::invalid_argument("convert-text: '" + entry + "' is neither a file nor a directory");
     }
   }
-  if (r.files.empty()) throw std::invalid_argument("convert_text: no text files found in the given paths");
+  if (r.files.empty()) throw std::invalid_argument("convert-text: no text files found in the given paths");
 
   // The sizes are planned before reading, so the split point is known and the bytes stream through once.
   // A file whose size says 0 (procfs, sysfs) may hold bytes all the same: it is read to its end now and
@@ -296,18 +292,18 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
   for (const auto& f : r.files) {
     std::error_code ec;
     const auto size = fs::file_size(f, ec);
-    if (ec) throw std::runtime_error("convert_text: cannot read the size of '" + f + "': " + ec.message());
+    if (ec) throw std::runtime_error("convert-text: cannot read the size of '" + f + "': " + ec.message());
     Input in{f, static_cast<int64_t>(size), std::nullopt};
     if (size == 0) {
       std::ifstream file(f, std::ios::binary);
       in.content = std::string(std::istreambuf_iterator<char>(file), {});
-      if (!file.is_open() || file.bad()) throw std::runtime_error("convert_text: cannot read '" + f + "'");
+      if (!file.is_open() || file.bad()) throw std::runtime_error("convert-text: cannot read '" + f + "'");
       in.bytes = static_cast<int64_t>(in.content->size());
     }
     total += in.bytes;
     inputs.push_back(std::move(in));
   }
-  if (total == 0) throw std::invalid_argument("convert_text: the input files are all empty");
+  if (total == 0) throw std::invalid_argument("convert-text: the input files are all empty");
 
   const int64_t val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(total)));
   const int64_t train = total - val;
@@ -339,7 +335,7 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
       continue;
     }
     std::ifstream file(in.path, std::ios::binary);
-    if (!file) throw std::runtime_error("convert_text: cannot read '" + in.path + "'");
+    if (!file) throw std::runtime_error("convert-text: cannot read '" + in.path + "'");
     int64_t left = in.bytes;
     while (left > 0) {
       file.read(buf.data(), static_cast<std::streamsize>(std::min<int64_t>(left, static_cast<int64_t>(buf.size()))));
@@ -348,9 +344,9 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
       emit(buf.data(), n);
       left -= n;
     }
-    if (file.bad()) throw std::runtime_error("convert_text: reading '" + in.path + "' failed");
+    if (file.bad()) throw std::runtime_error("convert-text: reading '" + in.path + "' failed");
     if (left > 0) {
-      throw std::runtime_error("convert_text: '" + in.path + "' gave " + bytes_text(in.bytes - left) + ", fewer than the " +
+      throw std::runtime_error("convert-text: '" + in.path + "' gave " + bytes_text(in.bytes - left) + ", fewer than the " +
                                bytes_text(in.bytes) + " its size said when the conversion started (did it shrink "
                                "while being read?)");
     }
@@ -363,16 +359,16 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
 int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const std::string& out) {
   std::error_code ec;
   const auto bytes = fs::file_size(path, ec);
-  if (ec) throw std::invalid_argument("convert_uint16_bin: cannot read '" + path + "': " + ec.message());
+  if (ec) throw std::invalid_argument("convert-bin: cannot read '" + path + "': " + ec.message());
   if (bytes % 2 != 0) {
-    throw std::invalid_argument("convert_uint16_bin: '" + path + "' has an odd size (" +
+    throw std::invalid_argument("convert-bin: '" + path + "' has an odd size (" +
                                 bytes_text(static_cast<int64_t>(bytes)) + "); expected raw uint16 tokens");
   }
   if (vocab_size < 1 || vocab_size > 65536) {
-    throw std::invalid_argument("convert_uint16_bin: vocab_size must be in [1, 65536], got " + std::to_string(vocab_size));
+    throw std::invalid_argument("convert-bin: vocab_size must be in [1, 65536], got " + std::to_string(vocab_size));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("convert_uint16_bin: cannot open '" + path + "'");
+  if (!in) throw std::invalid_argument("convert-bin: cannot open '" + path + "'");
   TokenWriter w(out, vocab_size, "uint16 tokens of " + path);
   std::vector<unsigned char> buf(2 << 20);
   std::vector<int64_t> tokens;
@@ -384,7 +380,7 @@ int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const st
     for (int64_t i = 0; i < n; ++i) tokens[i] = buf[2 * i] | (buf[2 * i + 1] << 8);  // little-endian
     for (int64_t i = 0; i < n; ++i) {
       if (tokens[i] >= vocab_size) {
-        throw std::invalid_argument("convert_uint16_bin: token " + std::to_string(tokens[i]) + " at position " +
+        throw std::invalid_argument("convert-bin: token " + std::to_string(tokens[i]) + " at position " +
                                     std::to_string(seen + i) + " of '" + path + "' is >= vocab_size " +
                                     std::to_string(vocab_size));
       }
@@ -399,10 +395,10 @@ int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const st
 // Reader
 
 TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path), in_memory_(in_memory) {
-  const std::string where = "TokenDataset '" + path + "': ";
+  const std::string where = "token file '" + path + "': ";
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    throw std::runtime_error(where + "no such file (make one with data::convert_text or data::convert_uint16_bin; "
+    throw std::runtime_error(where + "no such file (make one with `trainer convert-text` or `trainer convert-bin`; "
                                      "docs/TRANSFORMERS.md)");
   }
   Lock lock(hdf5_lock());
@@ -486,7 +482,7 @@ TokenDataset::~TokenDataset() {
 
 void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
   if (begin < 0 || n < 0 || begin + n > size_) {
-    throw std::out_of_range("TokenDataset '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
+    throw std::out_of_range("token file '" + path_ + "': tokens [" + std::to_string(begin) + ", " +
                             std::to_string(begin + n) + ") are outside [0, " + std::to_string(size_) + ")");
   }
   if (n == 0) return;
@@ -503,23 +499,44 @@ void TokenDataset::read(int64_t begin, int64_t n, int64_t* out) const {
     H5Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
     if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
         H5Dread(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-      throw std::runtime_error("TokenDataset '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
+      throw std::runtime_error("token file '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
                                std::to_string(begin + n) + ") failed");
     }
   }
   for (int64_t i = 0; i < n; ++i) {
     if (out[i] < 0 || out[i] >= vocab_) {
-      throw std::runtime_error("TokenDataset '" + path_ + "': token " + std::to_string(out[i]) + " at position " +
+      throw std::runtime_error("token file '" + path_ + "': token " + std::to_string(out[i]) + " at position " +
                                std::to_string(begin + i) + " is outside [0, vocab_size = " + std::to_string(vocab_) +
                                ")");
     }
   }
 }
 
-torch::Tensor TokenDataset::slice(int64_t begin, int64_t n) const {
+torch::Tensor TokenSource::slice(int64_t begin, int64_t n) const {
   auto t = torch::empty({n}, torch::kLong);
   read(begin, n, t.data_ptr<int64_t>());
   return t;
+}
+
+SyntheticTokens::SyntheticTokens(int64_t size, int64_t vocab_size, uint64_t seed)
+    : size_(size), vocab_(vocab_size), state_(mix64(hash_key(seed, 0x73796e746fULL /* "synto" */))) {
+  if (size < 1 || vocab_size < 1 || vocab_size > INT32_MAX) {
+    throw std::invalid_argument("synthetic tokens: need size >= 1 and vocab_size in [1, 2^31), got size " +
+                                std::to_string(size) + ", vocab_size " + std::to_string(vocab_size));
+  }
+}
+
+void SyntheticTokens::read(int64_t begin, int64_t n, int64_t* out) const {
+  if (begin < 0 || n < 0 || begin + n > size_) {
+    throw std::out_of_range("synthetic tokens: tokens [" + std::to_string(begin) + ", " + std::to_string(begin + n) +
+                            ") are outside [0, " + std::to_string(size_) + ")");
+  }
+  // Output k of splitmix64 is mix64(state + (k + 1) * golden): any position is one mix away.
+  const auto v = static_cast<uint64_t>(vocab_);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t x = mix64(state_ + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(begin + i + 1));
+    out[i] = static_cast<int64_t>(((x >> 32) * v) >> 32);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -528,7 +545,7 @@ torch::Tensor TokenDataset::slice(int64_t begin, int64_t n) const {
 namespace {
 
 // Reads the windows starting at `starts` into a batch: inputs (B, T) and targets (B, T) shifted by one.
-void fill_windows(const TokenDataset& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b) {
+void fill_windows(const TokenSource& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b) {
   const int64_t B = static_cast<int64_t>(starts.size());
   auto w = torch::empty({B, T + 1}, torch::kLong);  // (B, T + 1)
   int64_t* p = w.data_ptr<int64_t>();
@@ -550,31 +567,31 @@ void check_rank(const char* who, int64_t rank, int64_t world) {
   }
 }
 
-void check_context(const char* who, const TokenDataset& ds, int64_t T) {
+void check_context(const char* who, const TokenSource& ds, int64_t T) {
   if (T < 1) throw std::invalid_argument(std::string(who) + ": context must be >= 1, got " + std::to_string(T));
   if (ds.size() < T + 1) {
-    throw std::invalid_argument(std::string(who) + ": '" + ds.path() + "' has " + std::to_string(ds.size()) +
+    throw std::invalid_argument(std::string(who) + ": '" + ds.name() + "' has " + std::to_string(ds.size()) +
                                 " tokens, fewer than context + 1 = " + std::to_string(T + 1));
   }
 }
 
 }  // namespace
 
-TokenLoader::TokenLoader(std::shared_ptr<const TokenDataset> dataset, TokenLoaderOptions options)
+TokenLoader::TokenLoader(std::shared_ptr<const TokenSource> dataset, TokenLoaderOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
   TORCH_CHECK(dataset_, "TokenLoader: no dataset");
-  check_context("TokenLoader", *dataset_, opt_.context);
-  check_rank("TokenLoader", opt_.rank, opt_.world_size);
+  check_context("token loader", *dataset_, opt_.context);
+  check_rank("token loader", opt_.rank, opt_.world_size);
   const int64_t full = (dataset_->size() - 1) / opt_.context;
   // One slot fewer than fit at offset 0 leaves at least T tokens of slack, so every epoch's offset can
   // shift the windows anywhere within a context length.
   slots_ = full >= 2 ? full - 1 : 1;
   const int64_t G = opt_.global_batch;
   if (G < 1 || G > slots_ || G < opt_.world_size) {
-    throw std::invalid_argument("TokenLoader: global_batch must be in [max(1, world_size), windows per epoch], got " +
+    throw std::invalid_argument("token loader: global_batch must be in [max(1, world_size), windows per epoch], got " +
                                 std::to_string(G) + " with world_size " + std::to_string(opt_.world_size) + " and " +
                                 std::to_string(slots_) + " windows of " + std::to_string(opt_.context) + " tokens in '" +
-                                dataset_->path() + "'");
+                                dataset_->name() + "'");
   }
 }
 
@@ -624,18 +641,18 @@ Batch TokenLoader::next() {
 
 void TokenLoader::seek(int64_t epoch, int64_t position) {
   if (epoch < 0 || position < 0 || position > slots_) {
-    throw std::invalid_argument("TokenLoader::seek: need epoch >= 0 and position in [0, " + std::to_string(slots_) +
+    throw std::invalid_argument("token loader: seek needs epoch >= 0 and position in [0, " + std::to_string(slots_) +
                                 "], got epoch " + std::to_string(epoch) + ", position " + std::to_string(position));
   }
   consumed_ = normalized({epoch, position});
 }
 
-TokenEvalLoader::TokenEvalLoader(std::shared_ptr<const TokenDataset> dataset, TokenEvalOptions options)
+TokenEvalLoader::TokenEvalLoader(std::shared_ptr<const TokenSource> dataset, TokenEvalOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
   TORCH_CHECK(dataset_, "TokenEvalLoader: no dataset");
-  check_context("TokenEvalLoader", *dataset_, opt_.context);
-  check_rank("TokenEvalLoader", opt_.rank, opt_.world_size);
-  if (opt_.batch < 1) throw std::invalid_argument("TokenEvalLoader: batch must be >= 1, got " + std::to_string(opt_.batch));
+  check_context("token evaluation loader", *dataset_, opt_.context);
+  check_rank("token evaluation loader", opt_.rank, opt_.world_size);
+  if (opt_.batch < 1) throw std::invalid_argument("token evaluation loader: batch must be >= 1, got " + std::to_string(opt_.batch));
   windows_ = (dataset_->size() - 1) / opt_.context;
 }
 

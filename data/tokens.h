@@ -99,14 +99,50 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
 /// >= vocab_size (naming its position), std::runtime_error for I/O failures. Returns the tokens written.
 int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const std::string& out);
 
+/// A stream of tokens the loaders read: a trainer.tokens file (TokenDataset) or generated tokens
+/// (SyntheticTokens). read() may be called from several threads at once.
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  /// Tokens in the stream, N.
+  virtual int64_t size() const = 0;
+  /// Every token is in [0, vocab_size).
+  virtual int64_t vocab_size() const = 0;
+  /// What messages call the stream: the file's path, or "synthetic tokens".
+  virtual const std::string& name() const = 0;
+  /// Copies tokens [begin, begin + n) to out. Throws std::out_of_range outside [0, N).
+  virtual void read(int64_t begin, int64_t n, int64_t* out) const = 0;
+  /// Tokens [begin, begin + n) as an int64 tensor (n).
+  torch::Tensor slice(int64_t begin, int64_t n) const;
+};
+
+/// `size` tokens generated on demand, each from (seed, position) alone: token k is
+/// floor(hi32(x_k) * vocab_size / 2^32), where x_k is output k (from 0) of splitmix64 started at
+/// state mix64(hash_key(seed, 0x73796e746f)) (data/rng.h). Nothing is stored; the same position always
+/// gives the same token. The tokens carry nothing to learn: this stream measures speed.
+class SyntheticTokens : public TokenSource {
+ public:
+  /// Throws std::invalid_argument unless size >= 1 and vocab_size is in [1, 2^31).
+  SyntheticTokens(int64_t size, int64_t vocab_size, uint64_t seed);
+  int64_t size() const override { return size_; }
+  int64_t vocab_size() const override { return vocab_; }
+  const std::string& name() const override { return name_; }
+  void read(int64_t begin, int64_t n, int64_t* out) const override;
+
+ private:
+  int64_t size_, vocab_;
+  uint64_t state_;  // splitmix64's state before token 0
+  std::string name_ = "synthetic tokens";
+};
+
 /// A trainer.tokens file, read from disk on demand (hyperslab reads under hdf5_lock(); the file stays
 /// open) or held in memory. Thread-safe for concurrent read() calls.
-class TokenDataset {
+class TokenDataset : public TokenSource {
  public:
   /// Opens and checks the file: it exists, is HDF5, has format "trainer.tokens", format_version 1, a
   /// positive vocab_size and a 1-D uint16 or int32 /tokens whose extent the file really stores
   /// (dataset_size_problem in data/hdf5_lock.h). With in_memory, reads every token and checks
-  /// each is in [0, vocab_size). Throws std::runtime_error with one line "TokenDataset 'PATH': ..." that
+  /// each is in [0, vocab_size). Throws std::runtime_error with one line "token file 'PATH': ..." that
   /// says what is wrong.
   TokenDataset(const std::string& path, bool in_memory);
   ~TokenDataset();
@@ -114,18 +150,18 @@ class TokenDataset {
   TokenDataset& operator=(const TokenDataset&) = delete;
 
   /// Tokens in the file, N.
-  int64_t size() const { return size_; }
-  int64_t vocab_size() const { return vocab_; }
+  int64_t size() const override { return size_; }
+  int64_t vocab_size() const override { return vocab_; }
+  /// The path.
+  const std::string& name() const override { return path_; }
   /// The `source` attribute ("" if absent).
   const std::string& source() const { return source_; }
   const std::string& path() const { return path_; }
   bool in_memory() const { return in_memory_; }
 
   /// Copies tokens [begin, begin + n) to out. Throws std::out_of_range outside [0, N), and
-  /// std::runtime_error "TokenDataset 'PATH': token X at position P is outside [0, vocab_size = V)".
-  void read(int64_t begin, int64_t n, int64_t* out) const;
-  /// Tokens [begin, begin + n) as an int64 tensor (n).
-  torch::Tensor slice(int64_t begin, int64_t n) const;
+  /// std::runtime_error "token file 'PATH': token X at position P is outside [0, vocab_size = V)".
+  void read(int64_t begin, int64_t n, int64_t* out) const override;
 
  private:
   std::string path_, source_;
@@ -156,7 +192,7 @@ class TokenLoader {
   /// Validates the options (context >= 1, N >= context + 1, 1 <= G <= S, G >= world_size,
   /// 0 <= rank < world_size) and starts at epoch 0, position 0. Throws std::invalid_argument naming the
   /// option and the numbers.
-  TokenLoader(std::shared_ptr<const TokenDataset> dataset, TokenLoaderOptions options);
+  TokenLoader(std::shared_ptr<const TokenSource> dataset, TokenLoaderOptions options);
 
   /// The next batch: images = inputs (B, T) int64, labels = targets (B, T) int64, indices = each
   /// window's first token offset, B = this rank's slice.
@@ -179,13 +215,13 @@ class TokenLoader {
   std::vector<int64_t> epoch_windows(int64_t epoch) const;
 
   const TokenLoaderOptions& options() const { return opt_; }
-  const TokenDataset& dataset() const { return *dataset_; }
+  const TokenSource& dataset() const { return *dataset_; }
 
  private:
   LoaderState normalized(LoaderState s) const;
   const std::vector<int64_t>& cached_windows(int64_t epoch) const;
 
-  std::shared_ptr<const TokenDataset> dataset_;
+  std::shared_ptr<const TokenSource> dataset_;
   TokenLoaderOptions opt_;
   int64_t slots_ = 0;
   LoaderState consumed_;
@@ -209,7 +245,7 @@ struct TokenEvalOptions {
 class TokenEvalLoader {
  public:
   /// Throws std::invalid_argument for batch < 1, context < 1, N < context + 1 or a bad rank.
-  TokenEvalLoader(std::shared_ptr<const TokenDataset> dataset, TokenEvalOptions options);
+  TokenEvalLoader(std::shared_ptr<const TokenSource> dataset, TokenEvalOptions options);
   /// The next batch of the pass (fields as TokenLoader's; epoch 0, position = windows before it), or
   /// nullopt once the pass is over (until reset()).
   std::optional<Batch> next();
@@ -221,7 +257,7 @@ class TokenEvalLoader {
   int64_t num_windows() const { return windows_; }
 
  private:
-  std::shared_ptr<const TokenDataset> dataset_;
+  std::shared_ptr<const TokenSource> dataset_;
   TokenEvalOptions opt_;
   int64_t windows_ = 0;
   int64_t next_window_ = 0;

@@ -62,7 +62,7 @@ torch::Tensor GPTImpl::run_block(int64_t i, const torch::Tensor& x) {
 
 double GPTImpl::forward_flops(const std::vector<int64_t>& sample_shape) const {
   TORCH_CHECK(sample_shape.size() == 1 && sample_shape[0] > 0 && sample_shape[0] <= options.context(),
-              "GPT::forward_flops: expected a sample shape (T) with 1 <= T <= context = ", options.context(),
+              "GPT: expected a sample shape (T) with 1 <= T <= context = ", options.context(),
               ", got ", c10::IntArrayRef(sample_shape));
   const int64_t T = sample_shape[0];
   double flops = 0;

@@ -31,7 +31,7 @@ torch::Tensor PlainCnnImpl::forward(const torch::Tensor& x) {
 }
 
 double PlainCnnImpl::forward_flops(const std::vector<int64_t>& s) const {
-  TORCH_CHECK(s.size() == 3 && s[0] == options.in_channels(), "PlainCnn::forward_flops: expected (",
+  TORCH_CHECK(s.size() == 3 && s[0] == options.in_channels(), "PlainCnn: expected a sample shape (",
               options.in_channels(), ", H, W)");
   int64_t h = s[1], w = s[2], c = options.width();
   double flops = 2.0 * options.in_channels() * 9 * c * h * w;

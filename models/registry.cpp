@@ -53,9 +53,15 @@ Factory vit(ViTOptions arch) {
   };
 }
 
+struct Entry {
+  std::string name;
+  Factory make;
+  int64_t vocab_size = 0;  // language models: the registered vocabulary; 0 for image models
+};
+
 // The registry: one line per model, in the order model_names() lists them.
-const std::vector<std::pair<std::string, Factory>>& registry() {
-  static const std::vector<std::pair<std::string, Factory>> table = {
+const std::vector<Entry>& registry() {
+  static const std::vector<Entry> table = {
       {"resnet18", resnet(resnet18())},
       {"resnet34", resnet(resnet34())},
       {"resnet50", resnet(resnet50())},
@@ -67,27 +73,31 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"plain_cnn", [](const ModelOptions& o) -> Model {
          return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
        }},
-      {"gpt2", gpt(gpt2())},
-      {"gpt_tiny", gpt(gpt_tiny())},
+      {"gpt2", gpt(gpt2()), gpt2().vocab_size()},
+      {"gpt_tiny", gpt(gpt_tiny()), gpt_tiny().vocab_size()},
       {"vit_tiny", vit(vit_tiny())},
   };
   return table;
 }
 
-}  // namespace
-
-Model create_model(const std::string& name, const ModelOptions& options) {
-  for (const auto& [n, make] : registry()) {
-    if (n == name) return make(options);
+const Entry& entry(const std::string& name) {
+  for (const auto& e : registry()) {
+    if (e.name == name) return e;
   }
   std::string known;
   for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown model '" + name + "'; known models: " + known);
 }
 
+}  // namespace
+
+Model create_model(const std::string& name, const ModelOptions& options) { return entry(name).make(options); }
+
+int64_t registered_vocab_size(const std::string& name) { return entry(name).vocab_size; }
+
 std::vector<std::string> model_names() {
   std::vector<std::string> names;
-  for (const auto& entry : registry()) names.push_back(entry.first);
+  for (const auto& e : registry()) names.push_back(e.name);
   return names;
 }
 

@@ -46,6 +46,11 @@ struct ModelOptions {
 /// "unknown model 'X'; known models: a, b, ..." for an unknown name.
 Model create_model(const std::string& name, const ModelOptions& options = {});
 
+/// A language model's registered vocabulary (gpt2 50257, gpt_tiny 256); 0 for image models, which is
+/// how a caller tells a language model (tokens in) from an image model. Throws as create_model for an
+/// unknown name.
+int64_t registered_vocab_size(const std::string& name);
+
 /// Every registered name, in registration order: resnet18, resnet34, resnet50, resnet101, resnet152
 /// (ImageNet, torchvision names), resnet20, resnet32, resnet56 (CIFAR, He et al. 2016 section 4.2),
 /// gpt2, gpt_tiny (language models: tokens in, logits per position out), vit_tiny.

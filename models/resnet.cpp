@@ -184,7 +184,7 @@ torch::Tensor ResNetImpl::run_block(int64_t i, const torch::Tensor& x) {
 double ResNetImpl::forward_flops(const std::vector<int64_t>& sample_shape) const {
   TORCH_CHECK(sample_shape.size() == 3 && sample_shape[0] == options.in_channels() && sample_shape[1] > 0 &&
                   sample_shape[2] > 0,
-              "ResNet::forward_flops: expected a sample shape (", options.in_channels(), ", H, W), got ",
+              "ResNet: expected a sample shape (", options.in_channels(), ", H, W), got ",
               c10::IntArrayRef(sample_shape));
   int64_t h = sample_shape[1], w = sample_shape[2];
   double flops = conv_flops(conv1, h, w);

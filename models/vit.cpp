@@ -79,7 +79,7 @@ torch::Tensor ViTImpl::run_block(int64_t i, const torch::Tensor& x) {
 double ViTImpl::forward_flops(const std::vector<int64_t>& sample_shape) const {
   TORCH_CHECK(sample_shape.size() == 3 && sample_shape[0] == options.in_channels() &&
                   sample_shape[1] == options.image_size() && sample_shape[2] == options.image_size(),
-              "ViT::forward_flops: expected a sample shape (", options.in_channels(), ", ", options.image_size(),
+              "ViT: expected a sample shape (", options.in_channels(), ", ", options.image_size(),
               ", ", options.image_size(), "), got ", c10::IntArrayRef(sample_shape));
   const double C = static_cast<double>(options.n_embd()), N = static_cast<double>(num_patches());
   const double p = static_cast<double>(options.patch_size());

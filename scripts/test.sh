@@ -9,12 +9,16 @@
 #      Python as the reference interpreter. Needs the CUDA toolkit's nvcc at configure time
 #      (/usr/local/cuda, or CUDACXX).
 #
-# Usage: scripts/test.sh [extra ctest args]. TRAINER_LEGS="debian cuda" (the default) picks the legs;
-# BUILD_DIR (default build) and CUDA_BUILD_DIR (default build-cuda) the folders.
+#   3. The libFuzzer targets of the readers of outside files (scripts/fuzz.sh, clang 14 with ASan and
+#      UBSan, into build-fuzz/): each target for TRAINER_FUZZ_SECONDS (default 60) from the seed corpus
+#      in fuzz/corpus/. A finding in this project's code fails the leg (docs/FUZZING.md).
+#
+# Usage: scripts/test.sh [extra ctest args]. TRAINER_LEGS="debian cuda fuzz" (the default) picks the
+# legs; BUILD_DIR (default build) and CUDA_BUILD_DIR (default build-cuda) the folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-legs=${TRAINER_LEGS:-debian cuda}
+legs=${TRAINER_LEGS:-debian cuda fuzz}
 jobs=$(nproc)
 
 leg() {  # name, build folder, extra cmake args...
@@ -51,6 +55,11 @@ for l in $legs; do
       CUDACXX=$nvcc TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
         leg "LibTorch 2.11 (wheel, CUDA 13.0)" "${CUDA_BUILD_DIR:-build-cuda}" \
         -DCMAKE_PREFIX_PATH="$root" -DTRAINER_REFERENCE_PYTHON="$py" ;;
-    *) echo "error: TRAINER_LEGS: unknown leg '$l' (debian, cuda)"; exit 2 ;;
+    fuzz)
+      t0=$SECONDS
+      echo "== libFuzzer targets (clang 14, ASan + UBSan): ${TRAINER_FUZZ_SECONDS:-60} s each"
+      bash scripts/fuzz.sh "${TRAINER_FUZZ_SECONDS:-60}"
+      echo "== libFuzzer targets: passed ($((SECONDS - t0)) s)" ;;
+    *) echo "error: TRAINER_LEGS: unknown leg '$l' (debian, cuda, fuzz)"; exit 2 ;;
   esac
 done

@@ -204,7 +204,7 @@ TEST(DataH5Writer, RejectsInconsistentMetaAndShapes) {
   EXPECT_THROW_WITH(data::write_image_h5((dir / "a.h5").string(), images.to(torch::kFloat32), labels, make_meta(2, 5)),
                     "expected uint8 images (N, 2, 3, 3), got Float");
   EXPECT_THROW_WITH(data::write_image_h5((dir / "no/such/dir/a.h5").string(), images, labels, make_meta(2, 5)),
-                    "ImageH5Writer: " + (dir / "no/such/dir/a.h5").string() + ": cannot create");
+                    "image file '" + (dir / "no/such/dir/a.h5").string() + "': cannot create");
 }
 
 class DataH5Errors : public ::testing::Test {
@@ -214,26 +214,26 @@ class DataH5Errors : public ::testing::Test {
     auto [images, labels] = make_samples(20, 1, 4, 4, 3);
     data::write_image_h5(path, images, labels, make_meta(1, 3));
   }
-  std::string prefix() const { return "ImageH5Dataset: " + path + ": "; }
+  std::string prefix() const { return "image file '" + path + "': "; }
   TempDir dir{"data_h5_err"};
   std::string path;
 };
 
 TEST_F(DataH5Errors, MissingFileAndNotHdf5) {
   const auto missing = (dir / "nope.h5").string();
-  EXPECT_THROW_WITH(data::ImageH5Dataset(missing, false), "ImageH5Dataset: " + missing + ": file not found");
+  EXPECT_THROW_WITH(data::ImageH5Dataset(missing, false), "image file '" + missing + "': file not found");
   testutil::write_file(dir / "text.h5", "just text\n");
   EXPECT_THROW_WITH(data::ImageH5Dataset((dir / "text.h5").string()),
-                    "ImageH5Dataset: " + (dir / "text.h5").string() + ": not an HDF5 file");
+                    "image file '" + (dir / "text.h5").string() + "': not an HDF5 file");
 }
 
 TEST_F(DataH5Errors, WrongFormatName) {
   h5_edit(path, [](hid_t f) { replace_format(f, "something.else"); });
   EXPECT_THROW_WITH(data::ImageH5Dataset{path},
-                    prefix() + "root attribute 'format' is \"something.else\", expected \"trainer.images\" (write "
-                               "trainer.images files with `trainer convert-idx` or data::write_image_h5)");
+                    prefix() + "root attribute 'format' is \"something.else\", expected \"trainer.images\" (make "
+                               "trainer.images files with `trainer convert-idx`, or as docs/DATA.md describes)");
   h5_edit(path, [](hid_t f) { H5Adelete(f, "format"); });
-  EXPECT_THROW_WITH(data::ImageH5Dataset{path}, prefix() + "missing root attribute 'format' (write");
+  EXPECT_THROW_WITH(data::ImageH5Dataset{path}, prefix() + "missing root attribute 'format' (make");
 }
 
 TEST_F(DataH5Errors, MissingDataset) {
@@ -603,7 +603,7 @@ TEST(DataLoader, SeekResumeEqualsUninterrupted) {
   resumed.seek(0, 96);
   EXPECT_EQ(resumed.state(), (data::LoaderState{1, 0}));
   expect_same_batch(resumed.next(), reference[12], "after seek to the end");
-  EXPECT_THROW_WITH(resumed.seek(0, 101), "data::Loader::seek: epoch 0, position 101 is outside the stream");
+  EXPECT_THROW_WITH(resumed.seek(0, 101), "image loader: seek to epoch 0, position 101 is outside the stream");
 }
 
 TEST(DataLoader, SeekAfterGlobalBatchChangeContinuesTheEpochOrder) {
@@ -626,7 +626,7 @@ TEST(DataLoader, SeekAfterGlobalBatchChangeContinuesTheEpochOrder) {
   data::Loader fresh(ds, train_options(6));
   fresh.seek(saved);
   for (int i = 0; i < 12; ++i) expect_same_batch(big.next(), fresh.next(), "set_global_batch step " + std::to_string(i));
-  EXPECT_THROW_WITH(big.set_global_batch(0), "data::Loader: global_batch must be positive, got 0");
+  EXPECT_THROW_WITH(big.set_global_batch(0), "image loader: global_batch must be positive, got 0");
   EXPECT_EQ(big.options().global_batch, 6);
 }
 
@@ -729,7 +729,7 @@ TEST(DataLoader, WorkerExceptionsReachNextAndTheBatchCanBeRetried) {
   data::Loader loader(failing, train_options(8, 2, 4));
   expect_same_batch(loader.next(), reference.next(), "batch 0");
   expect_same_batch(loader.next(), reference.next(), "batch 1");
-  EXPECT_THROW_WITH(loader.next(), "data::Loader: reading the batch at epoch 0, position 16 failed: cannot decode "
+  EXPECT_THROW_WITH(loader.next(), "image loader: reading the batch at epoch 0, position 16 failed: cannot decode "
                                    "sample " + std::to_string(order[20]));
   EXPECT_EQ(loader.state(), (data::LoaderState{0, 16}));
   EXPECT_THROW_WITH(loader.next(), "cannot decode sample");  // still the same batch
@@ -741,11 +741,11 @@ TEST(DataLoader, WorkerExceptionsReachNextAndTheBatchCanBeRetried) {
 TEST(DataLoader, OptionErrorsNameTheOption) {
   auto ds = small_dataset();
   auto o = train_options(101);
-  EXPECT_THROW_WITH(data::Loader(ds, o), "data::Loader: global_batch 101 exceeds the dataset's 100 samples");
+  EXPECT_THROW_WITH(data::Loader(ds, o), "image loader: global_batch 101 exceeds the dataset's 100 samples");
   o = train_options(8);
   o.rank = 2;
   o.world_size = 2;
-  EXPECT_THROW_WITH(data::Loader(ds, o), "data::Loader: rank 2 is outside [0, world_size = 2)");
+  EXPECT_THROW_WITH(data::Loader(ds, o), "image loader: rank 2 is outside [0, world_size = 2)");
   o = train_options(8);
   o.augment.random_crop_padding = -1;
   EXPECT_THROW_WITH(data::Loader(ds, o), "random_crop_padding must be >= 0, got -1");

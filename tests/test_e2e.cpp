@@ -111,6 +111,10 @@ TEST(E2E, BadInputIsOneLineAndExitCode2) {
   testutil::write_file(dir / "typo.yaml", "train:\n  global_bach: 3\n");
   expect_bad_input(bin + " --dry-run --config " + (dir / "typo.yaml").string(), "train.global_bach");
   expect_bad_input(bin + " --dry-run --set model.name=resnet7 --set data.kind=synthetic", "resnet7");
+  // A model's TORCH_CHECK reaches the user as its message alone, without LibTorch's C++ backtrace.
+  const std::string vit = bin + " --dry-run --set model.name=vit_tiny --set data.kind=synthetic --set data.shape=[3,32,32]";
+  expect_bad_input(vit, "ViT: expected a sample shape (3, 28, 28), got [3, 32, 32]");
+  EXPECT_EQ(testutil::run(vit).output, "error: ViT: expected a sample shape (3, 28, 28), got [3, 32, 32]\n");
   expect_bad_input(bin + " --run-dir " + (dir / "r1").string() + " --set data.train=/nope/train.h5", "/nope/train.h5");
   // A run folder under a regular file cannot be created, even by root.
   testutil::write_file(dir / "file", "x");

@@ -391,7 +391,7 @@ TEST(ModelsResNet, ForwardFlopsRejectsAWrongSampleShape) {
     model->forward_flops({1, 32, 32});
     FAIL() << "forward_flops accepted 1 channel for a 3-channel model";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ResNet::forward_flops: expected a sample shape (3, H, W), got [1, 32, 32]"),
+    EXPECT_NE(std::string(e.what()).find("ResNet: expected a sample shape (3, H, W), got [1, 32, 32]"),
               std::string::npos)
         << e.what();
   }

@@ -138,7 +138,7 @@ TEST(ReadersH5, ImageHeaderClaimingTwoToTheFortySamplesIsRefusedNamingTheFile) {
   replace_with_empty_chunked(path, "labels", {n}, H5T_STD_I64LE);
   for (bool in_memory : {false, true}) {
     expect_error<std::runtime_error>([&] { data::ImageH5Dataset(path, in_memory); },
-                                     "ImageH5Dataset: " + path + ": dataset 'images' claims (1099511627776, 1, 2, 2) = "
+                                     "image file '" + path + "': dataset 'images' claims (1099511627776, 1, 2, 2) = "
                                      "4398046511104 bytes, but the file holds 0 bytes of it");
   }
 }
@@ -150,7 +150,7 @@ TEST(ReadersH5, TokenHeaderClaimingTwoToTheFortyTokensIsRefusedNamingTheFile) {
   replace_with_empty_chunked(path, "tokens", {hsize_t{1} << 40}, H5T_STD_U16LE);
   for (bool in_memory : {false, true}) {
     expect_error<std::runtime_error>([&] { data::TokenDataset(path, in_memory); },
-                                     "TokenDataset '" + path + "': dataset 'tokens' claims (1099511627776) = "
+                                     "token file '" + path + "': dataset 'tokens' claims (1099511627776) = "
                                      "2199023255552 bytes, but the file holds 0 bytes of it");
   }
 }

@@ -1,9 +1,12 @@
 // Tests of data/tokens.h: the trainer.tokens format (written, read back, attributes, errors), the text
 // converter on hand-written files (exact bytes) and on the real fortunes, the uint16 .bin converter, and
 // the loaders (determinism per (seed, epoch), resume by seek, targets = inputs shifted by one against the
-// raw stream, rank slices, the evaluation pass).
-#include "data/hdf5_lock.h"
+// raw stream, rank slices, the evaluation pass), and the synthetic token stream against its definition.
+// data/tokens.h first: it brings torch, whose c10/util/variant.h calls a function `data(...)` and does
+// not compile after a `namespace data` is declared (hdf5_lock.h, rng.h) without the precompiled header.
 #include "data/tokens.h"
+#include "data/hdf5_lock.h"
+#include "data/rng.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -119,9 +122,9 @@ TEST(TokensConvert, HandWrittenTextExactBytes) {
   EXPECT_FALSE(fs::exists(dir / "out2" / "val.h5"));
 
   expect_error<std::invalid_argument>([&] { data::convert_text({(dir / "nope").string()}, dir.str(), 0.1); },
-                                      "convert_text: '" + (dir / "nope").string() + "' is neither a file nor a directory");
+                                      "convert-text: '" + (dir / "nope").string() + "' is neither a file nor a directory");
   expect_error<std::invalid_argument>([&] { data::convert_text({(dir / "in").string()}, dir.str(), 1.0); },
-                                      "convert_text: val_fraction must be in [0, 1), got 1");
+                                      "convert-text: val_fraction must be in [0, 1), got 1");
 }
 
 TEST(TokensConvert, RealFortunes) {
@@ -169,7 +172,7 @@ TEST(TokensConvert, Uint16BinLikeNanoGpt) {
   EXPECT_EQ(ds.vocab_size(), 50257);
   expect_error<std::invalid_argument>(
       [&] { data::convert_uint16_bin((dir / "train.bin").string(), 1000, (dir / "bad.h5").string()); },
-      "convert_uint16_bin: token 50256 at position 2 of '" + (dir / "train.bin").string() + "' is >= vocab_size 1000");
+      "convert-bin: token 50256 at position 2 of '" + (dir / "train.bin").string() + "' is >= vocab_size 1000");
   EXPECT_FALSE(fs::exists(dir / "bad.h5"));
   EXPECT_FALSE(fs::exists(dir / "bad.h5.tmp"));
   testutil::write_file(dir / "odd.bin", "abc");
@@ -213,10 +216,10 @@ TEST(TokensDataset, ErrorsNameTheFileAndTheProblem) {
   testutil::TempDir dir("tok_err");
   const auto missing = (dir / "missing.h5").string();
   expect_error<std::runtime_error>([&] { data::TokenDataset(missing, true); },
-                                   "TokenDataset '" + missing + "': no such file (make one with data::convert_text");
+                                   "token file '" + missing + "': no such file (make one with `trainer convert-text`");
   testutil::write_file(dir / "text.h5", "just text");
   expect_error<std::runtime_error>([&] { data::TokenDataset((dir / "text.h5").string(), true); },
-                                   "TokenDataset '" + (dir / "text.h5").string() + "': not an HDF5 file");
+                                   "token file '" + (dir / "text.h5").string() + "': not an HDF5 file");
   write_raw((dir / "images.h5").string(), {1, 2}, "trainer.images", 10);
   expect_error<std::runtime_error>([&] { data::TokenDataset((dir / "images.h5").string(), true); },
                                    "': format is 'trainer.images', expected 'trainer.tokens' (docs/TRANSFORMERS.md)");
@@ -227,13 +230,13 @@ TEST(TokensDataset, ErrorsNameTheFileAndTheProblem) {
   const auto bad = (dir / "bad.h5").string();
   write_raw(bad, {1, 2, 12, 3}, "trainer.tokens", 10);
   expect_error<std::runtime_error>([&] { data::TokenDataset(bad, true); },
-                                   "TokenDataset '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
+                                   "token file '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
   data::TokenDataset lazy(bad, false);  // on disk: checked as read
   std::vector<int64_t> out(4);
   lazy.read(0, 2, out.data());
   EXPECT_EQ(out[1], 2);
   expect_error<std::runtime_error>([&] { lazy.read(1, 3, out.data()); },
-                                   "TokenDataset '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
+                                   "token file '" + bad + "': token 12 at position 2 is outside [0, vocab_size = 10)");
   expect_error<std::invalid_argument>([&] { data::write_tokens((dir / "w.h5").string(), {3, 256}, 256, ""); },
                                       "token 256 at position 1 is outside [0, vocab_size = 256)");
   EXPECT_FALSE(fs::exists(dir / "w.h5.tmp"));
@@ -352,7 +355,7 @@ TEST(TokensLoader, SeekResumesExactlyAndEpochsRollOver) {
   l.seek(0, 120);
   EXPECT_EQ(l.state(), (data::LoaderState{1, 0}));
   expect_error<std::invalid_argument>([&] { l.seek(0, 124); },
-                                      "TokenLoader::seek: need epoch >= 0 and position in [0, 123], got epoch 0, position 124");
+                                      "token loader: seek needs epoch >= 0 and position in [0, 123], got epoch 0, position 124");
 }
 
 TEST(TokensLoader, RankSlicesAreDisjointAndFormTheGlobalBatch) {
@@ -391,11 +394,11 @@ TEST(TokensLoader, RankSlicesAreDisjointAndFormTheGlobalBatch) {
   bad.rank = 3;
   bad.world_size = 3;
   expect_error<std::invalid_argument>([&] { data::TokenLoader(ds, bad); },
-                                      "TokenLoader: rank must be in [0, world_size) with world_size >= 1, got rank 3, world_size 3");
+                                      "token loader: rank must be in [0, world_size) with world_size >= 1, got rank 3, world_size 3");
   bad = o;
   bad.global_batch = 700;
   expect_error<std::invalid_argument>([&] { data::TokenLoader(ds, bad); },
-                                      "TokenLoader: global_batch must be in [max(1, world_size), windows per epoch], got 700 "
+                                      "token loader: global_batch must be in [max(1, world_size), windows per epoch], got 700 "
                                       "with world_size 1 and 623 windows of 8 tokens in '");
   bad = o;
   bad.context = 5000;
@@ -444,6 +447,66 @@ TEST(TokensEvalLoader, ConsecutiveWindowsOnceThenNullopt) {
   }
   std::sort(both.begin(), both.end());
   EXPECT_EQ(both, want);
+}
+
+
+// Random access into the synthetic stream equals the same generator run sequentially from token 0.
+TEST(TokensSynthetic, RandomAccessEqualsTheSequentialGenerator) {
+  const int64_t V = 50257, N = 5000;
+  const data::SyntheticTokens tokens(N, V, 7);
+  data::SplitMix64 rng(data::mix64(data::hash_key(7, 0x73796e746fULL)));
+  std::vector<int64_t> want(N);
+  for (auto& t : want) t = static_cast<int64_t>(((rng.next() >> 32) * static_cast<uint64_t>(V)) >> 32);
+  std::vector<int64_t> got(N);
+  tokens.read(0, N, got.data());
+  EXPECT_EQ(got, want);
+  // Any window is the same tokens as the whole stream's slice.
+  std::vector<int64_t> part(17);
+  tokens.read(4321, 17, part.data());
+  EXPECT_EQ(part, std::vector<int64_t>(want.begin() + 4321, want.begin() + 4338));
+  EXPECT_TRUE(torch::equal(tokens.slice(100, 5), torch::tensor(std::vector<int64_t>(want.begin() + 100, want.begin() + 105))));
+  EXPECT_GE(*std::min_element(got.begin(), got.end()), 0);
+  EXPECT_LT(*std::max_element(got.begin(), got.end()), V);
+  // Another seed, another stream.
+  std::vector<int64_t> other(N);
+  data::SyntheticTokens(N, V, 8).read(0, N, other.data());
+  EXPECT_GT(std::inner_product(got.begin(), got.end(), other.begin(), 0, std::plus<>(), std::not_equal_to<>()), N - 5);
+}
+
+TEST(TokensSynthetic, UniformOverTheVocabularyAndErrors) {
+  // 8 ids, 80,000 draws: each count is 10,000 with a standard deviation of 94; 5 sigma is 470.
+  const data::SyntheticTokens tokens(80000, 8, 0);
+  std::vector<int64_t> t(80000), count(8, 0);
+  tokens.read(0, 80000, t.data());
+  for (int64_t v : t) ++count[v];
+  for (int64_t c : count) EXPECT_NEAR(c, 10000, 470);
+  expect_error<std::out_of_range>([&] { tokens.read(79990, 11, t.data()); },
+                                  "synthetic tokens: tokens [79990, 80001) are outside [0, 80000)");
+  expect_error<std::invalid_argument>([] { data::SyntheticTokens(10, 0, 0); },
+                                      "synthetic tokens: need size >= 1 and vocab_size in [1, 2^31), got size 10, vocab_size 0");
+}
+
+// The loader over synthetic tokens resumes exactly: a stream cut and sought gives the same batches.
+TEST(TokensSynthetic, LoaderResumesAcrossAnEpochBoundary) {
+  auto tokens = std::make_shared<data::SyntheticTokens>(6 * 16 + 1, 300, 3);  // 5 slots of 16
+  data::TokenLoaderOptions o;
+  o.global_batch = 2;
+  o.context = 16;
+  o.seed = 3;
+  data::TokenLoader whole(tokens, o);
+  std::vector<data::Batch> want;
+  for (int i = 0; i < 6; ++i) want.push_back(whole.next());
+  data::TokenLoader first(tokens, o);
+  for (int i = 0; i < 3; ++i) first.next();
+  data::TokenLoader resumed(tokens, o);
+  resumed.seek(first.state());
+  for (int i = 3; i < 6; ++i) {
+    const auto b = resumed.next();
+    EXPECT_TRUE(torch::equal(b.images, want[i].images)) << i;
+    EXPECT_TRUE(torch::equal(b.labels, want[i].labels)) << i;
+    EXPECT_EQ(b.epoch, want[i].epoch);
+  }
+  EXPECT_EQ(want[2].epoch, 1) << "two batches of 2 per epoch of 5 slots";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "data/tokens.h"
 #include "tools/bench_job.h"
 #include "trainer/memory/backend.h"
+#include "trainer/from_config.h"
 #include "trainer/memory/resources.h"
 
 using nlohmann::json;
@@ -38,7 +39,9 @@ json loader_result(const Config& cfg, const BenchOptions& opts, double sps, int6
 
 json bench_token_loader(const Config& cfg, const BenchOptions& opts, int threads) {
   // The token loader has no workers: next() cuts the windows in the caller's thread, as in training.
-  auto tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
+  std::shared_ptr<data::TokenSource> tds;
+  if (cfg.data.kind == "synthetic") tds = synthetic_tokens(cfg);
+  else tds = std::make_shared<data::TokenDataset>(cfg.data.train, cfg.data.in_memory);
   data::TokenLoaderOptions to;
   to.global_batch = cfg.train.global_batch;
   to.context = cfg.model.context;
@@ -96,7 +99,7 @@ json bench_loader(const Config& cfg_in, const BenchOptions& opts) {
   // On the CPU the training loop's batches come from the capped allocator; measure with it too.
   std::unique_ptr<MemoryBackend> memory;
   if (device == "cpu") memory = make_memory_backend(torch::Device(torch::kCPU));
-  if (cfg.data.kind == "tokens") return bench_token_loader(cfg, opts, threads);
+  if (token_job(cfg)) return bench_token_loader(cfg, opts, threads);
   return bench_image_loader(cfg, opts, threads, /*pin_memory=*/device != "cpu");
 }
 

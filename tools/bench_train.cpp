@@ -47,7 +47,7 @@ double timed_wall_s(const Job& job, const BenchOptions& opts) {
 void add_flops(json& j, const Config& cfg, const BenchOptions& opts, const std::string& gpu_name) {
   // The model is built again here, with trainer/run.cpp's options: train() keeps its model private.
   auto s = j["sample_shape"].get<std::vector<int64_t>>();
-  const bool tokens = cfg.data.kind == "tokens";
+  const bool tokens = token_job(cfg);
   const int64_t vocab = tokens ? vocab_size(cfg) : 0;
   const double fwd = build_model(cfg, s, vocab)->forward_flops(s);
   if (tokens) {

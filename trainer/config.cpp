@@ -35,6 +35,7 @@ std::vector<Field> fields(Config& c) {
       {"model.channels_last", &c.model.channels_last, false},
       {"model.init_from", &c.model.init_from, false},
       {"model.context", &c.model.context, false},
+      {"model.vocab_size", &c.model.vocab_size, false},
       {"model.dropout", &c.model.dropout, false},
       {"data.kind", &c.data.kind, false},
       {"data.train", &c.data.train, false},
@@ -270,6 +271,7 @@ struct Checks {
     one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
     if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
     if (c.model.context < 0) bad("model.context", "must be >= 0");
+    if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
     if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
     if (c.data.kind == "synthetic") {

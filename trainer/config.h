@@ -24,16 +24,17 @@ struct ModelConfig {
   bool channels_last = false;     ///< NHWC memory format for weights and inputs
   std::string init_from;          ///< a state dict saved by Python's torch.save, matched by name
   int64_t context = 0;            ///< language models: tokens per sample (0 = the model's own)
+  int64_t vocab_size = 0;         ///< language models: 0 = the token file's, or for synthetic tokens the model's own
   double dropout = 0.0;           ///< Transformers: dropout probability
 };
 
 struct DataConfig {
-  std::string kind = "hdf5";                         ///< hdf5 (images) | synthetic (images) | tokens
+  std::string kind = "hdf5";                         ///< hdf5 (images) | tokens | synthetic (images or tokens, as the model takes)
   std::string train = "datasets/fmnist/train.h5";    ///< HDF5 training split (docs/DATA.md)
   std::string test = "datasets/fmnist/test.h5";      ///< HDF5 evaluation split ("" = no evaluation)
   bool in_memory = true;                             ///< read the HDF5 file once into memory
-  std::vector<int64_t> shape = {3, 224, 224};        ///< synthetic: sample shape (C, H, W)
-  int64_t synthetic_size = 10000;                    ///< synthetic: samples in the training split
+  std::vector<int64_t> shape = {3, 224, 224};        ///< synthetic images: sample shape (C, H, W)
+  int64_t synthetic_size = 10000;                    ///< synthetic: samples (images, or windows of context tokens) per epoch
   int64_t workers = 0;                               ///< loader threads (0 = usable CPUs)
   int64_t prefetch = 2;                              ///< global batches prepared ahead
   int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off)

@@ -1,9 +1,11 @@
-// Evaluation on the test split: loss, top-1 and top-5 per sample (images) or per token (language
-// models), through the same forward path as training. It backs off on its own: an OOM halves the
-// evaluation micro-batch and redoes that chunk, without touching the training micro-batch.
+#include "trainer/evaluate.h"
+
 #include <spdlog/spdlog.h>
 
-#include "trainer/run.h"
+#include <optional>
+
+#include "data/loader.h"
+#include "trainer/dist.h"
 
 namespace trainer {
 
@@ -34,69 +36,75 @@ struct EvalSums {
   }
 };
 
+// The split in order, as batches of settings.batch samples (images or token windows).
+class SplitReader {
+ public:
+  SplitReader(const EvalSplit& split, const EvalSettings& s) {
+    if (split.tokens) {
+      data::TokenEvalOptions o;
+      o.batch = s.batch;
+      o.context = s.context;
+      o.rank = s.rank;
+      o.world_size = s.world_size;
+      tokens_ = std::make_unique<data::TokenEvalLoader>(split.tokens, o);
+    } else {
+      data::EvalOptions o;
+      o.batch = s.batch;
+      o.workers = s.workers;
+      o.normalize = s.normalize;
+      o.pin_memory = s.pin_memory;
+      o.rank = s.rank;
+      o.world_size = s.world_size;
+      images_ = std::make_unique<data::EvalLoader>(split.images, o);
+    }
+  }
+  std::optional<data::Batch> next() { return tokens_ ? tokens_->next() : images_->next(); }
+
+ private:
+  std::unique_ptr<data::TokenEvalLoader> tokens_;
+  std::unique_ptr<data::EvalLoader> images_;
+};
+
 }  // namespace
 
-EvalResult TrainingRun::evaluate() {
-  EvalResult r;
-  if (!has_eval()) return r;
+EvalResult evaluate_split(models::ModelImpl& model, const EvalSplit& split, const EvalSettings& settings,
+                          MemoryBackend& memory, int64_t& micro_batch, Distributed* dist, const EvalHooks& hooks) {
   torch::NoGradGuard no_grad;
   // Data parallel: BatchNorm statistics are each rank's own (as in DDP without SyncBatchNorm); the
   // evaluation uses rank 0's, as the checkpoint does, on every rank's share of the split.
-  if (dist_) {
-    auto buffers = model_->buffers();
-    dist_->broadcast(std::vector<torch::Tensor>(buffers.begin(), buffers.end()), "the BatchNorm statistics");
+  if (dist) {
+    auto buffers = model.buffers();
+    dist->broadcast(std::vector<torch::Tensor>(buffers.begin(), buffers.end()), "the BatchNorm statistics");
   }
-  model_->eval();
-  // The evaluation split in order, as batches of train.eval_batch samples (images or token windows).
-  std::function<std::optional<data::Batch>()> next_eval;
-  std::unique_ptr<data::EvalLoader> image_eval;
-  std::unique_ptr<data::TokenEvalLoader> token_eval;
-  if (tokens_) {
-    data::TokenEvalOptions eo;
-    eo.batch = cfg_.train.eval_batch;
-    eo.context = cfg_.model.context;
-    eo.rank = env_.rank;
-    eo.world_size = env_.world_size;
-    token_eval = std::make_unique<data::TokenEvalLoader>(test_tokens_, eo);
-    next_eval = [&] { return token_eval->next(); };
-  } else {
-    data::EvalOptions eo;
-    eo.batch = cfg_.train.eval_batch;
-    eo.workers = cfg_.data.workers > 0 ? cfg_.data.workers : at::get_num_threads();
-    eo.normalize = cfg_.data.normalize;
-    eo.pin_memory = device_.is_cuda();
-    eo.rank = env_.rank;
-    eo.world_size = env_.world_size;
-    image_eval = std::make_unique<data::EvalLoader>(test_images_, eo);
-    next_eval = [&] { return image_eval->next(); };
-  }
-  EvalSums sums(device_);
+  const bool was_training = model.is_training();
+  model.eval();
+  SplitReader reader(split, settings);
+  EvalSums sums(settings.forward.device);
   int64_t batches = 0;
-  telemetry_.set_phase("eval");
-  while (auto b = next_eval()) {
-    telemetry_.heartbeat();
-    if (cfg_.train.eval_batches > 0 && batches++ >= cfg_.train.eval_batches) break;
+  while (auto b = reader.next()) {
+    if (hooks.heartbeat) hooks.heartbeat();
+    if (settings.max_batches > 0 && batches++ >= settings.max_batches) break;
     for (int64_t start = 0; start < b->size();) {
-      const int64_t n = std::min(eval_micro_batch_, b->size() - start);
+      const int64_t n = std::min(micro_batch, b->size() - start);
       try {
-        sums.add(forward_logits(*model_, b->images.narrow(0, start, n), b->labels.narrow(0, start, n), forward_));
+        sums.add(forward_logits(model, b->images.narrow(0, start, n), b->labels.narrow(0, start, n), settings.forward));
         start += n;
       } catch (const std::exception& e) {
-        if (!is_oom_error(e) || eval_micro_batch_ == 1) throw;
-        memory_->empty_cache();
-        const int64_t old = eval_micro_batch_;
-        eval_micro_batch_ = std::max<int64_t>(1, eval_micro_batch_ / 2);
-        spdlog::warn("evaluation: out of memory at micro-batch {}, retrying at {}", old, eval_micro_batch_);
-        metrics_.event("eval_backoff", {{"step", step_}, {"old_micro_batch", old}, {"new_micro_batch", eval_micro_batch_},
-                                        {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
+        if (!is_oom_error(e) || micro_batch == 1) throw;
+        memory.empty_cache();
+        const int64_t old = micro_batch;
+        micro_batch = std::max<int64_t>(1, micro_batch / 2);
+        spdlog::warn("evaluation: out of memory at micro-batch {}, retrying at {}", old, micro_batch);
+        if (hooks.backoff) hooks.backoff(old, micro_batch);
       }
     }
   }
-  model_->train();
+  model.train(was_training);
   // Per sample for images, per token for language models; summed over ranks. A sync, once per evaluation.
   std::vector<double> totals{sums.loss.item<double>(), static_cast<double>(sums.correct1.item<int64_t>()),
                              static_cast<double>(sums.correct5.item<int64_t>()), static_cast<double>(sums.targets)};
-  if (dist_) totals = dist_->all_sum(totals, "the evaluation totals");
+  if (dist) totals = dist->all_sum(totals, "the evaluation totals");
+  EvalResult r;
   r.samples = static_cast<int64_t>(totals[3]);
   r.loss = totals[0] / totals[3];
   r.top1 = totals[1] / totals[3];

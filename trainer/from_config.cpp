@@ -33,14 +33,41 @@ torch::Device resolve_device(const std::string& spec, std::optional<int64_t> loc
   return *d;
 }
 
+bool token_job(const Config& cfg) {
+  const bool language = models::registered_vocab_size(cfg.model.name) > 0;
+  if (cfg.data.kind == "tokens" && !language)
+    throw ConfigError("data.kind: tokens needs a language model (gpt2, gpt_tiny); model.name is " + cfg.model.name);
+  if (cfg.data.kind == "hdf5" && language)
+    throw ConfigError("data.kind: hdf5 holds images; the language model " + cfg.model.name + " reads tokens or synthetic");
+  return language;
+}
+
 std::vector<int64_t> sample_shape(const Config& cfg) {
-  if (cfg.data.kind == "tokens") return {cfg.model.context};
+  if (token_job(cfg)) {
+    if (cfg.model.context < 1) throw ConfigError("model.context: a language model needs the tokens per sample");
+    return {cfg.model.context};
+  }
   if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
   auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
   return {s[0], s[1], s[2]};
 }
 
-int64_t vocab_size(const Config& cfg) { return data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size(); }
+int64_t vocab_size(const Config& cfg) {
+  if (cfg.data.kind != "tokens") return cfg.model.vocab_size > 0 ? cfg.model.vocab_size : models::registered_vocab_size(cfg.model.name);
+  const int64_t file = data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
+  if (cfg.model.vocab_size == 0) return file;
+  if (cfg.model.vocab_size < file)
+    throw ConfigError("model.vocab_size: " + std::to_string(cfg.model.vocab_size) + " is smaller than the vocabulary " +
+                      std::to_string(file) + " of " + cfg.data.train);
+  return cfg.model.vocab_size;
+}
+
+std::shared_ptr<data::SyntheticTokens> synthetic_tokens(const Config& cfg) {
+  // (size + 1) windows and one token more: the TokenLoader keeps one window of slack, so exactly
+  // data.synthetic_size windows are drawn per epoch.
+  const int64_t T = sample_shape(cfg).at(0);
+  return std::make_shared<data::SyntheticTokens>((cfg.data.synthetic_size + 1) * T + 1, vocab_size(cfg), cfg.seed);
+}
 
 models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab) {
   auto mo = models::ModelOptions()
@@ -48,7 +75,7 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
                 .zero_init_residual(cfg.model.zero_init_residual)
                 .context(cfg.model.context)
                 .dropout(cfg.model.dropout);
-  if (cfg.data.kind == "tokens") mo.vocab_size(vocab);
+  if (token_job(cfg)) mo.vocab_size(vocab);
   else mo.in_channels(shape.at(0));
   return models::create_model(cfg.model.name, mo);
 }
@@ -101,6 +128,20 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
   return o;
+}
+
+EvalSettings eval_settings(const Config& cfg, const torch::Device& device, int64_t rank, int64_t world_size) {
+  EvalSettings s;
+  s.batch = cfg.train.eval_batch;
+  s.max_batches = cfg.train.eval_batches;
+  s.context = cfg.model.context;
+  s.workers = cfg.data.workers > 0 ? cfg.data.workers : at::get_num_threads();
+  s.normalize = cfg.data.normalize;
+  s.pin_memory = device.is_cuda();
+  s.rank = rank;
+  s.world_size = world_size;
+  s.forward = step_options(cfg, device).forward;
+  return s;
 }
 
 }  // namespace trainer

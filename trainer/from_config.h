@@ -6,11 +6,14 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "data/tokens.h"
 #include "models/model.h"
 #include "trainer/config.h"
+#include "trainer/evaluate.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/resources.h"
 #include "trainer/step.h"
@@ -22,6 +25,10 @@ namespace trainer {
 /// Throws ConfigError naming the key for a malformed string or a CUDA device that is not there.
 torch::Device resolve_device(const std::string& spec, std::optional<int64_t> local_rank = std::nullopt);
 
+/// Whether cfg.model is a language model (tokens in): then data.kind is tokens or synthetic (tokens);
+/// an image model reads hdf5 or synthetic images. Throws ConfigError naming data.kind for a mismatch.
+bool token_job(const Config& cfg);
+
 /// One sample's shape: (C, H, W) for images, (T) for tokens; what the model is built for and
 /// forward_flops takes. data.kind hdf5 reads the training file's header.
 std::vector<int64_t> sample_shape(const Config& cfg);
@@ -29,8 +36,13 @@ std::vector<int64_t> sample_shape(const Config& cfg);
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);
 
-/// The vocabulary of a token job's model: the training file's.
+/// The vocabulary a token job's model is built with: model.vocab_size when set (it must cover the
+/// token file's), else the training file's (data.kind tokens) or the model's registered one (synthetic).
 int64_t vocab_size(const Config& cfg);
+
+/// The tokens of data.kind synthetic for a language model: data.synthetic_size windows of model.context
+/// tokens per epoch (the TokenLoader's slots), vocab_size(cfg), from cfg.seed.
+std::shared_ptr<data::SyntheticTokens> synthetic_tokens(const Config& cfg);
 
 /// cfg.model for samples of `shape` ((C, H, W) or (T)) and, for language models, `vocab` tokens.
 models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab);
@@ -57,5 +69,10 @@ MicroBatchController make_controller(const MicroBatchOptions& options, int64_t l
 
 /// The step's options on `device`.
 StepOptions step_options(const Config& cfg, const torch::Device& device);
+
+/// The evaluation's settings on `device` for rank `rank` of `world_size`: train.eval_batch,
+/// eval_batches, model.context, data.workers (0 = this process's threads), data.normalize and the
+/// step's forward options.
+EvalSettings eval_settings(const Config& cfg, const torch::Device& device, int64_t rank = 0, int64_t world_size = 1);
 
 }  // namespace trainer

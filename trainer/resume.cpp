@@ -107,6 +107,7 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
   same("data.kind", cfg_.data.kind, saved.data.kind);
   same("data.train", cfg_.data.train, saved.data.train);
   same("data.shape", cfg_.data.shape, saved.data.shape);
+  if (cfg_.data.kind == "synthetic") same("data.synthetic_size", cfg_.data.synthetic_size, saved.data.synthetic_size);
   same("data.crop_padding", cfg_.data.crop_padding, saved.data.crop_padding);
   same("data.hflip", cfg_.data.hflip, saved.data.hflip);
   same("data.normalize", cfg_.data.normalize, saved.data.normalize);

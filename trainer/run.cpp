@@ -205,6 +205,19 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
   }
 }
 
+EvalResult TrainingRun::evaluate() {
+  if (!has_eval()) return {};
+  EvalHooks hooks;
+  hooks.heartbeat = [this] { telemetry_.heartbeat(); };
+  hooks.backoff = [this](int64_t old, int64_t now) {
+    metrics_.event("eval_backoff", {{"step", step_}, {"old_micro_batch", old}, {"new_micro_batch", now},
+                                    {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
+  };
+  telemetry_.set_phase("eval");
+  return evaluate_split(*model_, {test_images_, test_tokens_}, eval_settings(cfg_, device_, env_.rank, env_.world_size),
+                        *memory_, eval_micro_batch_, dist_.get(), hooks);
+}
+
 void TrainingRun::maybe_evaluate() {
   const bool epoch_end = step_ % steps_per_epoch_ == 0;
   const bool due = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;

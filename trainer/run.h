@@ -4,7 +4,8 @@
 //                  save/stop), and how the run ends
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
 //   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
-//   evaluate.cpp   evaluation on the test split, with its own OOM backoff
+//   evaluate.h     the evaluation of a split, with its own OOM backoff (shared with `trainer eval`);
+//                  run.cpp calls it on the test split
 //   resume.cpp     what a checkpoint holds (save_checkpoint) and reading it back (resume)
 //   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
 //
@@ -27,6 +28,7 @@
 #include "trainer/checkpoint/store.h"
 #include "trainer/config.h"
 #include "trainer/dist.h"
+#include "trainer/evaluate.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
@@ -59,11 +61,6 @@ struct StreamOf : BatchStream {
   data::LoaderState state() const override { return loader->state(); }
   int64_t steps_per_epoch() const override { return loader->steps_per_epoch(); }
   std::unique_ptr<Loader> loader;
-};
-
-struct EvalResult {
-  double loss = 0, top1 = 0, top5 = 0;
-  int64_t samples = 0;
 };
 
 class TrainingRun {
@@ -103,8 +100,7 @@ class TrainingRun {
   void agree_on_limit();
   void poll_threads();
 
-  // evaluate.cpp
-  EvalResult evaluate();
+  EvalResult evaluate();  // the test split (evaluate.h)
 
   // resume.cpp
   bool resume();
@@ -132,7 +128,7 @@ class TrainingRun {
 
   bool tokens_ = false;  // a language model on a token stream (else image classification)
   std::shared_ptr<data::ImageDataset> train_images_, test_images_;
-  std::shared_ptr<data::TokenDataset> train_tokens_, test_tokens_;
+  std::shared_ptr<data::TokenSource> train_tokens_, test_tokens_;
   std::unique_ptr<BatchStream> loader_;
   std::vector<int64_t> sample_shape_;  // (C, H, W) or (T)
   double flops_per_sample_ = 0;        // forward

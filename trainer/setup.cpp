@@ -114,10 +114,14 @@ void TrainingRun::setup_memory() {
 void TrainingRun::setup_data() {
   // Images (HDF5 or synthetic) or a token stream, behind one stream interface.
   const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
-  if (cfg_.data.kind == "tokens") {
-    tokens_ = true;
-    train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
-    if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+  tokens_ = token_job(cfg_);
+  if (tokens_) {
+    if (cfg_.data.kind == "synthetic") {
+      train_tokens_ = synthetic_tokens(cfg_);
+    } else {
+      train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
+      if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+    }
     data::TokenLoaderOptions to;
     to.global_batch = cfg_.train.global_batch;
     to.context = cfg_.model.context;
@@ -166,7 +170,7 @@ void TrainingRun::setup_data() {
 
 void TrainingRun::setup_model() {
   torch::manual_seed(cfg_.seed);
-  model_ = build_model(cfg_, sample_shape_, tokens_ ? train_tokens_->vocab_size() : 0);
+  model_ = build_model(cfg_, sample_shape_, tokens_ ? vocab_size(cfg_) : 0);
   if (!cfg_.model.init_from.empty()) {
     load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
     spdlog::info("model: weights from {}", cfg_.model.init_from);

@@ -17,6 +17,13 @@ Two modes (run with /usr/bin/python3, which has Debian's torch and torchvision):
       identity), an input x of shape (2, 3, 64, 64) and the eval-mode output y. Writes
       OUT_DIR/MODEL.pt = torch.save({"x": x, "y": y, "state": {key: tensor}}), a plain dict of tensors
       that C++ reads with torch::pickle_load.
+
+  torchvision_models.py --eval-reference IN.pt OUT_DIR [--models resnet18]
+      IN.pt = {"images": uint8 (N, 3, H, W), "labels": int64 (N), "mean": (3), "std": (3)} (written by
+      tests/test_eval.cpp). For each model: random weights as --weights makes them, with 10 classes;
+      writes OUT_DIR/MODEL_weights.pt = torch.save(model.state_dict()), what model.init_from reads, and
+      OUT_DIR/MODEL_eval.pt = {"logits": eval-mode logits (N, 10) of (images / 255 - mean) / std,
+      "loss": mean cross-entropy, "top1", "top5": accuracies}, torchvision's own evaluation.
 """
 import argparse
 import json
@@ -71,9 +78,10 @@ def describe(name, sizes):
     }
 
 
-def write_weights(name, out_dir):
+def random_model(name, **kwargs):
+    """torchvision's `name` with random weights, BatchNorm randomized so that eval mode is not the identity."""
     torch.manual_seed(1234)
-    model = getattr(torchvision.models, name)(weights=None)
+    model = getattr(torchvision.models, name)(weights=None, **kwargs)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -83,16 +91,38 @@ def write_weights(name, out_dir):
         for _ in range(2):
             model(torch.randn(4, 3, 64, 64))
         model.eval()
+    return model
+
+
+def write_weights(name, out_dir):
+    model = random_model(name)
+    with torch.no_grad():
         x = torch.randn(2, 3, 64, 64)
         y = model(x)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     torch.save({"x": x, "y": y, "state": state}, os.path.join(out_dir, name + ".pt"))
 
 
+def write_eval_reference(name, in_path, out_dir):
+    data = torch.load(in_path)
+    model = random_model(name, num_classes=10)
+    torch.save(model.state_dict(), os.path.join(out_dir, name + "_weights.pt"))
+    x = (data["images"].float() / 255.0 - data["mean"].view(1, 3, 1, 1)) / data["std"].view(1, 3, 1, 1)
+    y = data["labels"]
+    with torch.no_grad():
+        logits = model(x)
+    top5 = logits.topk(5, dim=1).indices
+    torch.save({"logits": logits, "loss": torch.nn.functional.cross_entropy(logits, y),
+                "top1": (top5[:, 0] == y).double().mean(), "top5": (top5 == y[:, None]).any(1).double().mean()},
+               os.path.join(out_dir, name + "_eval.pt"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write names, shapes, counts and MACs here")
     ap.add_argument("--weights", help="write MODEL.pt files (weights, input, eval output) into this folder")
+    ap.add_argument("--eval-reference", nargs=2, metavar=("IN_PT", "OUT_DIR"),
+                    help="torchvision's evaluation of the images in IN_PT, and the weights, into OUT_DIR")
     ap.add_argument("--models", default="resnet18,resnet34,resnet50,resnet101,resnet152")
     ap.add_argument("--sizes", default="45x37,resnet50:224x224",
                     help="input sizes for the MAC counts: HxW for every model, MODEL:HxW for one")
@@ -105,6 +135,9 @@ def main():
     if args.weights:
         for n in names:
             write_weights(n, args.weights)
+    if args.eval_reference:
+        for n in names:
+            write_eval_reference(n, *args.eval_reference)
 
 
 if __name__ == "__main__":

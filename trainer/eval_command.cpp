@@ -1,0 +1,176 @@
+#include "trainer/eval_command.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "common/clock.h"
+#include "common/compat.h"
+#include "data/image_h5.h"
+#include "data/tokens.h"
+#include "models/registry.h"
+#include "trainer/amp.h"
+#include "trainer/checkpoint/state_dict.h"
+#include "trainer/checkpoint/store.h"
+#include "trainer/from_config.h"
+#include "trainer/memory/resources.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+std::optional<LoadedCheckpoint> find_weights(const EvalCommand& c) {
+  if (!c.checkpoint.empty()) return CheckpointStore::load(c.checkpoint);
+  if (c.run_dir.empty()) return std::nullopt;
+  auto ck = CheckpointStore(c.run_dir, 0).load_latest();
+  if (!ck) throw std::runtime_error("eval: " + c.run_dir + " has no checkpoint to score");
+  return ck;
+}
+
+// defaults < the config (the checkpoint's own unless --config names one) < --set, then validate.
+Config eval_config(const EvalCommand& c, const std::optional<LoadedCheckpoint>& ck) {
+  if (!ck || !c.config_path.empty()) return load_config(c.config_path, c.overrides);
+  Config cfg;
+  apply_yaml_text(cfg, ck->file("config.yaml"), ck->path + "/config.yaml");
+  for (const auto& o : c.overrides) apply_override(cfg, o);
+  validate(cfg);
+  return cfg;
+}
+
+std::string split_path(const Config& cfg, const std::string& split) {
+  if (split != "test" && split != "train") return split;
+  if (cfg.data.kind == "synthetic")
+    throw ConfigError("eval: data.kind synthetic has no " + split + " split; give --split FILE");
+  const std::string& path = split == "test" ? cfg.data.test : cfg.data.train;
+  if (path.empty()) throw ConfigError("eval: data." + split + " is empty; give --split train or --split FILE");
+  return path;
+}
+
+// The vocabulary the scored model was built with: vocab_size(cfg), which reads the training file;
+// where that file is not at hand, the split's.
+int64_t model_vocab(const Config& cfg, const data::TokenSource& split) {
+  std::error_code ec;
+  if (cfg.data.kind == "tokens" && cfg.model.vocab_size == 0 && !fs::exists(cfg.data.train, ec)) return split.vocab_size();
+  return vocab_size(cfg);
+}
+
+// The device, the threads and the memory cap, before any tensor exists (the cap counts every one).
+void setup_device(EvalTarget& t) {
+  t.device = resolve_device(t.cfg.train.device);
+  validate_amp(t.cfg.amp.enabled, t.cfg.amp.dtype, false, t.device.type());
+  apply_cpu_threads(cpu_threads(t.cfg, 1));
+  t.memory = make_memory_backend(t.device);
+  const AutoLimitOptions o = auto_limit_options(t.cfg, t.device.is_cuda());
+  t.memory->set_limit(resolve_memory_limit(t.cfg.memory.limit, *t.memory, o));
+}
+
+void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck) {
+  std::vector<int64_t> shape;
+  if (t.tokens) {
+    shape = sample_shape(t.cfg);
+    t.vocab_size = model_vocab(t.cfg, *t.split.tokens);
+  } else {
+    const auto s = t.split.images->sample_shape();
+    shape = {s[0], s[1], s[2]};
+  }
+  torch::manual_seed(t.cfg.seed);
+  t.model = build_model(t.cfg, shape, t.vocab_size);
+  if (ck) load_state_dict_bytes(*t.model, ck->file("model.pt"), /*strict=*/true, t.weights + "/model.pt");
+  else load_state_dict(*t.model, t.weights, /*strict=*/true);
+  t.model->to(t.device);
+  if (t.cfg.model.channels_last && !t.tokens) models::to_channels_last(*t.model);
+  t.model->eval();
+}
+
+}  // namespace
+
+EvalTarget prepare_eval(const EvalCommand& cmd) {
+  const std::optional<LoadedCheckpoint> ck = find_weights(cmd);
+  EvalTarget t;
+  t.cfg = eval_config(cmd, ck);
+  if (!ck && t.cfg.model.init_from.empty())
+    throw ConfigError("eval: nothing to score; give --run-dir, --checkpoint, or weights as --set model.init_from=FILE");
+  t.weights = ck ? ck->path : t.cfg.model.init_from;
+  if (ck) t.step = ck->step;
+  t.tokens = token_job(t.cfg);
+  t.split_path = split_path(t.cfg, cmd.split);
+  setup_device(t);
+  if (t.tokens) t.split.tokens = std::make_shared<data::TokenDataset>(t.split_path, t.cfg.data.in_memory);
+  else t.split.images = std::make_shared<data::ImageH5Dataset>(t.split_path, t.cfg.data.in_memory);
+  build_scored_model(t, ck);
+  return t;
+}
+
+nlohmann::json score(EvalTarget& t) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t micro_batch = t.cfg.train.eval_batch, backoffs = 0;
+  EvalHooks hooks;
+  hooks.backoff = [&](int64_t, int64_t) { ++backoffs; };
+  const EvalResult r = evaluate_split(*t.model, t.split, eval_settings(t.cfg, t.device), *t.memory, micro_batch,
+                                      nullptr, hooks);
+  nlohmann::json j = {{"schema", "trainer-eval/1"},
+                      {"weights", t.weights},
+                      {"step", t.step ? nlohmann::json(*t.step) : nlohmann::json(nullptr)},
+                      {"model", t.cfg.model.name},
+                      {"kind", t.tokens ? "tokens" : "images"},
+                      {"split", t.split_path},
+                      {"loss", r.loss},
+                      {"top1", r.top1},
+                      {"top5", r.top5},
+                      {"samples", r.samples},
+                      {"eval_batch", t.cfg.train.eval_batch},
+                      {"eval_batches", t.cfg.train.eval_batches},
+                      {"micro_batch", micro_batch},
+                      {"backoffs", backoffs},
+                      {"device", t.device.str()},
+                      {"seconds", seconds_since(t0)},
+                      {"trainer", TRAINER_VERSION},
+                      {"torch", compat::torch_version()}};
+  if (t.tokens) {
+    j["context"] = t.cfg.model.context;
+    j["vocab_size"] = t.vocab_size;
+    j["bits_per_token"] = r.loss / std::log(2.0);
+    if (t.vocab_size == 256) j["bits_per_byte"] = r.loss / std::log(2.0);  // byte tokens (convert-text)
+  }
+  return j;
+}
+
+std::string eval_line(const nlohmann::json& j, const std::string& out) {
+  char numbers[160];
+  if (j["kind"] == "tokens") {
+    const bool bytes = j.contains("bits_per_byte");
+    std::snprintf(numbers, sizeof numbers, "loss %.4f nats/token, %.4f bits/%s, top1 %.2f%% over %lld tokens",
+                  j["loss"].get<double>(), j["bits_per_token"].get<double>(), bytes ? "byte" : "token",
+                  100 * j["top1"].get<double>(), static_cast<long long>(j["samples"].get<int64_t>()));
+  } else {
+    std::snprintf(numbers, sizeof numbers, "loss %.4f, top1 %.2f%%, top5 %.2f%% over %lld images",
+                  j["loss"].get<double>(), 100 * j["top1"].get<double>(), 100 * j["top5"].get<double>(),
+                  static_cast<long long>(j["samples"].get<int64_t>()));
+  }
+  const std::string what = j["step"].is_null() ? j["weights"].get<std::string>()
+                                               : "step " + std::to_string(j["step"].get<int64_t>()) + " (" +
+                                                     j["weights"].get<std::string>() + ")";
+  return "eval " + what + " on " + j["split"].get<std::string>() + ": " + numbers + " -> " + out;
+}
+
+std::pair<nlohmann::json, std::string> run_eval_command(const EvalCommand& cmd) {
+  EvalTarget target = prepare_eval(cmd);
+  const nlohmann::json result = score(target);
+  const std::string out = !cmd.out.empty() ? cmd.out : cmd.run_dir.empty() ? "eval.json" : cmd.run_dir + "/eval.json";
+  // Through a temporary file: a failed write never leaves a truncated result under the final name.
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << result.dump(2) << "\n";
+    if (!f.flush()) throw std::runtime_error("eval: cannot write " + out);
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) throw std::runtime_error("eval: cannot write " + out + " (" + ec.message() + ")");
+  return {result, eval_line(result, out)};
+}
+
+}  // namespace trainer
