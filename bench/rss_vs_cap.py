@@ -113,7 +113,7 @@ def run_one(a, limit):
             reserve = parse_bytes(re.search(r"auto_reserve:\s*(\S+)", text).group(1).strip("'\""))
             margin = float(re.search(r"auto_margin:\s*(\S+)", text).group(1))
             if margin < 0:  # -1: the device's default; these runs are on the CPU (from_config.h)
-                margin = 0.55
+                margin = 0.3
         r = {"limit_bytes": limit, "margin": margin, "reserve_bytes": reserve, "wall_s": time.time() - t0,
              "command": " ".join(cmd), "rss_peak_bytes": ru.ru_maxrss * 1024}
         r.update(summarize(lines, limit, margin, reserve))

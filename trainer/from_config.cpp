@@ -89,9 +89,9 @@ int cpu_threads(const Config& cfg, int64_t local_world_size) {
 
 AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda) {
   AutoLimitOptions o;
-  // On the CPU the process's heap keeps freed tensor pages (the allocator never trims: backend.cpp), so
-  // its RSS grew by 0.9-1.0x the tensor peak beyond the cap (docs/MEMORY.md "RSS against the
-  // container's limit"): the cap must leave about half of what is left.
+  // On the CPU, with freed memory given back (heap.h), the process's RSS still grew 13-19 MiB past
+  // non-tensor memory + tensor peak in a run with backoffs (docs/MEMORY.md "RSS against the container's
+  // limit"): 0.1 of what is left did not cover that in a small container, 0.3 did.
   o.margin = cfg.memory.auto_margin >= 0 ? cfg.memory.auto_margin : cuda ? kAutoMarginCuda : kAutoMarginCpu;
   o.reserve_bytes = parse_bytes(cfg.memory.auto_reserve);
   o.cgroup_root = container_root();

@@ -58,7 +58,7 @@ AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda);
 
 /// The default memory.auto_margin per device, measured (docs/MEMORY.md "RSS against the container's limit").
 inline constexpr double kAutoMarginCuda = 0.1;
-inline constexpr double kAutoMarginCpu = 0.55;
+inline constexpr double kAutoMarginCpu = 0.3;
 
 /// The ladder's options for a rank's slice of `rank_batch` samples per step.
 MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch);

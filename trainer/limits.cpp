@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "trainer/from_config.h"
+#include "trainer/memory/heap.h"
 #include "trainer/run.h"
 
 namespace trainer {
@@ -45,10 +46,13 @@ void TrainingRun::poll_memory_limit() {
 
 int64_t TrainingRun::resolve_limit() {
   const AutoLimitOptions o = auto_limit_options(cfg_, device_.is_cuda());
-  const int64_t limit = resolve_memory_limit(limit_spec_, *memory_, o);
   cgroup_limit_ = read_cgroup_memory(o.cgroup_root).limit_bytes;
+  const bool container = limit_spec_ == "auto" && cgroup_limit_ > 0 && !device_.is_cuda();
+  // The container counts the heap's kept pages; a cap on live tensors alone does not bound them.
+  if (container) return_freed_memory();
+  const int64_t limit = resolve_memory_limit(limit_spec_, *memory_, o);
   rss_at_limit_ = host_rss_bytes();
-  if (limit_spec_ == "auto" && cgroup_limit_ > 0 && !device_.is_cuda())
+  if (container)
     spdlog::info("memory.limit auto: container limit {}, resident {} ({} in tensors), reserve {}, margin {:.0f}% -> "
                  "tensor cap {}", format_bytes(cgroup_limit_), format_bytes(rss_at_limit_),
                  format_bytes(memory_->current_bytes()), format_bytes(o.reserve_bytes), 100 * o.margin,
