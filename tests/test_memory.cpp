@@ -823,40 +823,71 @@ TEST(ResourcesHost, RssAndAvailableMemory) {
 }
 
 TEST(ResourcesLimit, AutoCpuRuleByHand) {
-  EXPECT_EQ(trainer::auto_cpu_limit(1000, 100, 0.1), 810);  // (1000 - 100) * 0.9
-  EXPECT_EQ(trainer::auto_cpu_limit(1000, 0, 0.0), 1000);
-  EXPECT_EQ(trainer::auto_cpu_limit(0, 100, 0.1), 0);       // no cgroup limit: no cap
-  EXPECT_EQ(trainer::auto_cpu_limit(100, 200, 0.1), 1);     // already full: the smallest cap, not none
-  EXPECT_THROW(trainer::auto_cpu_limit(1000, 0, 1.0), std::invalid_argument);
+  EXPECT_EQ(trainer::auto_cpu_limit(1000, 100, 0, 0.1), 810);    // (1000 - 100) * 0.9
+  EXPECT_EQ(trainer::auto_cpu_limit(1000, 100, 50, 0.1), 765);   // (1000 - 100 - 50) * 0.9
+  EXPECT_EQ(trainer::auto_cpu_limit(1000, 0, 0, 0.0), 1000);
+  EXPECT_EQ(trainer::auto_cpu_limit(0, 100, 50, 0.1), 0);        // no cgroup limit: no cap
+  EXPECT_EQ(trainer::auto_cpu_limit(100, 200, 0, 0.1), 1);       // already full: the smallest cap, not none
+  EXPECT_EQ(trainer::auto_cpu_limit(1000, 100, 900, 0.1), 1);    // the reserve takes the rest
+  EXPECT_THROW(trainer::auto_cpu_limit(1000, 0, 0, 1.0), std::invalid_argument);
+  EXPECT_THROW(trainer::auto_cpu_limit(1000, 0, -1, 0.1), std::invalid_argument);
 }
 
 TEST_F(ResourcesLimitCapped, ResolvesMemoryLimitSpecs) {
   trainer::CpuMemoryBackend cpu;
   FakeRoot none;
   none.mkdir("proc");
-  EXPECT_EQ(trainer::resolve_memory_limit("none", cpu, 0.1, none.root()), 0);
-  EXPECT_EQ(trainer::resolve_memory_limit("", cpu, 0.1, none.root()), 0);
-  EXPECT_EQ(trainer::resolve_memory_limit("NONE", cpu, 0.1, none.root()), 0);
-  EXPECT_EQ(trainer::resolve_memory_limit("300MiB", cpu, 0.1, none.root()), 300 * kMiB);
-  EXPECT_EQ(trainer::resolve_memory_limit("1.5GB", cpu, 0.1, none.root()), 1500000000);
-  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, 0.1, none.root()), 0);  // no cgroup limit
+  trainer::AutoLimitOptions o;
+  o.cgroup_root = o.proc_root = none.root();
+  EXPECT_EQ(trainer::resolve_memory_limit("none", cpu, o), 0);
+  EXPECT_EQ(trainer::resolve_memory_limit("", cpu, o), 0);
+  EXPECT_EQ(trainer::resolve_memory_limit("NONE", cpu, o), 0);
+  EXPECT_EQ(trainer::resolve_memory_limit("300MiB", cpu, o), 300 * kMiB);
+  EXPECT_EQ(trainer::resolve_memory_limit("1.5GB", cpu, o), 1500000000);
+  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, o), 0);  // no cgroup limit
 
   FakeRoot f;
   f.write("proc/self/cgroup", "0::/\n");
   f.write("sys/fs/cgroup/cgroup.controllers", "memory\n");
   f.write("sys/fs/cgroup/memory.max", "4294967296\n");
   f.write("proc/self/statm", "90000 25600 0 0 0 0 0\n");  // 100 MiB resident with 4 KiB pages
+  o.cgroup_root = o.proc_root = f.root();
   const int64_t rss = 25600 * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
   const int64_t live = cpu.current_bytes();
   const int64_t expected = static_cast<int64_t>(std::floor((4294967296.0 - (rss - live)) * 0.9));
-  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, 0.1, f.root()), expected);
-  EXPECT_EQ(trainer::resolve_memory_limit(" Auto ", cpu, 0.1, f.root()), expected);
+  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, o), expected);
+  EXPECT_EQ(trainer::resolve_memory_limit(" Auto ", cpu, o), expected);
+  o.reserve_bytes = 64 * kMiB;
+  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, o),
+            static_cast<int64_t>(std::floor((4294967296.0 - (rss - live) - 64.0 * kMiB) * 0.9)));
 
-  EXPECT_NE(error_text([&] { trainer::resolve_memory_limit("lots", cpu, 0.1); })
+  // The trainer's way: the cgroup from a fake tree, the RSS from the real /proc (this process's own).
+  o.proc_root = "/";
+  o.reserve_bytes = 0;
+  const int64_t real_other = trainer::host_rss_bytes() - cpu.current_bytes();
+  const int64_t with_real_rss = trainer::resolve_memory_limit("auto", cpu, o);
+  EXPECT_NEAR(static_cast<double>(with_real_rss), (4294967296.0 - real_other) * 0.9, 8.0 * kMiB);
+
+  trainer::AutoLimitOptions real;
+  EXPECT_NE(error_text([&] { trainer::resolve_memory_limit("lots", cpu, real); })
                 .find("memory.limit: 'lots' is not a limit; write a byte size"),
             std::string::npos);
-  EXPECT_NE(error_text([&] { trainer::resolve_memory_limit("auto", cpu, 1.0); }).find("margin must be a fraction"),
+  real.margin = 1.0;
+  EXPECT_NE(error_text([&] { trainer::resolve_memory_limit("auto", cpu, real); }).find("margin must be a fraction"),
             std::string::npos);
+}
+
+TEST(ResourcesLimit, ContainerRootComesFromTheEnvironment) {
+  const char* before = std::getenv("TRAINER_CGROUP_ROOT");
+  const std::string saved = before ? before : "";
+  unsetenv("TRAINER_CGROUP_ROOT");
+  EXPECT_EQ(trainer::container_root(), "/");
+  setenv("TRAINER_CGROUP_ROOT", "", 1);
+  EXPECT_EQ(trainer::container_root(), "/");
+  setenv("TRAINER_CGROUP_ROOT", "/tmp/fake_container", 1);
+  EXPECT_EQ(trainer::container_root(), "/tmp/fake_container");
+  if (before) setenv("TRAINER_CGROUP_ROOT", saved.c_str(), 1);
+  else unsetenv("TRAINER_CGROUP_ROOT");
 }
 
 // ---- the control file -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -455,4 +456,35 @@ TEST(OomFindMax, MatchesExhaustiveSearchForEveryCapacity) {
   EXPECT_NE(error_text([] { trainer::find_max_micro_batch([](int64_t) { return true; }, 5, 4); })
                 .find("need 1 <= lo <= hi, got lo = 5, hi = 4"),
             std::string::npos);
+}
+
+// From a predicted start (a memory curve's): the same answer as the exhaustive search from every start,
+// inside the range or outside it, and a good prediction costs two calls: about 2*log2(|error| + 2).
+TEST(OomFindMax, FromAnyStartMatchesExhaustiveSearch) {
+  for (int64_t lo : {1, 3}) {
+    for (int64_t hi : {1, 7, 64, 100}) {
+      if (hi < lo) continue;
+      for (int64_t cap = 0; cap <= hi + 2; ++cap) {
+        int64_t exhaustive = 0;
+        for (int64_t m = lo; m <= hi; ++m)
+          if (m <= cap) exhaustive = m;
+        for (int64_t start = 1; start <= hi + 3; ++start) {
+          int calls = 0;
+          auto fits = [&](int64_t m) {
+            ++calls;
+            EXPECT_GE(m, lo);
+            EXPECT_LE(m, hi);
+            return m <= cap;
+          };
+          EXPECT_EQ(trainer::find_max_micro_batch(fits, lo, hi, start), exhaustive)
+              << lo << " " << hi << " " << cap << " " << start;
+          const int64_t s = std::clamp(start, lo, hi);
+          const int64_t error = std::abs(std::max(exhaustive, lo - 1) - s);
+          const double bound = 2 * std::ceil(std::log2(static_cast<double>(error) + 2));
+          EXPECT_LE(calls, bound) << lo << " " << hi << " " << cap << " " << start;
+          if (s == exhaustive && s < hi) EXPECT_EQ(calls, 2) << "a right prediction: it fits, one more does not";
+        }
+      }
+    }
+  }
 }

@@ -142,9 +142,37 @@ struct BenchOomOptions {
 /// not unfold, std::invalid_argument for bad options or a global batch below 4.
 nlohmann::json bench_oom(Config cfg, const BenchOomOptions& opts);
 
+/// Options of the memory curve benchmark (bench_memory_curve).
+struct BenchCurveOptions {
+  int64_t steps = 3;            ///< optimizer steps of every curve run (>= 2: the first carries no optimizer state)
+  std::vector<int64_t> limits;  ///< --limit: predict under each (bytes)
+  bool check = false;           ///< --check: measure every prediction against the exhaustive search
+  int64_t rounds = 3;           ///< --check: auto runs with and without the fit's start, each, alternating; >= 1
+  std::string run_dir;          ///< keep every run's folder under here (new or empty); "" = temporary, removed
+  std::string config_path;             ///< recorded in the result
+  std::vector<std::string> overrides;  ///< recorded in the result
+  std::string command_line;            ///< recorded in the result
+};
+
+/// The memory curve (docs/BENCHMARKS.md "Memory curve"): the peak tensor memory of a training step of
+/// the job (its global batch G) at micro-batch 1, 2, 4, ... and G, without and with activation
+/// checkpointing ("none", "all"), each a fresh run of `steps` steps pinned to its size (no ladder), until
+/// G or the first size that runs out of memory (under the job's own memory.limit, or the device's);
+/// per point the largest step peak and the median step time of the steps after the first. Fits
+/// peak = fixed + per_sample x micro-batch by least squares (trainer/memory/curve.h) with its residuals.
+/// Per limit: the largest micro-batch predicted to fit for each setting, the samples/s each would train
+/// at (the measured samples/s interpolated linearly in the micro-batch) and the choice (the faster; none
+/// when neither fits). With `check`, per limit: the exhaustive search of each setting (bench_search.h),
+/// the measured step time at each true largest (the true choice), and `rounds` x 2 runs of `micro_batch:
+/// auto` (with the job's setting) alternating with and without memory.curve (the fit's start): picks,
+/// probes and search time. The result (mode "memory_curve") is what memory.curve reads. Throws
+/// std::runtime_error naming the run folder when a run fails, std::invalid_argument for bad options.
+nlohmann::json bench_memory_curve(Config cfg, const BenchCurveOptions& opts);
+
 /// `trainer bench --config FILE [--set k=v ...] [--warmup N] [--steps N] [--out FILE.json] [--loader-only]
 /// [--peak-tflops X] [--run-dir DIR]`, or `trainer bench --oom [--rounds N] ...` (bench_oom; --warmup and
-/// --steps default to 5 and 10 there): argv[0] is "bench". Prints a one-line summary to stderr and the
+/// --steps default to 5 and 10 there), or `trainer bench --memory-curve [--limit SIZE ...] [--check]
+/// [--steps N] [--rounds N] ...` (bench_memory_curve; --steps defaults to 3): argv[0] is "bench". Prints a one-line summary to stderr and the
 /// JSON to --out (or stdout). Returns the exit code; throws std::exception with a one-line message for
 /// bad input.
 int bench_main(int argc, char** argv);

@@ -22,8 +22,6 @@ std::string device_name(const Config& cfg) {
   return d.str();
 }
 
-std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }
-
 int threads_of(const Config& cfg) { return cpu_threads(cfg, /*local_world_size=*/1); }
 
 void check_counts(const BenchOptions& opts) {

@@ -18,9 +18,6 @@ namespace trainer::bench {
 /// The device a job runs on, as a name with its index ("cuda:0", "cpu").
 std::string device_name(const Config& cfg);
 
-/// fp32, or the autocast dtype (bf16, fp16).
-std::string precision_of(const Config& cfg);
-
 /// The host threads a one-process run of the job uses.
 int threads_of(const Config& cfg);
 

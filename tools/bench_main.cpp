@@ -8,6 +8,7 @@
 
 #include "common/signals.h"
 #include "tools/bench_job.h"
+#include "trainer/memory/backend.h"
 
 using nlohmann::json;
 
@@ -28,7 +29,14 @@ cxxopts::Options bench_options() {
       "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
       "loader-only", "measure the data pipeline alone")(
       "oom", "the OOM recovery benchmark: recovery time, auto micro-batch, throughput after grow-back")(
-      "rounds", "--oom: alternating (backoff, fresh) run pairs", cxxopts::value<int64_t>()->default_value("3"))(
+      "rounds", "--oom: alternating (backoff, fresh) run pairs; --memory-curve --check: auto runs with and without "
+      "the fit's start", cxxopts::value<int64_t>()->default_value("3"))(
+      "memory-curve", "the peak memory of a step against the micro-batch, with and without activation "
+      "checkpointing, fitted; predictions under --limit")(
+      "limit", "--memory-curve: a memory limit to predict the micro-batch under (repeatable)",
+      cxxopts::value<std::vector<std::string>>())(
+      "check", "--memory-curve: check every prediction against the exhaustive search, and auto with and without "
+      "the fit's start")(
       "peak-tflops", "the device's peak TFLOP/s, for MFU (default: a table of known GPUs)",
       cxxopts::value<double>()->default_value("0"))(
       "run-dir", "keep the run folder here (default: a temporary one, removed)",
@@ -78,6 +86,47 @@ int run_oom(const cxxopts::ParseResult& a, const BenchOptions& opts, const Confi
     std::cerr << " " << x["auto_micro_batch"] << "/" << x["largest_fitting_micro_batch"];
   std::cerr << ", throughput after grow-back / fresh " << j["grow_back"]["throughput_ratio_median"].get<double>()
             << std::endl;
+  return kExitOk;
+}
+
+int run_curve(const cxxopts::ParseResult& a, const BenchOptions& opts, const Config& cfg) {
+  BenchCurveOptions co;
+  co.steps = a.count("steps") ? opts.steps : 3;
+  co.rounds = a["rounds"].as<int64_t>();
+  co.check = a.count("check") > 0;
+  if (a.count("limit"))
+    for (const auto& l : a["limit"].as<std::vector<std::string>>()) co.limits.push_back(parse_bytes(l));
+  co.run_dir = opts.run_dir;
+  co.config_path = opts.config_path;
+  co.overrides = opts.overrides;
+  co.command_line = opts.command_line;
+  json j = bench_memory_curve(cfg, co);  // it sets steps, micro-batches and limits per run itself
+  write_result(j, a["out"].as<std::string>());
+  for (const auto& [setting, c] : j["curves"].items()) {
+    std::cerr << "bench --memory-curve: " << cfg.model.name << " batch " << cfg.train.global_batch << ", checkpointing "
+              << setting << ": " << c["points"].size() << " points, ending at " << c["stopped"].get<std::string>();
+    if (!c["fit"].is_null())
+      std::cerr << "; fit " << format_bytes(static_cast<int64_t>(c["fit"]["fixed_bytes"].get<double>())) << " + "
+                << format_bytes(static_cast<int64_t>(c["fit"]["per_sample_bytes"].get<double>()))
+                << " per sample, largest residual "
+                << format_bytes(static_cast<int64_t>(c["fit"]["max_abs_residual_bytes"].get<double>()));
+    std::cerr << std::endl;
+  }
+  for (const auto& pr : j["predictions"]) {
+    std::cerr << "bench --memory-curve: under " << format_bytes(pr["limit_bytes"].get<int64_t>()) << ": micro-batch";
+    for (const std::string s : {"none", "all"})
+      std::cerr << " " << (pr[s].is_null() ? std::string("-") : pr[s]["micro_batch"].dump()) << " (" << s << ")";
+    std::cerr << ", choose " << pr["choice"].get<std::string>();
+    if (pr.contains("check")) {
+      const json& c = pr["check"];
+      std::cerr << "; exhaustive " << c["none"]["micro_batch"] << " / " << c["all"]["micro_batch"] << ", best "
+                << c["best"].get<std::string>();
+      if (!c["auto"].is_null())
+        std::cerr << ", auto search " << c["auto"]["search_s_median_without_start"].get<double>() << " s -> "
+                  << c["auto"]["search_s_median_with_start"].get<double>() << " s from the fit's start";
+    }
+    std::cerr << std::endl;
+  }
   return kExitOk;
 }
 
@@ -134,6 +183,7 @@ int bench_main(int argc, char** argv) {
   Config cfg = load_config(opts.config_path, all_sets);
 
   if (a.count("oom")) return run_oom(a, opts, cfg);
+  if (a.count("memory-curve")) return run_curve(a, opts, cfg);
   json j = a.count("loader-only") ? bench_loader(cfg, opts) : bench_training(cfg, opts);
   const std::string out = a["out"].as<std::string>();
   write_result(j, out);

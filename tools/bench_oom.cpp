@@ -11,6 +11,7 @@
 
 #include "common/signals.h"
 #include "tools/bench_job.h"
+#include "tools/bench_search.h"
 #include "tools/host_info.h"
 
 namespace fs = std::filesystem;
@@ -22,16 +23,11 @@ using namespace bench;
 
 namespace {
 
-const std::string kQuiet = "log.level=error";  // the many short runs would bury the output in OOM reports
-const std::string kNoGrowth = "memory.grow_after=1000000";
-
 std::string num(int64_t v) { return std::to_string(v); }
 
 double median_of(const std::vector<double>& v) { return v.empty() ? 0.0 : percentile(v, 50); }
 
-std::string job_failed(const Job& j, const std::string& what) {
-  return "bench --oom: " + what + " (exit code " + std::to_string(j.rc) + "); see " + (j.dir / "train.log").string();
-}
+std::string oom_failed(const Job& j, const std::string& what) { return job_failed(j, "bench --oom: " + what); }
 
 // The operator's way to move the cap of a running trainer: control.yaml, written aside and renamed so the
 // loop never reads half a file.
@@ -104,7 +100,7 @@ void calibrate(OomPlan& p) {
     Job j = run_job(p.cfg, {"train.micro_batch=" + num(m), "memory.limit=none", "train.steps=3", kNoGrowth, kQuiet},
                     p.root.path / ("calibrate_mb" + num(m)));
     if (j.rc != kExitOk)
-      throw std::runtime_error(job_failed(j, "the uncapped run at micro-batch " + num(m) + " failed"));
+      throw std::runtime_error(oom_failed(j, "the uncapped run at micro-batch " + num(m) + " failed"));
     for (const auto& l : j.steps()) p.peak[m] = std::max(p.peak[m], l.value("mem_peak_bytes", int64_t{0}));
   }
   auto& peak = p.peak;
@@ -120,33 +116,14 @@ void calibrate(OomPlan& p) {
 
 // ---- 2. micro_batch: auto against an exhaustive search ------------------------------------------------
 
-struct Search {
-  int64_t largest = 0;  // the largest micro-batch that fits
-  json tried = json::array(), failing_below = json::array();
-};
-
-// Every micro-batch from the global batch down, each a fresh 2-step run (the second step carries the
-// optimizer state the first one created) that may not back off (floor = that size, no recomputation).
-// Not only down to the first that fits: a step's peak need not be monotone in the micro-batch (every
-// micro-batch after the first runs with the step's gradients alive, so a split {12, 4} can peak below
-// {8, 8}), so the search goes on to half the largest that fits, the range that decides whether auto's
-// pick is "at least half", and lists the sizes there that still fail. (Further down every run is slower,
-// and nothing there changes the figures.)
-Search exhaustive_search(const OomPlan& p, const std::string& name, int64_t cap) {
-  Search s;
-  for (int64_t m = p.G; m >= 1 && (s.largest == 0 || 2 * m >= s.largest); --m) {
-    const fs::path d = p.root.path / ("search_" + name + "_mb" + num(m));
-    Job j = run_job(p.cfg, {"train.micro_batch=" + num(m), "memory.min_micro_batch=" + num(m),
-                            "memory.ladder_checkpointing=false", "memory.limit=" + num(cap), "train.steps=2",
-                            kNoGrowth, kQuiet}, d);
-    if (j.rc != kExitOk && j.rc != kExitOomGaveUp)
-      throw std::runtime_error(job_failed(j, "the search run at micro-batch " + num(m) + " failed"));
-    const bool fits = j.rc == kExitOk && j.events("oom").empty();
-    s.tried.push_back({{"micro_batch", m}, {"fits", fits}});
-    if (fits && s.largest == 0) s.largest = m;
-    if (!fits && s.largest != 0) s.failing_below.push_back(m);
-    if (p.root.temporary) fs::remove_all(d);
-  }
+// Every micro-batch from the global batch down (bench_search.h). Not only down to the first that fits:
+// a step's peak need not be monotone in the micro-batch (every micro-batch after the first runs with
+// the step's gradients alive, so a split {12, 4} can peak below {8, 8}), so the search goes on to half
+// the largest that fits, the range that decides whether auto's pick is "at least half", and lists the
+// sizes there that still fail. (Further down every run is slower, and nothing there changes the figures.)
+Search search_under(const OomPlan& p, const std::string& name, int64_t cap) {
+  Search s = exhaustive_search(p.cfg, {}, p.G, cap, p.root.path, "search_" + name, /*below=*/true,
+                               /*remove_runs=*/p.root.temporary);
   if (s.largest == 0) throw std::runtime_error("bench --oom: nothing fits under the " + name + " cap " + num(cap));
   return s;
 }
@@ -156,7 +133,7 @@ Search exhaustive_search(const OomPlan& p, const std::string& name, int64_t cap)
 json auto_against(const OomPlan& p, const std::string& name, int64_t cap, const Search& s) {
   Job a = run_job(p.cfg, {"train.micro_batch=auto", "memory.limit=" + num(cap), "train.steps=3", kNoGrowth, kQuiet},
                   p.root.path / ("auto_" + name));
-  if (a.rc != kExitOk) throw std::runtime_error(job_failed(a, "the micro_batch: auto run failed"));
+  if (a.rc != kExitOk) throw std::runtime_error(oom_failed(a, "the micro_batch: auto run failed"));
   const auto picked_ev = a.events("auto_micro_batch");
   if (picked_ev.empty())
     throw std::runtime_error("bench --oom: " + (a.dir / "metrics.jsonl").string() + " has no auto_micro_batch event");
@@ -175,6 +152,7 @@ json auto_against(const OomPlan& p, const std::string& name, int64_t cap, const 
           {"auto_micro_batch", picked},
           {"auto_fraction", static_cast<double>(picked) / static_cast<double>(s.largest)},
           {"auto_search_s", t_pick - t_start_ev},
+          {"auto_probes", picked_ev.front().value("probes", int64_t{0})},
           {"auto_ooms_in_3_steps", a.events("oom").size()},
           {"micro_batch_after_3_steps", after},
           {"fraction_after_3_steps", static_cast<double>(after) / static_cast<double>(s.largest)},
@@ -185,7 +163,7 @@ json auto_against(const OomPlan& p, const std::string& name, int64_t cap, const 
 json auto_vs_exhaustive(const OomPlan& p) {
   json autos = json::array();
   for (const auto& [name, cap] : std::vector<std::pair<std::string, int64_t>>{{"cut", p.cap_cut}, {"mid", p.cap_mid}})
-    autos.push_back(auto_against(p, name, cap, exhaustive_search(p, name, cap)));
+    autos.push_back(auto_against(p, name, cap, search_under(p, name, cap)));
   return autos;
 }
 
@@ -229,7 +207,7 @@ BackoffRun run_backoff(const OomPlan& p, int64_t r) {
   };
   a.job = run_job(p.cfg, {"train.micro_batch=0", "memory.limit=" + num(p.cap_high), "train.steps=" + num(p.total)},
                   da, hook);
-  if (a.job.rc != kExitOk) throw std::runtime_error(job_failed(a.job, "the backoff run failed"));
+  if (a.job.rc != kExitOk) throw std::runtime_error(oom_failed(a.job, "the backoff run failed"));
   if (!a.cut || a.oom_step == 0 || !a.raised) {
     const std::string what = !a.cut ? "the cap was never cut"
                              : a.oom_step == 0 ? "the cut caused no OOM"
@@ -243,7 +221,7 @@ BackoffRun run_backoff(const OomPlan& p, int64_t r) {
 Job run_fresh(const OomPlan& p, int64_t r, int64_t micro) {
   Job b = run_job(p.cfg, {"train.micro_batch=" + num(micro), "memory.limit=" + num(p.cap_high),
                           "train.steps=" + num(p.total), kNoGrowth}, p.root.path / ("round" + num(r) + "_fresh"));
-  if (b.rc != kExitOk) throw std::runtime_error(job_failed(b, "the fresh run failed"));
+  if (b.rc != kExitOk) throw std::runtime_error(oom_failed(b, "the fresh run failed"));
   return b;
 }
 

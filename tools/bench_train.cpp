@@ -103,7 +103,7 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   j["threads"] = threads_of(cfg);
   j["loader_workers"] = cfg.data.workers > 0 ? cfg.data.workers : threads_of(cfg);
   add_flops(j, cfg, opts, env["device_name"].get<std::string>());
-  j["rss_peak_bytes"] = rss_peak_bytes();
+  j["rss_peak_bytes"] = host_rss_peak_bytes();
   j["config_yaml"] = to_yaml(cfg);
   j["bench_overrides"] = overrides;
   j.update(env);

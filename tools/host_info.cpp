@@ -67,12 +67,6 @@ std::vector<double> load_avg() {
   return {l[0], l[1], l[2]};
 }
 
-int64_t rss_peak_bytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
-}
-
 int64_t minor_page_faults() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -17,9 +17,6 @@ std::string loaded_blas();
 /// The load average over 1, 5 and 15 minutes (empty if it cannot be read).
 std::vector<double> load_avg();
 
-/// The peak resident set of this process (bytes).
-int64_t rss_peak_bytes();
-
 /// The minor page faults of this process so far.
 int64_t minor_page_faults();
 

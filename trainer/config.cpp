@@ -2,6 +2,7 @@
 
 #include "trainer/default_config.h"
 #include "models/registry.h"
+#include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 
 #include <yaml-cpp/yaml.h>
@@ -87,6 +88,8 @@ std::vector<Field> fields(Config& c) {
       {"amp.growth_interval", &c.amp.growth_interval, false},
       {"memory.limit", &c.memory.limit, false},
       {"memory.auto_margin", &c.memory.auto_margin, false},
+      {"memory.auto_reserve", &c.memory.auto_reserve, false},
+      {"memory.curve", &c.memory.curve, false},
       {"memory.min_micro_batch", &c.memory.min_micro_batch, false},
       {"memory.activation_checkpointing", &c.memory.activation_checkpointing, false},
       {"memory.checkpoint_every_k", &c.memory.checkpoint_every_k, false},
@@ -402,7 +405,13 @@ struct Checks {
       const std::string what = e.what();  // "memory.limit: '0.5' is not ..."
       bad("memory.limit", what.substr(what.rfind("memory.limit: ", 0) == 0 ? 14 : 0));
     }
-    if (c.memory.auto_margin < 0 || c.memory.auto_margin >= 1) bad("memory.auto_margin", "must be in [0, 1)");
+    if (c.memory.auto_margin != -1 && (c.memory.auto_margin < 0 || c.memory.auto_margin >= 1))
+      bad("memory.auto_margin", "must be in [0, 1), or -1 for the default of the device");
+    try {
+      parse_bytes(c.memory.auto_reserve);
+    } catch (const std::invalid_argument&) {
+      bad("memory.auto_reserve", "'" + c.memory.auto_reserve + "' is not a byte size (write 96MiB, 100MB, 0)");
+    }
     if (c.memory.min_micro_batch < 1) bad("memory.min_micro_batch", "must be at least 1");
     one_of("memory.activation_checkpointing", c.memory.activation_checkpointing, {"none", "all", "every_k", "auto"});
     if (c.memory.checkpoint_every_k < 1) bad("memory.checkpoint_every_k", "must be at least 1");

@@ -91,7 +91,9 @@ struct AmpConfig {
 
 struct MemoryConfig {
   std::string limit = "none";                 ///< byte size ("6GiB", "300MiB"), auto, or none
-  double auto_margin = 0.1;                   ///< auto: fraction of the limit kept free
+  double auto_margin = -1;  ///< auto: fraction of the limit kept free; -1: measured default (0.1 CUDA, 0.3 CPU)
+  std::string auto_reserve = "0";             ///< auto on CPU: bytes kept for non-tensor memory that grows later
+  std::string curve;                          ///< micro_batch auto: start at this bench --memory-curve JSON's prediction
   int64_t min_micro_batch = 1;                ///< backoff floor before the next rung
   std::string activation_checkpointing = "none";  ///< none | all | every_k | auto
   int64_t checkpoint_every_k = 2;             ///< every_k: checkpoint blocks 0, k, 2k, ...

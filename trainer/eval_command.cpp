@@ -63,7 +63,8 @@ void setup_device(EvalTarget& t) {
   validate_amp(t.cfg.amp.enabled, t.cfg.amp.dtype, false, t.device.type());
   apply_cpu_threads(cpu_threads(t.cfg, 1));
   t.memory = make_memory_backend(t.device);
-  t.memory->set_limit(resolve_memory_limit(t.cfg.memory.limit, *t.memory, t.cfg.memory.auto_margin));
+  const AutoLimitOptions o = auto_limit_options(t.cfg, t.device.is_cuda());
+  t.memory->set_limit(resolve_memory_limit(t.cfg.memory.limit, *t.memory, o));
 }
 
 void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck) {

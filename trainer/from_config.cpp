@@ -91,9 +91,22 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
   return models::create_model(cfg.model.name, mo);
 }
 
+std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }
+
 int cpu_threads(const Config& cfg, int64_t local_world_size) {
   if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
-  return std::max<int>(1, usable_cpus() / static_cast<int>(std::max<int64_t>(1, local_world_size)));
+  return std::max<int>(1, usable_cpus(container_root()) / static_cast<int>(std::max<int64_t>(1, local_world_size)));
+}
+
+AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda) {
+  AutoLimitOptions o;
+  // On the CPU, with freed memory given back (heap.h), the process's RSS still grew 13-19 MiB past
+  // non-tensor memory + tensor peak in a run with backoffs (docs/MEMORY.md "RSS against the container's
+  // limit"): 0.1 of what is left did not cover that in a small container, 0.3 did.
+  o.margin = cfg.memory.auto_margin >= 0 ? cfg.memory.auto_margin : cuda ? kAutoMarginCuda : kAutoMarginCpu;
+  o.reserve_bytes = parse_bytes(cfg.memory.auto_reserve);
+  o.cgroup_root = container_root();
+  return o;
 }
 
 MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch) {

@@ -16,6 +16,7 @@
 #include "trainer/config.h"
 #include "trainer/evaluate.h"
 #include "trainer/memory/oom.h"
+#include "trainer/memory/resources.h"
 #include "trainer/step.h"
 
 namespace trainer {
@@ -39,6 +40,9 @@ data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, 
 /// forward_flops takes. data.kind hdf5 reads the training file's header (checked first).
 std::vector<int64_t> sample_shape(const Config& cfg);
 
+/// fp32, or the autocast dtype (bf16, fp16).
+std::string precision_of(const Config& cfg);
+
 /// The vocabulary a token job's model is built with: model.vocab_size when set (it must cover the
 /// token file's), else the training file's (data.kind tokens) or the model's registered one (synthetic).
 int64_t vocab_size(const Config& cfg);
@@ -53,6 +57,15 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
 /// Host threads: train.threads, else the CPUs this process may use shared by the `local_world_size`
 /// processes of its node (at least 1).
 int cpu_threads(const Config& cfg, int64_t local_world_size);
+
+/// How `memory.limit: auto` resolves: memory.auto_margin, memory.auto_reserve, the cgroup files under
+/// container_root() (TRAINER_CGROUP_ROOT for tests), the process's RSS from the real /proc.
+/// memory.auto_margin -1 (the default) is kAutoMarginCuda on CUDA, kAutoMarginCpu on the CPU.
+AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda);
+
+/// The default memory.auto_margin per device, measured (docs/MEMORY.md "RSS against the container's limit").
+inline constexpr double kAutoMarginCuda = 0.1;
+inline constexpr double kAutoMarginCpu = 0.3;
 
 /// The ladder's options for a rank's slice of `rank_batch` samples per step.
 MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "trainer/from_config.h"
+#include "trainer/memory/heap.h"
 #include "trainer/run.h"
 
 namespace trainer {
@@ -26,14 +27,10 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
   // in-place resize reaches the trainer this way. (The resolved cap also depends on the process's
   // non-tensor memory, so it is recomputed only when the cgroup limit itself moves.)
   if (limit_spec_ == "auto" && !device_.is_cuda()) {
-    int64_t cg = read_cgroup_memory().limit_bytes;
-    if (cg != cgroup_limit_) {
-      cgroup_limit_ = cg;
-      changed = true;
-    }
+    if (read_cgroup_memory(container_root()).limit_bytes != cgroup_limit_) changed = true;
   }
   if (changed) {
-    int64_t limit = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
+    int64_t limit = resolve_limit();
     if (limit != limit_bytes_) {
       spdlog::info("memory: limit {} -> {} ({})", limit_bytes_ ? format_bytes(limit_bytes_) : "none",
                    limit ? format_bytes(limit) : "none", limit_spec_);
@@ -51,6 +48,22 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
                     "; the weights, the optimizer state and one batch do not fit: raise the memory limit");
   }
   if (agreed_limit_ != before) step_runner_->on_limit_changed(agreed_limit_, step_);
+}
+
+int64_t TrainingRun::resolve_limit() {
+  const AutoLimitOptions o = auto_limit_options(cfg_, device_.is_cuda());
+  cgroup_limit_ = read_cgroup_memory(o.cgroup_root).limit_bytes;
+  const bool container = limit_spec_ == "auto" && cgroup_limit_ > 0 && !device_.is_cuda();
+  // The container counts the heap's kept pages; a cap on live tensors alone does not bound them.
+  if (container) return_freed_memory();
+  const int64_t limit = resolve_memory_limit(limit_spec_, *memory_, o);
+  rss_at_limit_ = host_rss_bytes();
+  if (container)
+    spdlog::info("memory.limit auto: container limit {}, resident {} ({} in tensors), reserve {}, margin {:.0f}% -> "
+                 "tensor cap {}", format_bytes(cgroup_limit_), format_bytes(rss_at_limit_),
+                 format_bytes(memory_->current_bytes()), format_bytes(o.reserve_bytes), 100 * o.margin,
+                 format_bytes(limit));
+  return limit;
 }
 
 bool TrainingRun::agree_on_limit(bool batch_failed) {

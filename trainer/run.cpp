@@ -59,7 +59,8 @@ void TrainingRun::start(bool resumed) {
   if (!resumed) {
     metrics_.event("start", {{"total_steps", total_steps_}, {"steps_per_epoch", steps_per_epoch_},
                              {"global_batch", cfg_.train.global_batch}, {"device", device_.str()},
-                             {"torch", compat::torch_version()}, {"limit", limit_bytes_}});
+                             {"torch", compat::torch_version()}, {"limit", limit_bytes_},
+                             {"container_limit", cgroup_limit_}, {"rss_at_limit", rss_at_limit_}});
   }
   need_micro_batch_search_ = need_micro_batch_search_ && !resumed;  // a resumed run keeps its learned size
   spdlog::info("training {} steps ({} per epoch) at global batch {} on {}; memory limit {}", total_steps_,
@@ -90,18 +91,35 @@ std::optional<data::Batch> TrainingRun::fetch() {
   return batch;
 }
 
+int64_t TrainingRun::curve_start() const {
+  if (!curve_ || cfg_.memory.activation_checkpointing == "every_k") return 0;  // no curve of that setting
+  const auto it = curve_->fits.find(step_runner_->controller().checkpointing() ? "all" : "none");
+  if (it == curve_->fits.end()) return 0;
+  // Predicted not to fit at all: start at the floor, which the search then checks first.
+  return std::max<int64_t>(1, predict_max_micro_batch(it->second, agreed_limit_, rank_batch()));
+}
+
 void TrainingRun::search_micro_batch(const data::Batch& batch) {
   // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
   // search is a collective, which a rank whose batch did not fit would not have entered.
   need_micro_batch_search_ = false;
-  const int64_t mb = step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_);
+  const auto t = std::chrono::steady_clock::now();
+  const MicroBatchSearch found =
+      step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start());
+  const double search_s = seconds_since(t);
   MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
-  co.micro_batch = mb;
+  co.micro_batch = found.micro_batch;
   step_runner_->set_controller(make_controller(co, agreed_limit_));
-  spdlog::info("micro_batch auto: {} fits under {} (accumulation {})", mb,
-               limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps());
-  metrics_.event("auto_micro_batch", {{"micro_batch", mb}, {"accum_steps", step_runner_->controller().accum_steps()},
-                                      {"limit", limit_bytes_}});
+  spdlog::info("micro_batch auto: {} fits under {} (accumulation {}; {} probes in {:.2f} s, {})", found.micro_batch,
+               limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps(),
+               found.probes, search_s,
+               found.start ? "from the memory curve's " + std::to_string(found.start) : "doubling from the floor");
+  metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
+                                      {"accum_steps", step_runner_->controller().accum_steps()},
+                                      {"limit", limit_bytes_},
+                                      {"start", found.start},
+                                      {"probes", found.probes},
+                                      {"search_s", search_s}});
 }
 
 namespace {
@@ -154,6 +172,8 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
                       {"mem_peak_bytes", memory_->peak_bytes()},
                       {"mem_start_bytes", r.mem_start_bytes},
                       {"mem_limit_bytes", limit_bytes_},
+                      {"rss_bytes", host_rss_bytes()},            // the whole process: what a container counts
+                      {"rss_peak_bytes", host_rss_peak_bytes()},  // its high-water mark so far
                       {"oom_retries", r.oom_retries},
                       {"batch_hash", batch_hash_},
                       {"updated", r.updated}};

@@ -31,6 +31,7 @@
 #include "trainer/dist.h"
 #include "trainer/evaluate.h"
 #include "trainer/memory/backend.h"
+#include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
 #include "trainer/memory/resources.h"
@@ -87,11 +88,13 @@ class TrainingRun {
   void check_test_split() const;
   void setup_model();
   void setup_step();
+  void load_memory_curve();
 
   // run.cpp
   void start(bool resumed);
   std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
   void search_micro_batch(const data::Batch& batch);  // train.micro_batch: auto
+  int64_t curve_start() const;  // where the auto search starts: the curve's prediction (0 = no curve)
   void record(const StepResult& r, const data::Batch& batch, double step_time);
   void maybe_evaluate();
   std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
@@ -102,6 +105,7 @@ class TrainingRun {
   // limits.cpp
   void poll(bool batch_failed);  // the memory limit every step, the threads every 50 steps
   void poll_memory_limit(bool batch_failed);  // OomGaveUp on every rank if any rank's batch did not fit
+  int64_t resolve_limit();  // limit_spec_ in bytes now; records the container's limit and the RSS it saw
   bool agree_on_limit(bool batch_failed);     // whether any rank's batch did not fit
   void poll_threads();
 
@@ -171,8 +175,10 @@ class TrainingRun {
   int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the ladder sees
   std::string limit_spec_;            // as configured or set through control.yaml
   int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
+  int64_t rss_at_limit_ = 0;          // the process's RSS then (bytes)
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
+  std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
   // Saving (saving.cpp): the newest checkpoint known to be written (the resumed one at first), the
   // failed attempts in a row since, and the background save being written.

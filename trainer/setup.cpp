@@ -107,8 +107,7 @@ void TrainingRun::setup_memory() {
   telemetry_.set_info("model", cfg_.model.name);
   telemetry_.set_info("version", TRAINER_VERSION);
   limit_spec_ = cfg_.memory.limit;
-  limit_bytes_ = resolve_memory_limit(limit_spec_, *memory_, cfg_.memory.auto_margin);
-  cgroup_limit_ = read_cgroup_memory().limit_bytes;
+  limit_bytes_ = resolve_limit();
   memory_->set_limit(limit_bytes_);
   agreed_limit_ = limit_bytes_;
   control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
@@ -271,6 +270,12 @@ void TrainingRun::setup_model() {
 }
 
 void TrainingRun::setup_step() {
+  if (limit_spec_ == "auto") {
+    // Again, now that the data and the model exist: an in-memory dataset, the libraries' first use and
+    // the loader's threads are memory the cap does not count, and the container does.
+    limit_bytes_ = resolve_limit();
+    memory_->set_limit(limit_bytes_);
+  }
   agree_on_limit(false);
   StepParts parts;
   parts.model = model_;
@@ -285,6 +290,24 @@ void TrainingRun::setup_step() {
                                         make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;
+  if (need_micro_batch_search_ && !cfg_.memory.curve.empty()) load_memory_curve();
+}
+
+void TrainingRun::load_memory_curve() {
+  // A curve of another job would only start the search far off (the answer is the search's either way),
+  // but it is almost certainly a wrong path: say so rather than run slowly.
+  MemoryCurve c = read_memory_curve(cfg_.memory.curve);
+  auto describe = [](const std::string& model, const std::vector<int64_t>& shape, const std::string& precision) {
+    std::string s = model + " on ";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+    return s + " in " + precision;
+  };
+  const std::string job = describe(cfg_.model.name, sample_shape_, precision_of(cfg_));
+  const std::string measured = describe(c.model, c.sample_shape, c.precision);
+  if (job != measured)
+    throw ConfigError("memory.curve: " + c.path + " was measured for " + measured + ", and this job is " + job +
+                      "; measure this job with trainer bench --memory-curve");
+  curve_ = std::move(c);
 }
 
 }  // namespace trainer

@@ -6,6 +6,7 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -206,11 +207,14 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   return r;
 }
 
-int64_t Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit) {
+MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
+                                        int64_t start) {
   // Measured on real samples with the optimizer state already allocated, so the job starts fast rather
   // than OOM-ing its way down.
   p_.optimizer->zero_grad();
+  MicroBatchSearch found;
   auto fits = [&](int64_t mb) {
+    ++found.probes;
     try {
       Logits out = forward_logits(*p_.model, batch.images.narrow(0, 0, mb), batch.labels.narrow(0, 0, mb), o_.forward);
       F::cross_entropy(out.logits, out.targets,
@@ -226,13 +230,14 @@ int64_t Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch
   };
   const int64_t size = batch.size();
   const int64_t floor = std::min(min_micro_batch, size);
+  found.start = start > 0 ? std::clamp(start, floor, size) : 0;
   std::optional<StepSnapshot> snapshot;
   int64_t mb = -1;  // -1: the optimizer state or the snapshot did not fit
   try {
     p_.optimizer->allocate_state();
     snapshot.emplace(*p_.model, o_.forward.device);
     // Nothing fits even at the floor: start there and let the ladder's next rung (recomputation) try.
-    mb = std::max(find_max_micro_batch(fits, floor, size), floor);
+    mb = std::max(find_max_micro_batch(fits, floor, size, found.start), floor);
   } catch (const std::exception& e) {
     if (!is_oom_error(e)) throw;
     drop_failed_attempt();
@@ -244,7 +249,8 @@ int64_t Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch
     throw OomGaveUp("micro_batch auto: the model and its optimizer state do not fit in memory (limit " +
                     (limit > 0 ? format_bytes(limit) : std::string("none")) +
                     "); raise memory.limit or use a smaller model");
-  return mb;
+  found.micro_batch = mb;
+  return found;
 }
 
 void Step::on_limit_changed(int64_t limit, int64_t step) {

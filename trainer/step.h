@@ -78,6 +78,13 @@ class StepSnapshot {
 
 // ---- the step --------------------------------------------------------------------------------------
 
+/// What Step::find_micro_batch found, and what it cost.
+struct MicroBatchSearch {
+  int64_t micro_batch = 0;  ///< the largest that fits (the smallest over ranks)
+  int64_t start = 0;        ///< where the search started (0: doubling from the floor)
+  int64_t probes = 0;       ///< forward and backward passes it ran (this rank)
+};
+
 struct StepOptions {
   ForwardOptions forward;
   double label_smoothing = 0;  ///< train.label_smoothing
@@ -113,9 +120,11 @@ class Step {
 
   /// `train.micro_batch: auto`: the largest micro-batch in [min_micro_batch, the batch's size] whose
   /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
-  /// allocated; the smallest over ranks. The probes do not count as training (the snapshot is put
-  /// back). The controller restarts at that size.
-  int64_t find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit);
+  /// allocated; the smallest over ranks. The search starts at `start` when it is > 0 (a memory
+  /// curve's prediction; find_max_micro_batch), else doubles from the floor; the answer is the same.
+  /// The probes do not count as training (the snapshot is put back).
+  MicroBatchSearch find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
+                                    int64_t start = 0);
 
   MicroBatchController& controller() { return controller_; }
   const MicroBatchController& controller() const { return controller_; }

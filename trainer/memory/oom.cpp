@@ -337,27 +337,52 @@ MicroBatchController MicroBatchController::from_json(const nlohmann::json& j) {
   }
 }
 
-int64_t find_max_micro_batch(const std::function<bool(int64_t)>& fits, int64_t lo, int64_t hi) {
-  if (lo < 1 || hi < lo)
-    throw std::invalid_argument("find_max_micro_batch: need 1 <= lo <= hi, got lo = " + std::to_string(lo) +
-                                ", hi = " + std::to_string(hi));
-  if (!fits(lo)) return 0;
-  int64_t good = lo;
-  int64_t bad = 0;  // smallest size seen to fail (0 = none yet)
-  while (good < hi) {
-    const int64_t next = std::min(hi, 2 * good);
-    if (fits(next)) {
-      good = next;
-    } else {
-      bad = next;
-      break;
-    }
-  }
-  if (bad == 0) return good;
+namespace {
+
+// Between a size known to fit and a larger one known to fail: the largest that fits (monotone fits).
+int64_t bisect(const std::function<bool(int64_t)>& fits, int64_t good, int64_t bad) {
   while (bad - good > 1) {
     const int64_t mid = good + (bad - good) / 2;
     if (fits(mid)) good = mid;
     else bad = mid;
+  }
+  return good;
+}
+
+// From a predicted size: +1, +2, +4, ... while sizes fit, or -1, -2, -4, ... while they fail, then
+// bisect the bracket. A good prediction costs two calls (it fits, one more does not).
+int64_t gallop_from(const std::function<bool(int64_t)>& fits, int64_t lo, int64_t hi, int64_t start) {
+  if (fits(start)) {
+    int64_t good = start;
+    for (int64_t step = 1; good < hi; step *= 2) {
+      const int64_t next = std::min(hi, good + step);
+      if (!fits(next)) return bisect(fits, good, next);
+      good = next;
+    }
+    return good;
+  }
+  int64_t bad = start;
+  for (int64_t step = 1; bad > lo; step *= 2) {
+    const int64_t next = std::max(lo, bad - step);
+    if (fits(next)) return bisect(fits, next, bad);
+    bad = next;
+  }
+  return 0;  // lo itself failed
+}
+
+}  // namespace
+
+int64_t find_max_micro_batch(const std::function<bool(int64_t)>& fits, int64_t lo, int64_t hi, int64_t start) {
+  if (lo < 1 || hi < lo)
+    throw std::invalid_argument("find_max_micro_batch: need 1 <= lo <= hi, got lo = " + std::to_string(lo) +
+                                ", hi = " + std::to_string(hi));
+  if (start > 0) return gallop_from(fits, lo, hi, std::clamp(start, lo, hi));
+  if (!fits(lo)) return 0;
+  int64_t good = lo;
+  while (good < hi) {
+    const int64_t next = std::min(hi, 2 * good);
+    if (!fits(next)) return bisect(fits, good, next);
+    good = next;
   }
   return good;
 }

@@ -168,10 +168,14 @@ class MicroBatchController {
 };
 
 /// The largest size in [lo, hi] for which fits(size) is true, assuming fits is monotone (true up to some
-/// size, false above): doubles from lo until a size fails or hi is reached, then bisects between the
-/// last size that fit and the first that failed. About 2*log2(hi/lo) calls. Returns 0 if fits(lo) is
-/// false. For `train.micro_batch: auto`, fits(mb) runs one forward and backward at mb under the cap and
-/// returns false on an OOM (is_oom_error). Throws std::invalid_argument unless 1 <= lo <= hi.
-int64_t find_max_micro_batch(const std::function<bool(int64_t)>& fits, int64_t lo, int64_t hi);
+/// size, false above); 0 if fits(lo) is false. Without a start (0): doubles from lo until a size fails or
+/// hi is reached, then bisects between the last size that fit and the first that failed, about
+/// 2*log2(hi/lo) calls. With a start in [lo, hi] (a prediction, e.g. from a memory curve): tries it, then
+/// gallops away from it (+1, +2, +4, ... while sizes fit; -1, -2, -4, ... while they fail) and bisects
+/// the bracket, about 2*log2(|error| + 1) + 2 calls for a prediction off by |error|; a start outside
+/// [lo, hi] is clamped into it. The answer is the same either way. For `train.micro_batch: auto`,
+/// fits(mb) runs one forward and backward at mb under the cap and returns false on an OOM
+/// (is_oom_error). Throws std::invalid_argument unless 1 <= lo <= hi.
+int64_t find_max_micro_batch(const std::function<bool(int64_t)>& fits, int64_t lo, int64_t hi, int64_t start = 0);
 
 }  // namespace trainer

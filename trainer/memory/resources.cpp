@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -213,6 +215,11 @@ CgroupCpu read_cgroup_cpu(const std::string& root) {
   return out;
 }
 
+std::string container_root() {
+  const char* v = std::getenv("TRAINER_CGROUP_ROOT");
+  return v != nullptr && *v != '\0' ? v : "/";
+}
+
 // ---- CPUs -----------------------------------------------------------------------------------------
 
 int usable_cpus(const std::string& root) {
@@ -249,6 +256,12 @@ int64_t host_rss_bytes(const std::string& root) {
   return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
+int64_t host_rss_peak_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
+}
+
 int64_t host_available_bytes(const std::string& root) {
   const auto text = read_text(fs::path(root) / "proc/meminfo");
   if (!text) return 0;
@@ -266,11 +279,14 @@ int64_t host_available_bytes(const std::string& root) {
 
 // ---- memory.limit ---------------------------------------------------------------------------------
 
-int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin) {
+int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, int64_t reserve_bytes, double margin) {
   if (!(margin >= 0 && margin < 1))
     throw std::invalid_argument("memory: margin must be a fraction in [0, 1), got " + std::to_string(margin));
+  if (reserve_bytes < 0)
+    throw std::invalid_argument("memory: the reserve must be >= 0 bytes, got " + std::to_string(reserve_bytes));
   if (cgroup_limit <= 0) return 0;
-  const double left = static_cast<double>(cgroup_limit - std::max<int64_t>(0, other_bytes)) * (1 - margin);
+  const double left =
+      static_cast<double>(cgroup_limit - std::max<int64_t>(0, other_bytes) - reserve_bytes) * (1 - margin);
   // At least one byte: 0 would mean "no cap", the opposite of a container that is already full.
   return std::max<int64_t>(1, static_cast<int64_t>(std::floor(left)));
 }
@@ -291,11 +307,10 @@ void validate_memory_limit_spec(const std::string& spec) {
                                 std::to_string(bytes) + " bytes); write e.g. 300MiB, or none for no limit");
 }
 
-int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, double margin,
-                             const std::string& root) {
-  if (!(margin >= 0 && margin < 1))
+int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, const AutoLimitOptions& o) {
+  if (!(o.margin >= 0 && o.margin < 1))
     throw std::invalid_argument("memory.limit '" + spec + "': margin must be a fraction in [0, 1), got " +
-                                std::to_string(margin));
+                                std::to_string(o.margin));
   validate_memory_limit_spec(spec);
   const std::string s = lower(trim(spec));
   if (s.empty() || s == "none") return 0;
@@ -303,13 +318,14 @@ int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backe
   if (backend.device().is_cuda()) {
     // Free device memory does not count what this process's caching allocator already holds.
     const double avail = static_cast<double>(backend.free_bytes() + backend.reserved_bytes());
-    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(avail * (1 - margin))));
+    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(avail * (1 - o.margin))));
   }
-  const CgroupMemory cg = read_cgroup_memory(root);
+  const CgroupMemory cg = read_cgroup_memory(o.cgroup_root);
   // The cgroup counts the whole process; the cap counts tensors only. What the process holds outside
-  // tensors now (libraries, buffers) is taken off the limit first.
-  const int64_t other = std::max<int64_t>(0, host_rss_bytes(root) - backend.current_bytes());
-  return auto_cpu_limit(cg.limit_bytes, other, margin);
+  // tensors now (libraries, buffers) is taken off the limit first, then the reserve for what it will
+  // hold later (oneDNN's caches and the threads appear with the first steps), then the margin.
+  const int64_t other = std::max<int64_t>(0, host_rss_bytes(o.proc_root) - backend.current_bytes());
+  return auto_cpu_limit(cg.limit_bytes, other, o.reserve_bytes, o.margin);
 }
 
 // ---- the control file -----------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 //
 // Every function that reads the system takes `root` ("/" by default): files are read under it
 // (root + "/proc/self/cgroup", root + "/sys/fs/cgroup/..."), so tests build a fake tree in a temp folder.
+// The trainer itself reads the cgroup files under container_root() (TRAINER_CGROUP_ROOT, for tests) and
+// its own memory under the real /proc, always.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,13 @@ CgroupMemory read_cgroup_memory(const std::string& root = "/");
 /// file when a quota file exists but cannot be parsed.
 CgroupCpu read_cgroup_cpu(const std::string& root = "/");
 
+/// Where the trainer reads the container's cgroup files (proc/self/cgroup and sys/fs/cgroup/... under
+/// it): the environment variable TRAINER_CGROUP_ROOT if set and not empty, else "/". For tests: a fake
+/// tree there stands in for a container's memory limit (and CPU quota). It replaces nothing else: the
+/// process's resident memory is still read from the real /proc, and no memory is actually limited, so a
+/// test must measure the process's RSS against the limit it wrote.
+std::string container_root();
+
 // ---- CPUs -----------------------------------------------------------------------------------------
 
 /// CPUs this process can use: min(CPUs in its sched_getaffinity mask, ceil(cgroup quota)), at least 1.
@@ -60,28 +69,42 @@ void apply_cpu_threads(int n);
 /// 0 if the file cannot be read.
 int64_t host_rss_bytes(const std::string& root = "/");
 
+/// This process's peak resident set size so far in bytes (getrusage's ru_maxrss: the kernel's high-water
+/// mark, not a sample).
+int64_t host_rss_peak_bytes();
+
 /// MemAvailable from /proc/meminfo in bytes (0 if it cannot be read).
 int64_t host_available_bytes(const std::string& root = "/");
 
 // ---- memory.limit ---------------------------------------------------------------------------------
 
+/// What `memory.limit: auto` holds back on the CPU, and where it reads the container and the process.
+/// The defaults are measured (docs/MEMORY.md "RSS against the container's limit").
+struct AutoLimitOptions {
+  double margin = 0.1;        ///< memory.auto_margin: the fraction held back, in [0, 1)
+  int64_t reserve_bytes = 0;  ///< memory.auto_reserve: bytes held back for non-tensor memory that grows
+                              ///< after the limit is resolved (oneDNN caches, threads, the loader), >= 0
+  std::string cgroup_root = "/";  ///< where the cgroup files are read (container_root() in the trainer)
+  std::string proc_root = "/";    ///< where proc/self/statm is read (tests only; the trainer: "/")
+};
+
 /// The CPU "auto" rule on its own, for tests and logs: the bytes left for tensors when a cgroup allows
 /// `cgroup_limit` bytes, `other_bytes` of which the process already uses outside tensors (libraries,
-/// buffers), holding back the fraction `margin`: floor((cgroup_limit - other_bytes) * (1 - margin)),
-/// at least 1 byte. 0 when cgroup_limit is 0 (no limit).
-int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, double margin);
+/// buffers), holding back `reserve_bytes` and then the fraction `margin`:
+/// floor((cgroup_limit - other_bytes - reserve_bytes) * (1 - margin)), at least 1 byte. 0 when
+/// cgroup_limit is 0 (no limit).
+int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, int64_t reserve_bytes, double margin);
 
 /// Resolves a `memory.limit` spec to a cap in bytes (0 = none):
 ///   "none" or ""  -> 0
 ///   a byte size   -> that size (parse_bytes: "6GiB", "1.5GB", "123"); at least 1 byte ("0", "0.5" are invalid)
-///   "auto"        -> CPU: auto_cpu_limit(cgroup limit, host RSS - backend.current_bytes(), margin),
-///                    i.e. 0 outside a memory-limited cgroup;
+///   "auto"        -> CPU: auto_cpu_limit(cgroup limit, host RSS - backend.current_bytes(),
+///                    o.reserve_bytes, o.margin), i.e. 0 outside a memory-limited cgroup;
 ///                    CUDA: (free device memory + what this process's allocator reserved) * (1 - margin).
-/// `margin` is a fraction in [0, 1): the share of the memory held back for what the cap does not see
+/// o.margin is a fraction in [0, 1): the share of the memory held back for what the cap does not see
 /// (non-tensor memory, fragmentation, other processes). Throws std::invalid_argument naming the spec for
-/// an invalid spec or margin.
-int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, double margin,
-                             const std::string& root = "/");
+/// an invalid spec, margin or reserve.
+int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, const AutoLimitOptions& o);
 
 /// Checks a `memory.limit` spec without resolving it ("none", "", "auto" or a byte size of at least 1
 /// byte). Throws std::invalid_argument naming the spec otherwise.

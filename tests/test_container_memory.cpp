@@ -1,0 +1,123 @@
+// `memory.limit: auto` under a container's memory limit: the whole process (its resident set, not only
+// its tensors) must stay under the limit, or the kernel's OOM killer ends the run before the backoff
+// can. The container is a fake cgroup v2 tree (TRAINER_CGROUP_ROOT, trainer/memory/resources.h): it
+// gives the trainer a limit and enforces nothing, so the test measures the process itself: its peak
+// resident set as the kernel kept it (wait4's ru_maxrss), against the limit it wrote.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+
+#include "test_util.h"
+#include "train_util.h"
+
+using nlohmann::json;
+using testutil::TempDir;
+
+namespace {
+
+// ResNet-20 on synthetic Fashion-MNIST-shaped images at the built-in job's global batch, grow-back
+// after 3 clean steps so the ladder probes back up to the cap within the run.
+const std::string kJob =
+    "--set model.name=resnet20 --set model.num_classes=10 --set data.kind=synthetic --set data.shape=[1,28,28] "
+    "--set data.synthetic_size=2048 --set data.test= --set train.epochs=0 --set train.global_batch=128 --set train.device=cpu "
+    "--set train.threads=1 --set data.workers=1 --set memory.grow_after=3 --set memory.headroom=0.1 "
+    "--set checkpoint.every_steps=0 --set checkpoint.every_seconds=0 --set log.level=warn";
+
+struct Measured {
+  int rc = -1;
+  int64_t rss_peak_bytes = 0;  // the kernel's high-water mark of the process
+  std::vector<json> lines;
+  std::string log;
+};
+
+// Runs the trainer with `args` as a child (the container: TRAINER_CGROUP_ROOT=`cgroup_root`, or none)
+// and takes its peak resident set from wait4.
+Measured run_measured(const std::string& run_dir, const std::string& args, const std::string& cgroup_root) {
+  const std::string log = run_dir + ".log";
+  const std::string env = cgroup_root.empty() ? "" : "env TRAINER_CGROUP_ROOT=" + cgroup_root + " ";
+  const pid_t pid = testutil::spawn(env + testutil::trainer_cmd(run_dir, args), log);
+  int status = 0;
+  rusage ru{};
+  Measured m;
+  if (wait4(pid, &status, 0, &ru) != pid) return m;
+  m.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  m.rss_peak_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
+  m.lines = testutil::read_jsonl(run_dir + "/metrics.jsonl");
+  m.log = testutil::read_file(log);
+  return m;
+}
+
+// A cgroup v2 tree whose memory.max is `limit`.
+std::string fake_container(const TempDir& dir, int64_t limit) {
+  const auto root = dir / "container";
+  testutil::fs::create_directories(root / "proc/self");
+  testutil::fs::create_directories(root / "sys/fs/cgroup");
+  testutil::write_file(root / "proc/self/cgroup", "0::/\n");
+  testutil::write_file(root / "sys/fs/cgroup/cgroup.controllers", "memory\n");
+  testutil::write_file(root / "sys/fs/cgroup/memory.max", std::to_string(limit) + "\n");
+  return root.string();
+}
+
+int64_t max_of(const std::vector<json>& lines, const std::string& key) {
+  int64_t v = 0;
+  for (const auto& l : lines)
+    if (!l.contains("event")) v = std::max(v, l.value(key, int64_t{0}));
+  return v;
+}
+
+}  // namespace
+
+TEST(ContainerMemory, AutoKeepsTheWholeProcessUnderTheContainerLimit) {
+  TempDir dir;
+  // What the job takes uncapped: its peak RSS and its peak tensor memory.
+  const Measured full = run_measured((dir / "uncapped").string(), kJob + " --set train.steps=3", "");
+  ASSERT_EQ(full.rc, 0) << full.log;
+  const int64_t tensors = max_of(full.lines, "mem_peak_bytes");
+  ASSERT_GT(tensors, 0);
+  // A container that cannot hold that: the RSS of the uncapped run less half its tensors.
+  const int64_t limit = full.rss_peak_bytes - tensors / 2;
+  const std::string root = fake_container(dir, limit);
+
+  const Measured run = run_measured((dir / "auto").string(), kJob + " --set train.steps=24 --set memory.limit=auto", root);
+  ASSERT_EQ(run.rc, 0) << run.log;
+  const json start = [&] {
+    for (const auto& l : run.lines)
+      if (l.value("event", "") == "start") return l;
+    return json();
+  }();
+  ASSERT_FALSE(start.is_null());
+  EXPECT_EQ(start["container_limit"].get<int64_t>(), limit) << "the limit came from the fake container";
+  const int64_t cap = start["limit"].get<int64_t>();
+  EXPECT_GT(cap, 0);
+  EXPECT_LT(cap, tensors) << "the container must be too small for the uncapped run, or this test shows nothing";
+  // The cap bound: the run backed off from the global batch.
+  int64_t smallest = 128;
+  for (const auto& l : run.lines)
+    if (!l.contains("event")) smallest = std::min(smallest, l["micro_batch"].get<int64_t>());
+  EXPECT_LT(smallest, 128);
+
+  EXPECT_LE(run.rss_peak_bytes, limit) << "peak RSS " << run.rss_peak_bytes << " bytes over the container's "
+                                       << limit << " (tensor cap " << cap << ")";
+  // The trainer's own per-step figures agree with the kernel's.
+  EXPECT_LE(max_of(run.lines, "rss_bytes"), run.rss_peak_bytes);
+  EXPECT_LE(max_of(run.lines, "rss_peak_bytes"), run.rss_peak_bytes);
+  EXPECT_GT(max_of(run.lines, "rss_peak_bytes"), run.rss_peak_bytes / 2);
+}
+
+// The measurement above can fail: a run whose tensor cap is the container's whole limit (what setting
+// memory.limit to the container's size by hand does) goes over it, and the same check sees it.
+TEST(ContainerMemory, ACapOfTheWholeContainerGoesOverIt) {
+  TempDir dir;
+  const Measured full = run_measured((dir / "uncapped").string(), kJob + " --set train.steps=3", "");
+  ASSERT_EQ(full.rc, 0) << full.log;
+  const int64_t limit = full.rss_peak_bytes - max_of(full.lines, "mem_peak_bytes") / 2;
+  const std::string root = fake_container(dir, limit);
+  const Measured run = run_measured((dir / "whole").string(),
+                                    kJob + " --set train.steps=3 --set memory.limit=" + std::to_string(limit), root);
+  ASSERT_EQ(run.rc, 0) << run.log;
+  EXPECT_GT(run.rss_peak_bytes, limit);
+}

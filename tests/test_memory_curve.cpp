@@ -1,0 +1,194 @@
+// The memory curve: the least-squares fit and its prediction against hand-computed values; the file
+// `memory.curve` reads; and `micro_batch: auto` started at the prediction, run as users do, against the
+// same search started from the floor (the same pick, its probes counted).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "test_util.h"
+#include "train_util.h"
+#include "trainer/memory/curve.h"
+
+using nlohmann::json;
+using testutil::TempDir;
+
+namespace {
+
+template <typename F>
+std::string error_text(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<trainer::CurvePoint> points(const std::vector<std::pair<int64_t, int64_t>>& xy) {
+  std::vector<trainer::CurvePoint> out;
+  for (const auto& [m, b] : xy) out.push_back({m, b});
+  return out;
+}
+
+}  // namespace
+
+TEST(MemoryCurveFit, ExactLineHasZeroResiduals) {
+  const auto f = trainer::fit_memory_curve(points({{1, 110}, {2, 130}, {4, 170}, {8, 250}}));
+  EXPECT_NEAR(f.fixed_bytes, 90.0, 1e-9);
+  EXPECT_NEAR(f.per_sample_bytes, 20.0, 1e-9);
+  ASSERT_EQ(f.residuals_bytes.size(), 4u);
+  for (double r : f.residuals_bytes) EXPECT_NEAR(r, 0.0, 1e-9);
+  EXPECT_NEAR(f.max_abs_residual_bytes, 0.0, 1e-9);
+  // Byte counts as large as a GPU's: 3 GB fixed, 12.3 MB per sample, 1..256; no digits lost.
+  std::vector<std::pair<int64_t, int64_t>> big;
+  for (int64_t m = 1; m <= 256; m *= 2) big.push_back({m, 3000000000LL + 12345678LL * m});
+  const auto g = trainer::fit_memory_curve(points(big));
+  EXPECT_NEAR(g.fixed_bytes, 3e9, 1e-3);
+  EXPECT_NEAR(g.per_sample_bytes, 12345678.0, 1e-6);
+  EXPECT_LT(g.max_abs_residual_bytes, 1e-3);
+}
+
+TEST(MemoryCurveFit, LeastSquaresByHand) {
+  // x = 1, 2, 3; y = 10, 20, 40: mean x 2, mean y 70/3, Sxx 2, Sxy 30 -> slope 15, intercept -20/3;
+  // residuals 5/3, -10/3, 5/3.
+  const auto f = trainer::fit_memory_curve(points({{1, 10}, {2, 20}, {3, 40}}));
+  EXPECT_NEAR(f.per_sample_bytes, 15.0, 1e-12);
+  EXPECT_NEAR(f.fixed_bytes, -20.0 / 3, 1e-12);
+  ASSERT_EQ(f.residuals_bytes.size(), 3u);
+  EXPECT_NEAR(f.residuals_bytes[0], 5.0 / 3, 1e-12);
+  EXPECT_NEAR(f.residuals_bytes[1], -10.0 / 3, 1e-12);
+  EXPECT_NEAR(f.residuals_bytes[2], 5.0 / 3, 1e-12);
+  EXPECT_NEAR(f.max_abs_residual_bytes, 10.0 / 3, 1e-12);
+  EXPECT_NEAR(f.rms_residual_bytes, std::sqrt(50.0 / 9), 1e-12);
+  const json j = f.to_json();
+  EXPECT_DOUBLE_EQ(j["per_sample_bytes"].get<double>(), f.per_sample_bytes);
+  EXPECT_EQ(j["residuals_bytes"].size(), 3u);
+
+  EXPECT_NE(error_text([] { trainer::fit_memory_curve(points({{4, 10}, {4, 12}})); })
+                .find("need points at two or more micro-batches, got 1"),
+            std::string::npos);
+}
+
+TEST(MemoryCurveFit, PredictionByHand) {
+  const auto f = trainer::fit_memory_curve(points({{1, 110}, {2, 130}, {4, 170}, {8, 250}}));  // 90 + 20 m
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 250, 64), 8);
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 249, 64), 7);
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 110, 64), 1);
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 109, 64), 0);  // not even one sample
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 50, 64), 0);   // below the fixed bytes
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 1000000, 16), 16);
+  EXPECT_EQ(trainer::predict_max_micro_batch(f, 0, 16), 16);   // no limit
+  trainer::MemoryFit flat;
+  flat.fixed_bytes = 100;
+  EXPECT_EQ(trainer::predict_max_micro_batch(flat, 200, 16), 16);
+}
+
+TEST(MemoryCurveFile, ReadsTheBenchResultAndNamesTheFileOnErrors) {
+  TempDir dir;
+  const auto path = (dir / "curve.json").string();
+  json j = {{"mode", "memory_curve"}, {"model", "resnet50"}, {"sample_shape", {3, 64, 64}}, {"precision", "fp32"},
+            {"curves", {{"none", {{"fit", {{"fixed_bytes", 1.5e8}, {"per_sample_bytes", 2.5e7}}}}},
+                        {"all", {{"fit", nullptr}}}}}};
+  testutil::write_file(path, j.dump());
+  const auto c = trainer::read_memory_curve(path);
+  EXPECT_EQ(c.model, "resnet50");
+  EXPECT_EQ(c.sample_shape, (std::vector<int64_t>{3, 64, 64}));
+  EXPECT_EQ(c.precision, "fp32");
+  ASSERT_EQ(c.fits.size(), 1u) << "a curve with too few points has no fit";
+  EXPECT_DOUBLE_EQ(c.fits.at("none").fixed_bytes, 1.5e8);
+  EXPECT_DOUBLE_EQ(c.fits.at("none").per_sample_bytes, 2.5e7);
+
+  EXPECT_NE(error_text([&] { trainer::read_memory_curve((dir / "missing.json").string()); })
+                .find("missing.json: cannot read the memory curve"),
+            std::string::npos);
+  j["mode"] = "oom";
+  testutil::write_file(path, j.dump());
+  EXPECT_NE(error_text([&] { trainer::read_memory_curve(path); })
+                .find(path + ": not a trainer bench --memory-curve result (its mode is not memory_curve)"),
+            std::string::npos);
+  testutil::write_file(path, "{");
+  EXPECT_NE(error_text([&] { trainer::read_memory_curve(path); }).find("not a trainer bench --memory-curve result"),
+            std::string::npos);
+}
+
+// The tiny plain CNN of the OOM benchmark's test: its curve, then `micro_batch: auto` under a cap between
+// two measured points, from the floor and from the curve's prediction: the same pick; the start is the
+// prediction; and a curve of another job is refused with the key named.
+TEST(MemoryCurveAuto, StartsAtThePredictionAndPicksTheSameSize) {
+  TempDir dir;
+  const std::string cfg = testutil::source_dir() + "/configs/bench_oom_tiny.yaml";
+  const auto curve = (dir / "curve.json").string();
+  auto r = testutil::run(testutil::trainer_bin() + " bench --memory-curve --config " + cfg + " --out " + curve);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json c = json::parse(testutil::read_file(curve));
+  const auto& pts = c["curves"]["none"]["points"];
+  ASSERT_EQ(pts.size(), 5u);  // 1, 2, 4, 8, 16
+  const int64_t cap = (pts[2]["peak_bytes"].get<int64_t>() + pts[3]["peak_bytes"].get<int64_t>()) / 2;
+  const auto fit = trainer::read_memory_curve(curve).fits.at("none");
+  const int64_t predicted = trainer::predict_max_micro_batch(fit, cap, 16);
+
+  auto auto_run = [&](const std::string& name, const std::string& extra) {
+    const auto run_dir = (dir / name).string();
+    auto rr = testutil::run(testutil::trainer_cmd(run_dir, "--config " + cfg + " --set train.micro_batch=auto "
+                                                  "--set train.steps=1 --set memory.limit=" + std::to_string(cap) + extra));
+    EXPECT_EQ(rr.exit_code, 0) << rr.output;
+    auto ev = testutil::events(run_dir, "auto_micro_batch");
+    EXPECT_EQ(ev.size(), 1u);
+    return ev.empty() ? json() : ev[0];
+  };
+  const json plain = auto_run("plain", "");
+  const json started = auto_run("started", " --set memory.curve=" + curve);
+  EXPECT_EQ(plain["start"], 0);
+  EXPECT_EQ(started["start"].get<int64_t>(), std::max<int64_t>(1, predicted));
+  EXPECT_EQ(started["micro_batch"], plain["micro_batch"]);
+  EXPECT_GE(plain["micro_batch"].get<int64_t>(), 4);
+  EXPECT_GT(started["probes"].get<int64_t>(), 0);
+  EXPECT_GT(plain["probes"].get<int64_t>(), 0);
+  EXPECT_GE(started["search_s"].get<double>(), 0.0);
+
+  const auto other = (dir / "other").string();
+  r = testutil::run(testutil::trainer_cmd(other, "--config " + cfg + " --set model.name=resnet20 --set "
+                                          "train.micro_batch=auto --set train.steps=1 --set memory.curve=" + curve));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("memory.curve: " + curve + " was measured for plain_cnn on 1x28x28 in fp32, and this job "
+                          "is resnet20 on 1x28x28 in fp32; measure this job with trainer bench --memory-curve"),
+            std::string::npos)
+      << r.output;
+}
+
+// The plot of a memory curve: a PNG from the JSON the bench writes; bad input named; and without
+// matplotlib (python3 -S: no site-packages, where Debian puts it) a message and no file, exit code 0.
+TEST(MemoryCurvePlot, WritesAPngAndSkipsWithoutMatplotlib) {
+  TempDir dir;
+  const auto path = (dir / "curve.json").string();
+  auto point = [](int64_t m, int64_t bytes) {
+    return json{{"micro_batch", m}, {"peak_bytes", bytes}, {"step_time_s", 0.01 * m}, {"samples_per_s", 100.0}};
+  };
+  const json fit = {{"fixed_bytes", 1.0e6}, {"per_sample_bytes", 2.0e5}, {"residuals_bytes", {0, 0, 0}}};
+  const json j = {
+      {"mode", "memory_curve"}, {"model", "plain_cnn"}, {"sample_shape", {1, 28, 28}}, {"precision", "fp32"},
+      {"device", "cpu"}, {"global_batch", 4},
+      {"curves", {{"none", {{"points", {point(1, 1200000), point(2, 1400000), point(4, 1800000)}}, {"fit", fit}}},
+                  {"all", {{"points", {point(1, 1100000)}}, {"fit", nullptr}}}}},
+      {"predictions", {{{"limit_bytes", 1500000}, {"none", {{"micro_batch", 2}}}, {"all", nullptr},
+                        {"choice", "none"}}}}};
+  testutil::write_file(path, j.dump());
+  const std::string script = testutil::source_dir() + "/scripts/plot_memory_curve.py ";
+  const auto png = (dir / "curve.png").string();
+  auto r = testutil::run(testutil::python() + " " + script + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string bytes = testutil::read_file(png);
+  ASSERT_GT(bytes.size(), 10000u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+
+  r = testutil::run(testutil::python() + " " + script + (dir / "nothing.json").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nothing.json: no such file"), std::string::npos) << r.output;
+
+  const auto skipped = (dir / "skipped.png").string();
+  r = testutil::run(testutil::python() + " -S " + script + path + " --out " + skipped);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("skipped: matplotlib is not installed"), std::string::npos) << r.output;
+  EXPECT_FALSE(testutil::fs::exists(skipped));
+}

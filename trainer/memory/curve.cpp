@@ -1,0 +1,83 @@
+#include "trainer/memory/curve.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+namespace trainer {
+
+nlohmann::json MemoryFit::to_json() const {
+  return {{"fixed_bytes", fixed_bytes},
+          {"per_sample_bytes", per_sample_bytes},
+          {"residuals_bytes", residuals_bytes},
+          {"max_abs_residual_bytes", max_abs_residual_bytes},
+          {"rms_residual_bytes", rms_residual_bytes}};
+}
+
+MemoryFit fit_memory_curve(const std::vector<CurvePoint>& points) {
+  std::set<int64_t> sizes;
+  for (const auto& p : points) sizes.insert(p.micro_batch);
+  if (sizes.size() < 2)
+    throw std::invalid_argument("fit_memory_curve: need points at two or more micro-batches, got " +
+                                std::to_string(sizes.size()));
+  // Centred sums: the byte counts are large (1e9) and squares of raw sums would lose digits.
+  const double n = static_cast<double>(points.size());
+  double mx = 0, my = 0;
+  for (const auto& p : points) {
+    mx += static_cast<double>(p.micro_batch) / n;
+    my += static_cast<double>(p.peak_bytes) / n;
+  }
+  double sxx = 0, sxy = 0;
+  for (const auto& p : points) {
+    const double dx = static_cast<double>(p.micro_batch) - mx;
+    sxx += dx * dx;
+    sxy += dx * (static_cast<double>(p.peak_bytes) - my);
+  }
+  MemoryFit f;
+  f.per_sample_bytes = sxy / sxx;
+  f.fixed_bytes = my - f.per_sample_bytes * mx;
+  double ss = 0;
+  for (const auto& p : points) {
+    const double r = static_cast<double>(p.peak_bytes) - f.peak_at(p.micro_batch);
+    f.residuals_bytes.push_back(r);
+    f.max_abs_residual_bytes = std::max(f.max_abs_residual_bytes, std::abs(r));
+    ss += r * r;
+  }
+  f.rms_residual_bytes = std::sqrt(ss / n);
+  return f;
+}
+
+int64_t predict_max_micro_batch(const MemoryFit& fit, int64_t limit_bytes, int64_t hi) {
+  if (limit_bytes <= 0 || fit.per_sample_bytes <= 0) return hi;
+  const double m = std::floor((static_cast<double>(limit_bytes) - fit.fixed_bytes) / fit.per_sample_bytes);
+  if (m < 1) return 0;
+  return m >= static_cast<double>(hi) ? hi : static_cast<int64_t>(m);
+}
+
+MemoryCurve read_memory_curve(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot read the memory curve (write it with trainer bench --memory-curve)");
+  MemoryCurve c;
+  c.path = path;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (j.value("mode", "") != "memory_curve") throw std::runtime_error("its mode is not memory_curve");
+    c.model = j.at("model").get<std::string>();
+    c.sample_shape = j.at("sample_shape").get<std::vector<int64_t>>();
+    c.precision = j.at("precision").get<std::string>();
+    for (const auto& [setting, curve] : j.at("curves").items()) {
+      if (!curve.contains("fit") || curve.at("fit").is_null()) continue;  // too few points to fit
+      MemoryFit f;
+      f.fixed_bytes = curve.at("fit").at("fixed_bytes").get<double>();
+      f.per_sample_bytes = curve.at("fit").at("per_sample_bytes").get<double>();
+      c.fits[setting] = f;
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": not a trainer bench --memory-curve result (" + e.what() + ")");
+  }
+  return c;
+}
+
+}  // namespace trainer
