@@ -48,6 +48,7 @@ constexpr int kExitRefused = 2;
 constexpr int kExitOutOfMemory = 3;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 constexpr size_t kMaxOutput = 64 << 10;  // the tail of the child's stderr that is kept
+constexpr double kStartS = 60;           // the child's own start, before it reads anything
 
 // ---- the child ------------------------------------------------------------------------------------
 
@@ -243,10 +244,13 @@ struct ChildGuard {
   }
 };
 
-// Reads the child's stderr until it closes, then reaps the child; kills it at `deadline`.
-Ended wait_child(ChildGuard& child, int fd, Clock::time_point deadline) {
+// Reads the child's stderr until it closes, then reaps the child. Kills it `limit` after it said it began
+// reading (its first "phase" line), or at `start_deadline` if it never got that far: the process's own
+// start (LibTorch's static setup) is no part of reading the file, and takes seconds on a loaded machine.
+Ended wait_child(ChildGuard& child, int fd, Clock::time_point start_deadline, Clock::duration limit) {
   Ended e;
-  bool open = true;
+  bool open = true, reading = false;
+  Clock::time_point deadline = start_deadline;
   char buf[4096];
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -264,6 +268,10 @@ Ended wait_child(ChildGuard& child, int fd, Clock::time_point deadline) {
       const ssize_t n = read(fd, buf, sizeof buf);
       if (n > 0) e.output.append(buf, static_cast<size_t>(n));
       else if (n == 0 || errno != EINTR) open = false;  // the child closed its end: it is exiting
+      if (!reading && e.output.find(std::string(kTag) + "phase ") != std::string::npos) {
+        reading = true;
+        deadline = Clock::now() + limit;
+      }
       if (e.output.size() > kMaxOutput) e.output.erase(0, e.output.size() - kMaxOutput);
       continue;
     }
@@ -294,6 +302,10 @@ std::string describe(const Ended& e, const Report& r, const std::string& path, d
   const std::string doing = r.phase == "data"       ? "reading the data of " + path
                             : r.phase == "metadata" ? "reading the metadata of " + path
                                                     : "starting the check of " + path;
+  if (e.timed_out && r.phase == "start") {
+    return "the process that checks " + path + " did not start within " + seconds_str(kStartS) +
+           " s and was killed: the machine is very slow";
+  }
   if (e.timed_out) {
     return "libhdf5 did not finish " + doing + " within " + seconds_str(limit_s) +
            " s and was killed: the file is corrupt (its metadata loops), or the disk or the machine is very slow" +
@@ -345,7 +357,8 @@ H5CheckResult check_h5_file(const std::string& path, const H5CheckOptions& optio
                                 fds[1])};
     close(fds[1]);
     fds[1] = -1;
-    ended = wait_child(child, fds[0], t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit_s)));
+    auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+    ended = wait_child(child, fds[0], t0 + seconds(kStartS), seconds(limit_s));
   } catch (...) {
     if (fds[1] >= 0) close(fds[1]);
     close(fds[0]);

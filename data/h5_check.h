@@ -31,7 +31,8 @@ struct H5CheckOptions {
   /// The reads the parent will make: with in_memory every sample (or token) is read and checked, as the
   /// in-memory reader does; without, the metadata, the labels and the first and last samples (or tokens).
   bool in_memory = true;
-  /// The child is killed after timeout_s + kH5CheckSecondsPerGiB per GiB of the file.
+  /// The child is killed timeout_s + kH5CheckSecondsPerGiB per GiB of the file after it began reading
+  /// (its own process start is allowed 60 s more, and counts for nothing here).
   double timeout_s = 30;
   /// Appended to the timeout's message: how the user raises the limit.
   std::string timeout_hint;

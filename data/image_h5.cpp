@@ -8,7 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 // The header keeps hid_t out of its includes by storing handles as int64_t.
 static_assert(std::is_same<hid_t, int64_t>::value, "hid_t must be int64_t (HDF5 >= 1.10)");
@@ -359,6 +361,124 @@ void ImageH5Dataset::fail(const std::string& what) const {
   throw std::runtime_error("image file '" + path_ + "': " + what);
 }
 
+namespace {
+
+// The checks of ImageH5Dataset's constructor, in the order it makes them. Each throws FormatError.
+
+void check_image_format(hid_t f) {
+  const std::string hint = " (make trainer.images files with `trainer convert-idx`, or as docs/DATA.md describes)";
+  if (!has_attr(f, "format")) throw FormatError("missing root attribute 'format'" + hint);
+  const auto format = read_strings_attr(f, "format");
+  if (format.size() != 1 || format[0] != kImageH5Format) {
+    throw FormatError("root attribute 'format' is \"" + (format.empty() ? "" : format[0]) + "\", expected \"" +
+                      kImageH5Format + "\"" + hint);
+  }
+  const int64_t version = read_int_scalar(f, "format_version");
+  if (version != kImageH5Version) {
+    throw FormatError("format_version " + std::to_string(version) + " is not supported (this build reads " +
+                      std::to_string(kImageH5Version) + ")");
+  }
+}
+
+H5Handle open_dataset(hid_t f, const char* name, hid_t dapl) {
+  if (H5Lexists(f, name, H5P_DEFAULT) <= 0) throw FormatError(std::string("missing dataset '") + name + "'");
+  return H5Handle(check_id(H5Dopen2(f, name, dapl), std::string("opening dataset '") + name + "'"), H5Dclose);
+}
+
+std::vector<hsize_t> dims_of(hid_t dset) {
+  H5Handle space(H5Dget_space(dset), H5Sclose);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return dims;
+}
+
+// /images: uint8, rank 4, a non-empty sample shape, and stored as large as its extent says (checked
+// before anything of the claimed size is allocated: the labels, the in-memory copy, the loader's order).
+std::vector<hsize_t> check_images_dataset(hid_t f, hid_t images) {
+  {
+    H5Handle type(H5Dget_type(images), H5Tclose);
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 ||
+        H5Tget_sign(type.get()) != H5T_SGN_NONE) {
+      throw FormatError("dataset 'images' must hold uint8 pixels");
+    }
+  }
+  const auto idims = dims_of(images);
+  if (idims.size() != 4) {
+    throw FormatError("dataset 'images' has rank " + std::to_string(idims.size()) + " " + shape_str(idims) +
+                      ", expected rank 4 (N, C, H, W)");
+  }
+  for (size_t d = 1; d < 4; ++d) {
+    if (idims[d] == 0) throw FormatError("dataset 'images' has an empty sample shape " + shape_str(idims));
+  }
+  if (auto problem = dataset_size_problem(f, images, "images"); !problem.empty()) throw FormatError(problem);
+  return idims;
+}
+
+// /labels: integers, rank 1, one per sample, stored as large as its extent says.
+void check_labels_dataset(hid_t f, hid_t labels, int64_t n) {
+  {
+    H5Handle type(H5Dget_type(labels), H5Tclose);
+    if (H5Tget_class(type.get()) != H5T_INTEGER) throw FormatError("dataset 'labels' must hold integers");
+  }
+  const auto ldims = dims_of(labels);
+  if (ldims.size() != 1) {
+    throw FormatError("dataset 'labels' has rank " + std::to_string(ldims.size()) + " " + shape_str(ldims) +
+                      ", expected rank 1 (N)");
+  }
+  if (static_cast<int64_t>(ldims[0]) != n) {
+    throw FormatError("dataset 'images' has " + std::to_string(n) + " samples but 'labels' has " +
+                      std::to_string(ldims[0]));
+  }
+  if (auto problem = dataset_size_problem(f, labels, "labels"); !problem.empty()) throw FormatError(problem);
+}
+
+// What the size checks cannot bound (filters other than deflate) may still not fit.
+template <typename V>
+void allocate(V& v, int64_t count, int64_t n, const char* what) {
+  try {
+    v.resize(static_cast<size_t>(count));
+  } catch (const std::bad_alloc&) {
+    throw FormatError("cannot hold the " + std::to_string(n) + " samples' " + what + " in memory (" +
+                      std::to_string(count * static_cast<int64_t>(sizeof(v[0]))) + " bytes)");
+  }
+}
+
+std::vector<int64_t> read_labels(hid_t labels, int64_t n, int64_t num_classes) {
+  std::vector<int64_t> out;
+  allocate(out, n, n, "labels");
+  if (n > 0) check(H5Dread(labels, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), "reading 'labels'");
+  for (int64_t i = 0; i < n; ++i) {
+    if (out[i] < 0 || out[i] >= num_classes) {
+      throw FormatError("label " + std::to_string(out[i]) + " of sample " + std::to_string(i) +
+                        " is outside [0, num_classes = " + std::to_string(num_classes) + ")");
+    }
+  }
+  return out;
+}
+
+// The chunk's samples and the deflate level of /images (0 when not chunked or not compressed).
+std::pair<int64_t, int> storage_layout(hid_t images) {
+  std::pair<int64_t, int> layout{0, 0};
+  H5Handle dcpl(H5Dget_create_plist(images), H5Pclose);
+  if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+    hsize_t chunk[4] = {0, 0, 0, 0};
+    H5Pget_chunk(dcpl.get(), 4, chunk);
+    layout.first = static_cast<int64_t>(chunk[0]);
+  }
+  for (int k = 0, nf = H5Pget_nfilters(dcpl.get()); k < nf; ++k) {
+    unsigned flags = 0, cd[8] = {};
+    size_t ncd = 8;
+    if (H5Pget_filter2(dcpl.get(), static_cast<unsigned>(k), &flags, &ncd, cd, 0, nullptr, nullptr) ==
+            H5Z_FILTER_DEFLATE &&
+        ncd > 0) {
+      layout.second = static_cast<int>(cd[0]);
+    }
+  }
+  return layout;
+}
+
+}  // namespace
+
 ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::move(path)), in_memory_(in_memory) {
   std::error_code ec;
   if (!fs::exists(path_, ec)) fail("file not found");
@@ -372,67 +492,14 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     }
     H5Handle file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
     const hid_t f = file.get();
+    check_image_format(f);
 
-    const std::string hint = " (make trainer.images files with `trainer convert-idx`, or as docs/DATA.md describes)";
-    if (!has_attr(f, "format")) throw FormatError("missing root attribute 'format'" + hint);
-    const auto format = read_strings_attr(f, "format");
-    if (format.size() != 1 || format[0] != kImageH5Format) {
-      throw FormatError("root attribute 'format' is \"" + (format.empty() ? "" : format[0]) + "\", expected \"" +
-                        kImageH5Format + "\"" + hint);
-    }
-    const int64_t version = read_int_scalar(f, "format_version");
-    if (version != kImageH5Version) {
-      throw FormatError("format_version " + std::to_string(version) + " is not supported (this build reads " +
-                        std::to_string(kImageH5Version) + ")");
-    }
-
-    auto open_dataset = [&](const char* name, hid_t dapl) {
-      if (H5Lexists(f, name, H5P_DEFAULT) <= 0) throw FormatError(std::string("missing dataset '") + name + "'");
-      return H5Handle(check_id(H5Dopen2(f, name, dapl), std::string("opening dataset '") + name + "'"), H5Dclose);
-    };
-    auto dims_of = [](hid_t dset) {
-      H5Handle space(H5Dget_space(dset), H5Sclose);
-      std::vector<hsize_t> dims(static_cast<size_t>(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
-      H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-      return dims;
-    };
-
-    H5Handle images = open_dataset("images", H5P_DEFAULT);
-    {
-      H5Handle type(H5Dget_type(images.get()), H5Tclose);
-      if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 ||
-          H5Tget_sign(type.get()) != H5T_SGN_NONE) {
-        throw FormatError("dataset 'images' must hold uint8 pixels");
-      }
-    }
-    const auto idims = dims_of(images.get());
-    if (idims.size() != 4) {
-      throw FormatError("dataset 'images' has rank " + std::to_string(idims.size()) + " " + shape_str(idims) +
-                        ", expected rank 4 (N, C, H, W)");
-    }
-    for (size_t d = 1; d < 4; ++d) {
-      if (idims[d] == 0) throw FormatError("dataset 'images' has an empty sample shape " + shape_str(idims));
-    }
-    // Before anything of the claimed size is allocated (the labels, the in-memory copy, the loader's order).
-    if (auto problem = dataset_size_problem(f, images.get(), "images"); !problem.empty()) throw FormatError(problem);
+    H5Handle images = open_dataset(f, "images", H5P_DEFAULT);
+    const auto idims = check_images_dataset(f, images.get());
     shape_ = {static_cast<int64_t>(idims[1]), static_cast<int64_t>(idims[2]), static_cast<int64_t>(idims[3])};
     const int64_t n = static_cast<int64_t>(idims[0]);
-
-    H5Handle labels = open_dataset("labels", H5P_DEFAULT);
-    {
-      H5Handle type(H5Dget_type(labels.get()), H5Tclose);
-      if (H5Tget_class(type.get()) != H5T_INTEGER) throw FormatError("dataset 'labels' must hold integers");
-    }
-    const auto ldims = dims_of(labels.get());
-    if (ldims.size() != 1) {
-      throw FormatError("dataset 'labels' has rank " + std::to_string(ldims.size()) + " " + shape_str(ldims) +
-                        ", expected rank 1 (N)");
-    }
-    if (static_cast<int64_t>(ldims[0]) != n) {
-      throw FormatError("dataset 'images' has " + std::to_string(n) + " samples but 'labels' has " +
-                        std::to_string(ldims[0]));
-    }
-    if (auto problem = dataset_size_problem(f, labels.get(), "labels"); !problem.empty()) throw FormatError(problem);
+    H5Handle labels = open_dataset(f, "labels", H5P_DEFAULT);
+    check_labels_dataset(f, labels.get(), n);
 
     meta_.num_classes = read_int_scalar(f, "num_classes");
     if (has_attr(f, "class_names")) meta_.class_names = read_strings_attr(f, "class_names");
@@ -440,46 +507,11 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     meta_.std = read_floats_attr(f, "std");
     const std::string problem = meta_problem(meta_, shape_[0], -1);
     if (!problem.empty()) throw FormatError(problem);
-
-    // What the size checks cannot bound (filters other than deflate) may still not fit.
-    auto allocate = [&](auto& v, int64_t count, const char* what) {
-      try {
-        v.resize(static_cast<size_t>(count));
-      } catch (const std::bad_alloc&) {
-        throw FormatError("cannot hold the " + std::to_string(n) + " samples' " + what + " in memory (" +
-                          std::to_string(count * static_cast<int64_t>(sizeof(v[0]))) + " bytes)");
-      }
-    };
-    allocate(labels_, n, "labels");
-    if (n > 0) check(H5Dread(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels_.data()),
-                     "reading 'labels'");
-    for (int64_t i = 0; i < n; ++i) {
-      if (labels_[i] < 0 || labels_[i] >= meta_.num_classes) {
-        throw FormatError("label " + std::to_string(labels_[i]) + " of sample " + std::to_string(i) +
-                          " is outside [0, num_classes = " + std::to_string(meta_.num_classes) + ")");
-      }
-    }
-
-    {
-      H5Handle dcpl(H5Dget_create_plist(images.get()), H5Pclose);
-      if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
-        hsize_t chunk[4] = {0, 0, 0, 0};
-        H5Pget_chunk(dcpl.get(), 4, chunk);
-        chunk_samples_ = static_cast<int64_t>(chunk[0]);
-      }
-      for (int k = 0, nf = H5Pget_nfilters(dcpl.get()); k < nf; ++k) {
-        unsigned flags = 0, cd[8] = {};
-        size_t ncd = 8;
-        if (H5Pget_filter2(dcpl.get(), static_cast<unsigned>(k), &flags, &ncd, cd, 0, nullptr, nullptr) ==
-                H5Z_FILTER_DEFLATE &&
-            ncd > 0) {
-          gzip_level_ = static_cast<int>(cd[0]);
-        }
-      }
-    }
+    labels_ = read_labels(labels.get(), n, meta_.num_classes);
+    std::tie(chunk_samples_, gzip_level_) = storage_layout(images.get());
 
     if (in_memory_) {
-      allocate(images_, n * sample_bytes(), "images");
+      allocate(images_, n * sample_bytes(), n, "images");
       if (n > 0) check(H5Dread(images.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images_.data()),
                        "reading 'images'");
     } else {
@@ -490,7 +522,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
       H5Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
       const size_t cache = gzip_level_ > 0 ? (size_t{64} << 20) : 0;
       check(H5Pset_chunk_cache(dapl.get(), gzip_level_ > 0 ? 12421 : 0, cache, 1.0), "chunk cache");
-      H5Handle reopened = open_dataset("images", dapl.get());
+      H5Handle reopened = open_dataset(f, "images", dapl.get());
       dset_ = reopened.release();
       file_ = file.release();
     }

@@ -252,15 +252,11 @@ std::string TokenConversion::summary() const {
   return s.str();
 }
 
-TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
-                             double val_fraction) {
-  if (!(val_fraction >= 0 && val_fraction < 1)) {
-    std::ostringstream got;
-    got << val_fraction;
-    throw std::invalid_argument("convert-text: val_fraction must be in [0, 1), got " + got.str());
-  }
-  TokenConversion r;
-  int64_t total = 0;
+namespace {
+
+// The files named, and those under the folders named (sorted; skipped_in_directory() leaves some out).
+std::vector<std::string> text_files(const std::vector<std::string>& files_or_dirs) {
+  std::vector<std::string> files;
   for (const auto& entry : files_or_dirs) {
     const fs::path p(entry);
     std::error_code ec;
@@ -270,39 +266,85 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
         if (e.is_regular_file() && !skipped_in_directory(e.path())) found.push_back(e.path().string());
       }
       std::sort(found.begin(), found.end());
-      r.files.insert(r.files.end(), found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(p, ec)) {
-      r.files.push_back(entry);
+      files.push_back(entry);
     } else {
       throw std::invalid_argument("convert-text: '" + entry + "' is neither a file nor a directory");
     }
   }
-  if (r.files.empty()) throw std::invalid_argument("convert-text: no text files found in the given paths");
+  if (files.empty()) throw std::invalid_argument("convert-text: no text files found in the given paths");
+  return files;
+}
 
-  // The sizes are planned before reading, so the split point is known and the bytes stream through once.
-  // A file whose size says 0 (procfs, sysfs) may hold bytes all the same: it is read to its end now and
-  // kept in memory (such files are small). Every other file gives the bytes its size promised: one that
-  // grows while being read is cut there, one that shrinks is an error.
-  struct Input {
-    std::string path;
-    int64_t bytes = 0;
-    std::optional<std::string> content;
-  };
-  std::vector<Input> inputs;
-  for (const auto& f : r.files) {
+struct TextInput {
+  std::string path;
+  int64_t bytes = 0;
+  std::optional<std::string> content;  // read already (a file whose size said 0)
+};
+
+// The sizes are planned before reading, so the split point is known and the bytes stream through once.
+// A file whose size says 0 (procfs, sysfs) may hold bytes all the same: it is read to its end now and
+// kept in memory (such files are small). Every other file gives the bytes its size promised: one that
+// grows while being read is cut there, one that shrinks is an error (stream_text).
+std::vector<TextInput> plan_text_inputs(const std::vector<std::string>& files) {
+  std::vector<TextInput> inputs;
+  for (const auto& f : files) {
     std::error_code ec;
     const auto size = fs::file_size(f, ec);
     if (ec) throw std::runtime_error("convert-text: cannot read the size of '" + f + "': " + ec.message());
-    Input in{f, static_cast<int64_t>(size), std::nullopt};
+    TextInput in{f, static_cast<int64_t>(size), std::nullopt};
     if (size == 0) {
       std::ifstream file(f, std::ios::binary);
       in.content = std::string(std::istreambuf_iterator<char>(file), {});
       if (!file.is_open() || file.bad()) throw std::runtime_error("convert-text: cannot read '" + f + "'");
       in.bytes = static_cast<int64_t>(in.content->size());
     }
-    total += in.bytes;
     inputs.push_back(std::move(in));
   }
+  return inputs;
+}
+
+// Passes the planned bytes of `in` to emit(bytes, n) in pieces of at most buf.size().
+template <typename Emit>
+void stream_text(const TextInput& in, std::vector<char>& buf, Emit&& emit) {
+  const auto piece = static_cast<int64_t>(buf.size());
+  if (in.content) {
+    for (int64_t at = 0; at < in.bytes; at += piece) emit(in.content->data() + at, std::min<int64_t>(in.bytes - at, piece));
+    return;
+  }
+  std::ifstream file(in.path, std::ios::binary);
+  if (!file) throw std::runtime_error("convert-text: cannot read '" + in.path + "'");
+  int64_t left = in.bytes;
+  while (left > 0) {
+    file.read(buf.data(), static_cast<std::streamsize>(std::min<int64_t>(left, piece)));
+    const int64_t n = file.gcount();
+    if (n == 0) break;
+    emit(buf.data(), n);
+    left -= n;
+  }
+  if (file.bad()) throw std::runtime_error("convert-text: reading '" + in.path + "' failed");
+  if (left > 0) {
+    throw std::runtime_error("convert-text: '" + in.path + "' gave " + bytes_text(in.bytes - left) + ", fewer than the " +
+                             bytes_text(in.bytes) + " its size said when the conversion started (did it shrink "
+                             "while being read?)");
+  }
+}
+
+}  // namespace
+
+TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
+                             double val_fraction) {
+  if (!(val_fraction >= 0 && val_fraction < 1)) {
+    std::ostringstream got;
+    got << val_fraction;
+    throw std::invalid_argument("convert-text: val_fraction must be in [0, 1), got " + got.str());
+  }
+  TokenConversion r;
+  r.files = text_files(files_or_dirs);
+  const std::vector<TextInput> inputs = plan_text_inputs(r.files);
+  int64_t total = 0;
+  for (const auto& in : inputs) total += in.bytes;
   if (total == 0) throw std::invalid_argument("convert-text: the input files are all empty");
 
   const int64_t val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(total)));
@@ -328,29 +370,7 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
     seen += n;
   };
   std::vector<char> buf(1 << 20);
-  for (const auto& in : inputs) {
-    if (in.content) {
-      for (int64_t at = 0; at < in.bytes; at += static_cast<int64_t>(buf.size()))
-        emit(in.content->data() + at, std::min<int64_t>(in.bytes - at, static_cast<int64_t>(buf.size())));
-      continue;
-    }
-    std::ifstream file(in.path, std::ios::binary);
-    if (!file) throw std::runtime_error("convert-text: cannot read '" + in.path + "'");
-    int64_t left = in.bytes;
-    while (left > 0) {
-      file.read(buf.data(), static_cast<std::streamsize>(std::min<int64_t>(left, static_cast<int64_t>(buf.size()))));
-      const int64_t n = file.gcount();
-      if (n == 0) break;
-      emit(buf.data(), n);
-      left -= n;
-    }
-    if (file.bad()) throw std::runtime_error("convert-text: reading '" + in.path + "' failed");
-    if (left > 0) {
-      throw std::runtime_error("convert-text: '" + in.path + "' gave " + bytes_text(in.bytes - left) + ", fewer than the " +
-                               bytes_text(in.bytes) + " its size said when the conversion started (did it shrink "
-                               "while being read?)");
-    }
-  }
+  for (const auto& in : inputs) stream_text(in, buf, emit);
   r.train_tokens = train_w.finish();
   if (val_w) r.val_tokens = val_w->finish();
   return r;
