@@ -74,7 +74,7 @@ DEFAULTS = {
               "deterministic": False},
     "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
             "backoff_factor": 0.5, "growth_interval": 2000},
-    "memory": {"limit": "none", "auto_margin": -1, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,
+    "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,
                "activation_checkpointing": "none", "checkpoint_every_k": 2, "ladder_checkpointing": True,
                "grow_after": 50, "headroom": 0.25},
     "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True,

@@ -436,14 +436,18 @@ TEST(BenchCompare, AlternatingRoundsOnATinyJob) {
   TempDir dir;
   auto cfg = tiny_config(dir);
   auto out = (dir / "summary.json").string();
-  auto bench_folders = [] {
+  // The trainer's temporary run folders go to a TMPDIR of this test's own: tests running beside it
+  // make and remove theirs in the shared one.
+  const auto tmp = dir / "tmp";
+  testutil::fs::create_directories(tmp);
+  auto bench_folders = [&] {
     int n = 0;
-    for (const auto& e : testutil::fs::directory_iterator(testutil::fs::temp_directory_path()))
+    for (const auto& e : testutil::fs::directory_iterator(tmp))
       n += e.path().filename().string().rfind("trainer-bench-", 0) == 0;
     return n;
   };
   const int folders_before = bench_folders();
-  auto r = testutil::run(testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " + cfg +
+  auto r = testutil::run("TMPDIR=" + tmp.string() + " " + testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " + cfg +
                          " --rounds 2 --warmup 2 --steps 3 --loader-steps 3 --trainer " + testutil::trainer_bin() +
                          " --python " + testutil::python() + " --workdir " + (dir / "runs").string() + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;

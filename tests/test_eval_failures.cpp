@@ -8,6 +8,8 @@
 #include "data/image_h5.h"
 #include "train_util.h"
 
+#include <hdf5.h>  // after LibTorch (train_util.h): the chunk of a sample, to damage only that one
+
 namespace fs = std::filesystem;
 using testutil::TempDir;
 
@@ -74,16 +76,34 @@ TEST(EvalSplit, AnotherSampleShapeIsBadInputBeforeTraining) {
 }
 
 namespace {
-// A compressed test split whose image chunks are damaged: opening it reads only the metadata and the
-// labels, an evaluation then fails to inflate the pixels (data.in_memory=false reads them late).
+// Where the chunk of /images that holds sample `sample` lies in the file: (offset, bytes).
+std::pair<int64_t, int64_t> chunk_of_sample(const std::string& path, hsize_t sample) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, "images", H5P_DEFAULT);
+  const hsize_t at[4] = {sample, 0, 0, 0};
+  unsigned filter_mask = 0;
+  haddr_t offset = 0;
+  hsize_t bytes = 0;
+  const herr_t status = H5Dget_chunk_info_by_coord(d, at, &filter_mask, &offset, &bytes);
+  H5Dclose(d);
+  H5Fclose(f);
+  EXPECT_GE(status, 0) << path;
+  return {static_cast<int64_t>(offset), static_cast<int64_t>(bytes)};
+}
+
+// A compressed test split with one damaged image chunk in the middle (samples 128..143): opening it
+// reads the metadata, the labels and the first and last samples (so does the trainer's check of the
+// file in a child process, data/h5_check.h), all intact; an evaluation then fails to inflate the pixels
+// when it reaches that chunk (data.in_memory=false reads them late).
 void write_damaged_test_split(const TempDir& dir) {
   write_split((dir / "train.h5").string(), 64, {1, 12, 12}, 10, 9);
   const std::string test = (dir / "test.h5").string();
   write_split(test, 256, {1, 12, 12}, 10, 9, 1);
-  const auto size = fs::file_size(test);
+  const auto [offset, bytes] = chunk_of_sample(test, 128);
+  ASSERT_GT(bytes, 0);
   std::fstream f(test, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekp(static_cast<std::streamoff>(size / 3));
-  const std::string junk(size / 3, '\x5a');
+  f.seekp(static_cast<std::streamoff>(offset));
+  const std::string junk(static_cast<size_t>(bytes), '\x5a');
   f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
 }
 }  // namespace
