@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "test_util.h"
+#include "http_client.h"
 #include "train_util.h"
 #include "common/log.h"
 #include "trainer/memory/resources.h"
@@ -43,57 +44,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// ---- a plain HTTP client on a socket ----------------------------------------------------------------
-
-int connect_to(int port, double timeout_s = 5) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{static_cast<time_t>(timeout_s), static_cast<suseconds_t>((timeout_s - static_cast<int>(timeout_s)) * 1e6)};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool send_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Everything the server sends until it closes (or the receive timeout).
-std::string read_all(int fd) {
-  std::string all;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) all.append(buf, static_cast<size_t>(n));
-  return all;
-}
-
-int status_of(const std::string& response) {
-  int status = 0;
-  std::sscanf(response.c_str(), "HTTP/1.%*d %d", &status);
-  return status;
-}
-
-// One request on a fresh connection; returns the raw response ("" when none came).
-std::string request(int port, const std::string& raw, double timeout_s = 5) {
-  int fd = connect_to(port, timeout_s);
-  if (fd < 0) return "";
-  std::string out = send_all(fd, raw) ? read_all(fd) : "";
-  close(fd);
-  return out;
-}
+using testutil::connect_to;
+using testutil::read_all;
+using testutil::request;
+using testutil::send_all;
+using testutil::status_of;
 
 int get_status(int port, const std::string& path, double timeout_s = 5) {
   return status_of(request(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout_s));

@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "models/registry.h"
 #include "test_util.h"
+#include "http_client.h"
 #include "train_util.h"
 #include "tools/compare.h"
 #include "trainer/observe/http.h"
@@ -42,21 +43,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 // ---- a plain HTTP client on a socket: what a scraper or the kubelet sends --------------------------
 
-int connect_to(int port, double timeout_s = 10) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{static_cast<time_t>(timeout_s), 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+using testutil::connect_to;
 
 struct HttpReply {
   int status = 0;
@@ -65,23 +52,13 @@ struct HttpReply {
 
 HttpReply http_get(int port, const std::string& path) {
   HttpReply r;
-  int fd = connect_to(port);
-  if (fd < 0) return r;
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return r;
-  }
-  std::string all;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) all.append(buf, static_cast<size_t>(n));
-  close(fd);
+  const std::string all =
+      testutil::request(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10);
   auto sep = all.find("\r\n\r\n");
   if (sep == std::string::npos) return r;
   r.headers = all.substr(0, sep);
   r.body = all.substr(sep + 4);
-  std::sscanf(all.c_str(), "HTTP/1.%*d %d", &r.status);
+  r.status = testutil::status_of(all);
   return r;
 }
 
@@ -403,8 +380,8 @@ TEST(OpsHttp, SilentAndStalledClientsNeverBlockTelemetryUpdates) {
   const int port = server->port();
   // More hostile clients than connection slots: two connect and say nothing, one sends half a request.
   std::vector<int> hostile;
-  for (int i = 0; i < 2; ++i) hostile.push_back(connect_to(port));
-  hostile.push_back(connect_to(port));
+  for (int i = 0; i < 2; ++i) hostile.push_back(connect_to(port, 10));
+  hostile.push_back(connect_to(port, 10));
   const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
   ASSERT_EQ(send(hostile.back(), partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
   for (int fd : hostile) ASSERT_GE(fd, 0);
@@ -432,7 +409,7 @@ TEST(OpsHttp, SilentAndStalledClientsNeverBlockTelemetryUpdates) {
   for (int fd : hostile) close(fd);
 
   // Shutdown does not wait for clients.
-  int lingering = connect_to(port);
+  int lingering = connect_to(port, 10);
   const auto d0 = std::chrono::steady_clock::now();
   server.reset();
   EXPECT_LT(seconds_since(d0), 3.0);
