@@ -1,6 +1,8 @@
-// The memory curve: the least-squares fit and its prediction against hand-computed values; the file
-// `memory.curve` reads; and `micro_batch: auto` started at the prediction, run as users do, against the
-// same search started from the floor (the same pick, its probes counted).
+// The memory curve: the least-squares fit, its prediction and the choice of the checkpointing setting
+// against hand-computed values; the file `memory.curve` reads; `micro_batch: auto` started at the
+// prediction, run as users do, against the same search started from the floor (the same pick, its probes
+// counted); and `activation_checkpointing: auto` choosing the setting before the first step under a real
+// cap, against the ladder finding it out in the first step.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -84,12 +86,57 @@ TEST(MemoryCurveFit, PredictionByHand) {
   EXPECT_EQ(trainer::predict_max_micro_batch(flat, 200, 16), 16);
 }
 
+// none: 90 + 20 m bytes, all: 80 + 10 m; samples/s measured at 1, 2, 4, 8 (16).
+trainer::MemoryCurve hand_curve() {
+  trainer::MemoryCurve c;
+  c.points["none"] = {{1, 110, 100}, {2, 130, 180}, {4, 170, 300}, {8, 250, 400}};
+  c.points["all"] = {{1, 90, 60}, {2, 100, 110}, {4, 120, 200}, {8, 160, 260}, {16, 240, 300}};
+  for (const auto& [setting, pts] : c.points) c.fits[setting] = trainer::fit_memory_curve(pts);
+  return c;
+}
+
+TEST(MemoryCurveChoice, SamplesPerSecondBetweenThePointsByHand) {
+  const auto pts = hand_curve().points.at("none");
+  EXPECT_DOUBLE_EQ(trainer::interpolate_samples_per_s(pts, 1), 100);
+  EXPECT_DOUBLE_EQ(trainer::interpolate_samples_per_s(pts, 3), 240);    // 180 + (3 - 2) / 2 * 120
+  EXPECT_DOUBLE_EQ(trainer::interpolate_samples_per_s(pts, 7), 375);    // 300 + 3 / 4 * 100
+  EXPECT_DOUBLE_EQ(trainer::interpolate_samples_per_s(pts, 16), 400);   // past the last point: its value
+  EXPECT_DOUBLE_EQ(trainer::interpolate_samples_per_s(pts, 0), 100);    // before the first: its value
+  EXPECT_DOUBLE_EQ(trainer::interpolate_samples_per_s({}, 4), 0);
+}
+
+TEST(MemoryCurveChoice, TheFasterSettingUnderTheLimitByHand) {
+  const auto c = hand_curve();
+  auto expect = [&](int64_t limit, const std::string& setting, int64_t m, double sps) {
+    const auto got = trainer::choose_setting(c, limit, 16);
+    EXPECT_EQ(got.setting, setting) << "limit " << limit;
+    EXPECT_EQ(got.micro_batch, m) << "limit " << limit;
+    EXPECT_DOUBLE_EQ(got.samples_per_s, sps) << "limit " << limit;
+  };
+  expect(250, "none", 8, 400);  // none 8 (400/s) against all 16 (300/s)
+  expect(150, "all", 7, 245);   // none 3 (240/s) against all 7 (200 + 3 / 4 * 60)
+  expect(105, "all", 2, 110);   // none does not fit at 1 (110 bytes)
+  expect(85, "neither", 0, 0);  // all needs 90 at 1
+  auto tie = c;
+  tie.points["all"] = tie.points["none"];
+  tie.fits["all"] = tie.fits["none"];
+  EXPECT_EQ(trainer::choose_setting(tie, 250, 16).setting, "none") << "a tie recomputes nothing";
+  auto unmeasured = c;  // a curve without speeds (an older file) predicts no choice
+  for (auto& [setting, pts] : unmeasured.points)
+    for (auto& p : pts) p.samples_per_s = 0;
+  EXPECT_EQ(trainer::choose_setting(unmeasured, 250, 16).setting, "neither");
+}
+
 TEST(MemoryCurveFile, ReadsTheBenchResultAndNamesTheFileOnErrors) {
   TempDir dir;
   const auto path = (dir / "curve.json").string();
   json j = {{"mode", "memory_curve"}, {"model", "resnet50"}, {"sample_shape", {3, 64, 64}}, {"precision", "fp32"},
-            {"curves", {{"none", {{"fit", {{"fixed_bytes", 1.5e8}, {"per_sample_bytes", 2.5e7}}}}},
-                        {"all", {{"fit", nullptr}}}}}};
+            {"curves",
+             {{"none",
+               {{"points", {{{"micro_batch", 2}, {"peak_bytes", 200000000}, {"samples_per_s", 30.5}},
+                            {{"micro_batch", 1}, {"peak_bytes", 175000000}, {"samples_per_s", 20.0}}}},
+                {"fit", {{"fixed_bytes", 1.5e8}, {"per_sample_bytes", 2.5e7}}}}},
+              {"all", {{"points", {{{"micro_batch", 1}, {"peak_bytes", 160000000}}}}, {"fit", nullptr}}}}}};
   testutil::write_file(path, j.dump());
   const auto c = trainer::read_memory_curve(path);
   EXPECT_EQ(c.model, "resnet50");
@@ -98,6 +145,12 @@ TEST(MemoryCurveFile, ReadsTheBenchResultAndNamesTheFileOnErrors) {
   ASSERT_EQ(c.fits.size(), 1u) << "a curve with too few points has no fit";
   EXPECT_DOUBLE_EQ(c.fits.at("none").fixed_bytes, 1.5e8);
   EXPECT_DOUBLE_EQ(c.fits.at("none").per_sample_bytes, 2.5e7);
+  ASSERT_EQ(c.points.at("none").size(), 2u);
+  EXPECT_EQ(c.points.at("none")[0].micro_batch, 1) << "sorted by micro-batch";
+  EXPECT_EQ(c.points.at("none")[0].peak_bytes, 175000000);
+  EXPECT_DOUBLE_EQ(c.points.at("none")[1].samples_per_s, 30.5);
+  ASSERT_EQ(c.points.at("all").size(), 1u) << "the points of a setting without a fit are read too";
+  EXPECT_DOUBLE_EQ(c.points.at("all")[0].samples_per_s, 0) << "a point without a speed";
 
   EXPECT_NE(error_text([&] { trainer::read_memory_curve((dir / "missing.json").string()); })
                 .find("missing.json: cannot read the memory curve"),
@@ -155,6 +208,93 @@ TEST(MemoryCurveAuto, StartsAtThePredictionAndPicksTheSameSize) {
                           "is resnet20 on 1x28x28 in fp32; measure this job with trainer bench --memory-curve"),
             std::string::npos)
       << r.output;
+}
+
+// gpt_tiny (checkpointing saves a third of the step's peak at micro-batch 1) on synthetic tokens, global
+// batch 4: under a cap a quarter of the way from the checkpointed step's peak at micro-batch 1 to the
+// plain one's, only checkpointing fits. `activation_checkpointing: auto` with `micro_batch: auto` finds
+// that before the first step, by its probes or from the curve, and the step runs without an OOM; with
+// `none` the ladder finds it out in the first step (an OOM, then checkpointing on). Without a cap, auto
+// keeps checkpointing off. The bench's --check measures the same choice against the exhaustive search.
+TEST(MemoryCurveAuto, CheckpointingAutoPicksTheSettingBeforeTheFirstStep) {
+  TempDir dir;
+  const auto cfg = (dir / "gpt_tiny.yaml").string();
+  testutil::write_file(cfg, R"(model: {name: gpt_tiny, context: 64, dropout: 0.0, vocab_size: 256}
+data: {kind: synthetic, synthetic_size: 256, test: "", workers: 1}
+optim: {name: adamw, lr: 1.0e-3}
+train: {global_batch: 4, steps: 2, device: cpu, threads: 1}
+memory: {limit: none}
+checkpoint: {every_steps: 0, every_seconds: 0}
+log: {every: 1000, level: warn}
+seed: 0
+)");
+  const auto curve = (dir / "curve.json").string();
+  auto r = testutil::run(testutil::trainer_bin() + " bench --memory-curve --config " + cfg + " --out " + curve);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json c = json::parse(testutil::read_file(curve));
+  const int64_t none1 = c["curves"]["none"]["points"][0]["peak_bytes"].get<int64_t>();
+  const int64_t all1 = c["curves"]["all"]["points"][0]["peak_bytes"].get<int64_t>();
+  ASSERT_LT(all1, none1) << "checkpointing must save memory at micro-batch 1 for this test";
+  const int64_t cap = all1 + (none1 - all1) / 4;
+
+  // The bench's check of the joint prediction under that cap: the curve chooses checkpointing, the
+  // exhaustive search agrees, and a run with both autos takes it with no OOM in its step.
+  const auto checked = (dir / "checked.json").string();
+  r = testutil::run(testutil::trainer_bin() + " bench --memory-curve --config " + cfg + " --limit " +
+                    std::to_string(cap) + " --check --rounds 1 --out " + checked);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json pred = json::parse(testutil::read_file(checked))["predictions"][0];
+  EXPECT_EQ(pred["choice"], "all") << pred.dump(1);
+  EXPECT_EQ(pred["none"]["micro_batch"], 0) << pred.dump(1);
+  EXPECT_EQ(pred["check"]["best"], "all") << pred.dump(1);
+  EXPECT_EQ(pred["check"]["none"]["micro_batch"], 0) << pred.dump(1);
+  const json& joint = pred["check"]["joint"];
+  EXPECT_EQ(joint["setting"], "all") << joint;
+  EXPECT_EQ(joint["setting_agrees"], true) << joint;
+  EXPECT_EQ(joint["checkpointing_from"], "curve") << joint;
+  EXPECT_EQ(joint["ooms_in_the_step"], 0) << joint;
+  EXPECT_GE(joint["micro_batch"].get<int64_t>(), 1) << joint;
+  EXPECT_NE(r.output.find("a run with activation_checkpointing: auto took all at"), std::string::npos) << r.output;
+
+  struct Run {
+    json pick;
+    std::vector<json> ooms;
+  };
+  auto run = [&](const std::string& name, const std::string& extra) {
+    const auto run_dir = (dir / name).string();
+    auto rr = testutil::run(testutil::trainer_cmd(run_dir, "--config " + cfg + " --set train.micro_batch=auto " + extra));
+    EXPECT_EQ(rr.exit_code, 0) << rr.output;
+    auto ev = testutil::events(run_dir, "auto_micro_batch");
+    EXPECT_EQ(ev.size(), 1u) << rr.output;
+    return Run{ev.empty() ? json() : ev[0], testutil::events(run_dir, "oom")};
+  };
+  const std::string capped = "--set memory.limit=" + std::to_string(cap);
+  const Run probed = run("probed", capped + " --set memory.activation_checkpointing=auto");
+  EXPECT_EQ(probed.pick["checkpointing"], true) << probed.pick;
+  EXPECT_EQ(probed.pick["checkpointing_from"], "floor_does_not_fit");
+  EXPECT_EQ(probed.pick["floor_fits"], true) << "with checkpointing on, the floor fits";
+  EXPECT_TRUE(probed.ooms.empty()) << probed.ooms.front();
+
+  const Run curved = run("curved", capped + " --set memory.activation_checkpointing=auto --set memory.curve=" + curve);
+  EXPECT_EQ(curved.pick["checkpointing"], true) << curved.pick;
+  EXPECT_EQ(curved.pick["checkpointing_from"], "curve");
+  EXPECT_EQ(curved.pick["micro_batch"], probed.pick["micro_batch"]);
+  EXPECT_LT(curved.pick["probes"].get<int64_t>(), probed.pick["probes"].get<int64_t>())
+      << "the curve spares the search without checkpointing";
+  EXPECT_TRUE(curved.ooms.empty()) << curved.ooms.front();
+
+  const Run ladder = run("ladder", capped + " --set memory.activation_checkpointing=none");
+  EXPECT_EQ(ladder.pick["checkpointing"], false);
+  EXPECT_EQ(ladder.pick["checkpointing_from"], "config");
+  ASSERT_EQ(ladder.ooms.size(), 1u) << "the ladder learns it in the first step";
+  EXPECT_EQ(ladder.ooms[0]["kind"], "checkpointing_on");
+  EXPECT_EQ(ladder.ooms[0]["step"], 1);
+
+  const Run free = run("free", "--set memory.activation_checkpointing=auto");
+  EXPECT_EQ(free.pick["checkpointing"], false);
+  EXPECT_EQ(free.pick["checkpointing_from"], "floor_fits");
+  EXPECT_EQ(free.pick["micro_batch"], 4);
+  EXPECT_TRUE(free.ooms.empty());
 }
 
 // The plot of a memory curve: a PNG from the JSON the bench writes; bad input named; and without

@@ -1,7 +1,8 @@
 // `trainer bench --memory-curve`: the peak memory of a training step against the micro-batch, without
 // and with activation checkpointing, its fit, what the fit predicts under given limits, and (--check)
-// how the predictions compare with the exhaustive search and whether the fit's start makes `micro_batch:
-// auto` faster. Phases: the curves, the predictions, the checks, the result (tools/bench.h).
+// how the predictions compare with the exhaustive search, whether the fit's start makes `micro_batch:
+// auto` faster, and what a run with `activation_checkpointing: auto` picks from the curve. Phases: the
+// curves, the predictions, the checks, the result (tools/bench.h).
 #include "tools/bench.h"
 
 #include <algorithm>
@@ -119,7 +120,7 @@ Curve measure_curve(const CurvePlan& p, const std::string& setting) {
               << std::endl;
   }
   std::vector<CurvePoint> pts;
-  for (const auto& pt : c.points) pts.push_back({pt.micro_batch, pt.peak_bytes});
+  for (const auto& pt : c.points) pts.push_back({pt.micro_batch, pt.peak_bytes, pt.samples_per_s});
   if (pts.size() >= 2) c.fit = fit_memory_curve(pts);
   return c;
 }
@@ -142,42 +143,34 @@ json curve_json(const Curve& c) {
 
 // ---- 2. the predictions -------------------------------------------------------------------------------
 
-// Samples/s at micro-batch m: the measured points' samples/s, linear in m between the two around it (the
-// nearest end outside them).
-double interpolate_samples_per_s(const std::vector<Point>& pts, int64_t m) {
-  if (pts.empty()) return 0.0;
-  if (m <= pts.front().micro_batch) return pts.front().samples_per_s;
-  for (size_t i = 1; i < pts.size(); ++i) {
-    if (m > pts[i].micro_batch) continue;
-    const Point &a = pts[i - 1], &b = pts[i];
-    const double t = static_cast<double>(m - a.micro_batch) / static_cast<double>(b.micro_batch - a.micro_batch);
-    return a.samples_per_s + t * (b.samples_per_s - a.samples_per_s);
+// The curves as `memory.curve` reads them back (trainer/memory/curve.h), for the predictions.
+MemoryCurve as_memory_curve(const std::map<std::string, Curve>& curves) {
+  MemoryCurve mc;
+  for (const auto& [setting, c] : curves) {
+    for (const auto& pt : c.points) mc.points[setting].push_back({pt.micro_batch, pt.peak_bytes, pt.samples_per_s});
+    if (c.fit) mc.fits[setting] = *c.fit;
   }
-  return pts.back().samples_per_s;
+  return mc;
 }
 
 // Under `limit`: per setting the largest micro-batch the fit predicts and the samples/s it would train
-// at; the choice is the faster setting (none when nothing is predicted to fit).
+// at; the choice is the faster setting (choose_setting: what a run with activation_checkpointing: auto
+// and this curve takes).
 json predict(const CurvePlan& p, const std::map<std::string, Curve>& curves, int64_t limit) {
+  const MemoryCurve mc = as_memory_curve(curves);
   json j = {{"limit_bytes", limit}};
-  std::string choice = "neither";
-  double best = 0;
   for (const auto& setting : kSettings) {
-    const Curve& c = curves.at(setting);
-    if (!c.fit) {
+    const auto fit = mc.fits.find(setting);
+    if (fit == mc.fits.end()) {
       j[setting] = nullptr;
       continue;
     }
-    const int64_t m = predict_max_micro_batch(*c.fit, limit, p.G);
-    const double sps = m > 0 ? interpolate_samples_per_s(c.points, m) : 0.0;
-    j[setting] = {{"micro_batch", m}, {"fitted_peak_bytes", m > 0 ? c.fit->peak_at(m) : 0.0},
-                  {"samples_per_s_estimate", sps}};
-    if (m > 0 && sps > best) {
-      best = sps;
-      choice = setting;
-    }
+    const int64_t m = predict_max_micro_batch(fit->second, limit, p.G);
+    j[setting] = {{"micro_batch", m},
+                  {"fitted_peak_bytes", m > 0 ? fit->second.peak_at(m) : 0.0},
+                  {"samples_per_s_estimate", m > 0 ? interpolate_samples_per_s(mc.points.at(setting), m) : 0.0}};
   }
-  j["choice"] = choice;
+  j["choice"] = choose_setting(mc, limit, p.G).setting;
   return j;
 }
 
@@ -201,18 +194,33 @@ json truth_of(const CurvePlan& p, const std::string& setting, int64_t limit, con
   return j;
 }
 
-// One `micro_batch: auto` run (one step: the search comes before it), with or without the curve's start.
-json auto_run(const CurvePlan& p, int64_t limit, const fs::path& curve_file, bool with_start, const std::string& name) {
+// One `micro_batch: auto` run (one step: the search comes before it), with or without the curve's start,
+// with `extra` sets.
+json auto_run(const CurvePlan& p, int64_t limit, const fs::path& curve_file, bool with_start, const std::string& name,
+              const std::vector<std::string>& extra = {}) {
   std::vector<std::string> sets = {"train.micro_batch=auto", "memory.limit=" + num(limit), "train.steps=1", kNoGrowth,
                                    kQuiet};
   if (with_start) sets.push_back("memory.curve=" + curve_file.string());
+  sets.insert(sets.end(), extra.begin(), extra.end());
   Job a = run_job(p.cfg, sets, p.root.path / name);
   if (a.rc != kExitOk) throw std::runtime_error(curve_failed(a, "the micro_batch: auto run failed"));
   const auto ev = a.events("auto_micro_batch");
   if (ev.empty()) throw std::runtime_error("bench --memory-curve: " + (a.dir / "metrics.jsonl").string() +
                                            " has no auto_micro_batch event");
   return {{"micro_batch", ev[0].at("micro_batch")}, {"start", ev[0].at("start")}, {"probes", ev[0].at("probes")},
-          {"search_s", ev[0].at("search_s")}};
+          {"search_s", ev[0].at("search_s")}, {"checkpointing", ev[0].at("checkpointing")},
+          {"checkpointing_from", ev[0].at("checkpointing_from")}, {"ooms_in_the_step", a.events("oom").size()}};
+}
+
+// A run with micro_batch: auto, activation_checkpointing: auto and the curve picks the setting and the
+// size before its first step: against the exhaustive search's faster setting and its largest size.
+json joint_run(const CurvePlan& p, int64_t limit, const fs::path& curve_file, const json& truth, const std::string& tag) {
+  json j = auto_run(p, limit, curve_file, true, "joint_" + tag, {"memory.activation_checkpointing=auto"});
+  const std::string setting = j["checkpointing"].get<bool>() ? "all" : "none";
+  j["setting"] = setting;
+  j["setting_agrees"] = setting == truth["best"];
+  j["micro_batch_minus_exhaustive"] = j["micro_batch"].get<int64_t>() - truth[setting]["micro_batch"].get<int64_t>();
+  return j;
 }
 
 // `rounds` pairs, the order alternating (with first in odd rounds): the picks must agree; the probes
@@ -264,6 +272,7 @@ json check(const CurvePlan& p, const json& prediction, int64_t limit, const fs::
   const std::string own = p.cfg.memory.activation_checkpointing == "all" ? "all" : "none";
   truth["auto"] = truth[own]["micro_batch"].get<int64_t>() > 0 ? auto_side_by_side(p, limit, curve_file, tag)
                                                                : json(nullptr);
+  truth["joint"] = best != "neither" ? joint_run(p, limit, curve_file, truth, tag) : json(nullptr);
   return truth;
 }
 

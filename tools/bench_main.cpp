@@ -124,6 +124,9 @@ int run_curve(const cxxopts::ParseResult& a, const BenchOptions& opts, const Con
       if (!c["auto"].is_null())
         std::cerr << ", auto search " << c["auto"]["search_s_median_without_start"].get<double>() << " s -> "
                   << c["auto"]["search_s_median_with_start"].get<double>() << " s from the fit's start";
+      if (!c["joint"].is_null())
+        std::cerr << "; a run with activation_checkpointing: auto took " << c["joint"]["setting"].get<std::string>()
+                  << " at " << c["joint"]["micro_batch"] << " (" << c["joint"]["ooms_in_the_step"] << " OOMs in its step)";
     }
     std::cerr << std::endl;
   }

@@ -104,18 +104,46 @@ void TrainingRun::search_micro_batch(const data::Batch& batch) {
   // search is a collective, which a rank whose batch did not fit would not have entered.
   need_micro_batch_search_ = false;
   const auto t = std::chrono::steady_clock::now();
-  const MicroBatchSearch found =
-      step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start());
-  const double search_s = seconds_since(t);
   MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
+  // memory.activation_checkpointing: auto picks the setting with the size, before the first step: the
+  // memory curve's faster setting under the limit; without a curve (or where it predicts nothing fits),
+  // recomputation only where not even the floor fits without it, the ladder's order. Every rank reaches
+  // the same choice: the curve, the agreed limit and the search's outcome are the same on all.
+  const bool choose = cfg_.memory.activation_checkpointing == "auto";
+  std::string from = choose ? "floor_fits" : "config";  // the auto_micro_batch event's checkpointing_from
+  if (choose && curve_) {
+    const CurveChoice c = choose_setting(*curve_, agreed_limit_, rank_batch());
+    if (c.setting != "neither") {
+      co.checkpointing = c.setting == "all";
+      from = "curve";
+    }
+  }
+  auto search = [&] {
+    step_runner_->set_controller(make_controller(co, agreed_limit_));
+    step_runner_->apply_activation_checkpointing();
+    return step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start());
+  };
+  MicroBatchSearch found = search();
+  if (choose && !found.floor_fits && !co.checkpointing) {
+    co.checkpointing = true;
+    from = "floor_does_not_fit";
+    const int64_t probes = found.probes;
+    found = search();
+    found.probes += probes;
+  }
+  const double search_s = seconds_since(t);
   co.micro_batch = found.micro_batch;
   step_runner_->set_controller(make_controller(co, agreed_limit_));
-  spdlog::info("micro_batch auto: {} fits under {} (accumulation {}; {} probes in {:.2f} s, {})", found.micro_batch,
-               limit_bytes_ ? format_bytes(limit_bytes_) : "no limit", step_runner_->controller().accum_steps(),
-               found.probes, search_s,
+  step_runner_->apply_activation_checkpointing();
+  spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
+               found.micro_batch, limit_bytes_ ? format_bytes(limit_bytes_) : "no limit",
+               step_runner_->controller().accum_steps(), co.checkpointing ? "on" : "off", from, found.probes, search_s,
                found.start ? "from the memory curve's " + std::to_string(found.start) : "doubling from the floor");
   metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
                                       {"accum_steps", step_runner_->controller().accum_steps()},
+                                      {"checkpointing", co.checkpointing},
+                                      {"checkpointing_from", from},
+                                      {"floor_fits", found.floor_fits},
                                       {"limit", limit_bytes_},
                                       {"start", found.start},
                                       {"probes", found.probes},

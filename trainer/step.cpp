@@ -213,13 +213,20 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   // than OOM-ing its way down.
   p_.optimizer->zero_grad();
   MicroBatchSearch found;
+  // A probe is the step's worst micro-batch: the first one's forward and backward, then, when the step
+  // accumulates (mb below the batch), the second one's with the first one's gradients alive. One pass
+  // alone misses those gradients, and picked sizes whose real step then ran out of memory.
   auto fits = [&](int64_t mb) {
     ++found.probes;
     try {
-      Logits out = forward_logits(*p_.model, batch.images.narrow(0, 0, mb), batch.labels.narrow(0, 0, mb), o_.forward);
-      F::cross_entropy(out.logits, out.targets,
-                       F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(o_.label_smoothing))
-          .backward();
+      for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch.size()); at += mb) {
+        const int64_t n = std::min<int64_t>(mb, batch.size() - at);
+        Logits out =
+            forward_logits(*p_.model, batch.images.narrow(0, at, n), batch.labels.narrow(0, at, n), o_.forward);
+        F::cross_entropy(out.logits, out.targets,
+                         F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(o_.label_smoothing))
+            .backward();
+      }
       p_.optimizer->zero_grad();
       return true;
     } catch (const std::exception& e) {
@@ -236,8 +243,7 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   try {
     p_.optimizer->allocate_state();
     snapshot.emplace(*p_.model, o_.forward.device);
-    // Nothing fits even at the floor: start there and let the ladder's next rung (recomputation) try.
-    mb = std::max(find_max_micro_batch(fits, floor, size, found.start), floor);
+    mb = find_max_micro_batch(fits, floor, size, found.start);  // 0: not even the floor fits
   } catch (const std::exception& e) {
     if (!is_oom_error(e)) throw;
     drop_failed_attempt();
@@ -249,7 +255,10 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
     throw OomGaveUp("micro_batch auto: the model and its optimizer state do not fit in memory (limit " +
                     (limit > 0 ? format_bytes(limit) : std::string("none")) +
                     "); raise memory.limit or use a smaller model");
-  found.micro_batch = mb;
+  // Nothing fits even at the floor: start there, and let the caller or the ladder's next rung
+  // (recomputation) try.
+  found.floor_fits = mb >= floor;
+  found.micro_batch = std::max(mb, floor);
   return found;
 }
 

@@ -83,6 +83,7 @@ struct MicroBatchSearch {
   int64_t micro_batch = 0;  ///< the largest that fits (the smallest over ranks)
   int64_t start = 0;        ///< where the search started (0: doubling from the floor)
   int64_t probes = 0;       ///< forward and backward passes it ran (this rank)
+  bool floor_fits = true;   ///< false: not even the floor fitted (on some rank); micro_batch is the floor
 };
 
 struct StepOptions {
@@ -122,7 +123,8 @@ class Step {
   /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
   /// allocated; the smallest over ranks. The search starts at `start` when it is > 0 (a memory
   /// curve's prediction; find_max_micro_batch), else doubles from the floor; the answer is the same.
-  /// The probes do not count as training (the snapshot is put back).
+  /// The probes run with the checkpointing the blocks have (apply_activation_checkpointing) and do not
+  /// count as training (the snapshot is put back).
   MicroBatchSearch find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
                                     int64_t start = 0);
 

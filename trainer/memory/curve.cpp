@@ -56,6 +56,31 @@ int64_t predict_max_micro_batch(const MemoryFit& fit, int64_t limit_bytes, int64
   return m >= static_cast<double>(hi) ? hi : static_cast<int64_t>(m);
 }
 
+double interpolate_samples_per_s(const std::vector<CurvePoint>& points, int64_t m) {
+  if (points.empty()) return 0.0;
+  if (m <= points.front().micro_batch) return points.front().samples_per_s;
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (m > points[i].micro_batch) continue;
+    const CurvePoint &a = points[i - 1], &b = points[i];
+    const double t = static_cast<double>(m - a.micro_batch) / static_cast<double>(b.micro_batch - a.micro_batch);
+    return a.samples_per_s + t * (b.samples_per_s - a.samples_per_s);
+  }
+  return points.back().samples_per_s;
+}
+
+CurveChoice choose_setting(const MemoryCurve& curve, int64_t limit_bytes, int64_t hi) {
+  CurveChoice best;
+  for (const char* setting : {"none", "all"}) {
+    const auto fit = curve.fits.find(setting);
+    const auto pts = curve.points.find(setting);
+    if (fit == curve.fits.end() || pts == curve.points.end()) continue;
+    const int64_t m = predict_max_micro_batch(fit->second, limit_bytes, hi);
+    const double sps = m > 0 ? interpolate_samples_per_s(pts->second, m) : 0.0;
+    if (m > 0 && sps > best.samples_per_s) best = {setting, m, sps};
+  }
+  return best;
+}
+
 MemoryCurve read_memory_curve(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot read the memory curve (write it with trainer bench --memory-curve)");
@@ -68,6 +93,11 @@ MemoryCurve read_memory_curve(const std::string& path) {
     c.sample_shape = j.at("sample_shape").get<std::vector<int64_t>>();
     c.precision = j.at("precision").get<std::string>();
     for (const auto& [setting, curve] : j.at("curves").items()) {
+      auto& pts = c.points[setting];
+      for (const auto& p : curve.at("points"))
+        pts.push_back({p.at("micro_batch").get<int64_t>(), p.at("peak_bytes").get<int64_t>(),
+                       p.value("samples_per_s", 0.0)});
+      std::sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) { return a.micro_batch < b.micro_batch; });
       if (!curve.contains("fit") || curve.at("fit").is_null()) continue;  // too few points to fit
       MemoryFit f;
       f.fixed_bytes = curve.at("fit").at("fixed_bytes").get<double>();
