@@ -742,3 +742,44 @@ TEST(BenchOom, BadArgumentsAreOneLineErrors) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(last_line(r.output), "error: bench --oom: " + dir.str() + " is not empty; give --run-dir a new folder");
 }
+
+// scripts/gpu-check.sh, the GPU proof, in the CPU mode it takes on a host without a GPU: every phase
+// runs on its small job and the summary holds their figures. The CUDA-only tests skip here, each named;
+// none of them passes without a device.
+TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
+  TempDir dir;
+  const std::string out = (dir / "out").string();
+  const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
+  auto r = testutil::run("env TMPDIR=" + dir.path.string() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" +
+                         (dir / "no-bundle").string() + " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" +
+                         testutil::python() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("== gpu-check (cpu): every phase passed"), std::string::npos) << r.output;
+  const json s = read_json(out + "/summary.json");
+  EXPECT_EQ(s["mode"], "cpu");
+  for (const char* phase : {"env", "tests", "cap", "speed"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
+
+  EXPECT_GE(s["tests"]["run"].get<int>(), 20);
+  EXPECT_TRUE(s["tests"]["failed"].empty()) << s["tests"];
+  const auto& skipped = s["tests"]["skipped"];
+  for (const char* cuda_only : {"GradScaler.CudaStepWithPlantedInf", "StepSnapshot.PutsBackTheCudaGeneratorOfTheDevice",
+                                "ActivationCheckpointCuda.TransformerLayerWithDropoutGradientsEqualPlain"})
+    EXPECT_NE(std::find(skipped.begin(), skipped.end(), cuda_only), skipped.end()) << cuda_only << " did not skip";
+
+  const json& cap = s["cap"];
+  ASSERT_EQ(cap["auto_vs_exhaustive"].size(), 2u) << cap;
+  for (const auto& a : cap["auto_vs_exhaustive"]) {
+    EXPECT_GT(a["largest_fitting_micro_batch"].get<int64_t>(), 0) << a;
+    EXPECT_GT(a["auto_fraction"].get<double>(), 0.0) << a;
+  }
+  EXPECT_GT(cap["recovery"]["recovery_s_median"].get<double>(), 0.0) << cap;
+  EXPECT_FALSE(cap["report"]["failed_in"].empty()) << "the memory report names the phase: " << cap["report"];
+  EXPECT_NE(cap["report"]["error"].get<std::string>().find("out of memory"), std::string::npos) << cap["report"];
+
+  for (const char* job : {"speed_resnet50", "speed_gpt2"}) {
+    EXPECT_GT(s[job]["speed_ratio"].get<double>(), 0.0) << job;
+    EXPECT_EQ(s[job]["per_round_speed_ratio"].size(), 2u) << job;
+    EXPECT_TRUE(s[job]["met"].is_null()) << job << ": no target is judged on the CPU";
+  }
+  EXPECT_GT(s["speed_gpt2"]["trainer_tokens_per_s"].get<double>(), 0.0);
+}

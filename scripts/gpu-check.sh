@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# The GPU proof of issue 14 in a few calls: every phase writes its logs and JSON under OUTDIR, and
+# `summary` gathers the figures into OUTDIR/summary.json. On a host without a GPU (no working
+# `nvidia-smi -L`) the same phases run in CPU mode on small jobs, so that everything but the CUDA parts
+# is exercised before device time is spent.
+#
+#   phase    what it runs                                                    CUDA job             CPU mode
+#   env      versions: nvidia-smi, the host's torch, the trainer             -                    -
+#   tests    the CUDA-only tests (GradScaler with planted inf/nan, fused     on the device        they skip,
+#            unscale against the plain path, checkpointing with dropout,                          each with
+#            the retried step's CUDA RNG) and the in-process step tests                           its reason
+#   cap      trainer bench --oom: a cap cut through control.yaml mid-run     ResNet-50 224 fp16   plain CNN
+#            (backoff, grow-back, recovery time), micro_batch: auto          channels_last,       28x28,
+#            against the exhaustive search under two caps, the OOM memory    batch 256            batch 16
+#            report (read back: it must name the phase that failed)
+#   speed    bench/compare.py, trainer against Python PyTorch on the same    ResNet-50 fp16 256;  ResNet-18,
+#            device, alternating rounds: ratio, samples or tokens/s, MFU     GPT-2 small bf16,    gpt_tiny
+#                                                                            context 1024
+#   summary  OUTDIR/summary.json: the figures above and the targets (ResNet-50 ratio >= 1.1, GPT-2 ratio
+#            >= 1.0 and MFU >= 50%), each marked met or missed
+#
+# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests cap speed summary)
+# Plan the device calls as: `env tests cap summary`, then `speed summary` (each under 9 minutes is the
+# aim; the CUDA timings are not known yet, so log every phase's wall time and adjust).
+#
+# The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
+# `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
+# TRAINER_PYTHON, else the bundle's rule (/opt/torch/.venv/bin/python3, python3), else the 2.11
+# environment (scripts/install-torch.sh --python) for build-cuda and /usr/bin/python3 for build.
+# TRAINER_GPU_CHECK_MODE=cuda|cpu overrides the detection. Exit 1 if a phase failed (the others still
+# run); a missed speed target is a figure, not a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [env|tests|cap|speed|summary ...]}
+shift
+phases=("$@")
+((${#phases[@]})) || phases=(env tests cap speed summary)
+mkdir -p "$out" || exit 2
+out=$(cd "$out" && pwd)
+
+mode=${TRAINER_GPU_CHECK_MODE:-}
+[[ -n $mode ]] || { nvidia-smi -L >/dev/null 2>&1 && mode=cuda || mode=cpu; }
+
+bundle=${TRAINER_BUNDLE:-.gpu-run/bundle}
+if [[ -x $bundle/run ]]; then
+  bundle=$(cd "$bundle" && pwd)
+  trainer=("$bundle/run" trainer)
+  tests=("$bundle/run" trainer_tests)
+  py=${TRAINER_PYTHON:-}
+  [[ -z $py && -x /opt/torch/.venv/bin/python3 ]] && py=/opt/torch/.venv/bin/python3
+  py=${py:-python3}
+else
+  build=${TRAINER_BUILD:-}
+  [[ -n $build ]] || { [[ -x build-cuda/trainer ]] && build=build-cuda || build=build; }
+  [[ -x $build/trainer ]] || { echo "error: no trainer: build one (scripts/test.sh) or bundle one (scripts/bundle-gpu.sh)"; exit 2; }
+  build=$(cd "$build" && pwd)
+  trainer=("$build/trainer")
+  tests=("$build/tests/trainer_tests")
+  py=${TRAINER_PYTHON:-}
+  if [[ -z $py ]]; then
+    if [[ $build == */build-cuda ]]; then py=$(scripts/install-torch.sh --python); else py=/usr/bin/python3; fi
+  fi
+fi
+# compare.py takes one executable.
+mkdir -p "$out/bin"
+{ echo '#!/usr/bin/env bash'; printf 'exec'; printf ' %q' "${trainer[@]}"; echo ' "$@"'; } >"$out/bin/trainer"
+chmod +x "$out/bin/trainer"
+
+failed=()
+phase() {  # name, command...: runs it, logs to OUTDIR/<name>.log, records the wall time
+  local name=$1 t0=$SECONDS rc
+  shift
+  echo "== gpu-check ($mode): $name"
+  "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  echo "{\"phase\": \"$name\", \"mode\": \"$mode\", \"rc\": $rc, \"wall_s\": $((SECONDS - t0))}" >"$out/$name.phase.json"
+  tail -n 3 "$out/$name.log"
+  ((rc == 0)) || { failed+=("$name"); echo "== gpu-check: $name failed (exit $rc); see $out/$name.log"; }
+}
+
+env_phase() {
+  date -u
+  uname -srm
+  nvidia-smi || echo "nvidia-smi: none (CPU mode)"
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+"device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+  "${trainer[@]}" --version
+}
+
+# The CUDA-only tests skip on the CPU, each saying why; the in-process step tests run either way.
+tests_phase() {
+  "${tests[@]}" --gtest_output="json:$out/tests.json" \
+    --gtest_filter='GradScaler*:GradScalerKernels*:ActivationCheckpoint*:StepSnapshot*:StepInProcess*:*Cuda*'
+}
+
+cap_phase() {
+  local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --rounds 1 --warmup 5 --steps 5)
+  [[ $mode == cuda ]] || cfg=(--config configs/bench_oom_tiny.yaml --rounds 1 --warmup 3 --steps 3)
+  rm -rf "$out/cap_runs"
+  "${trainer[@]}" bench --oom "${cfg[@]}" --run-dir "$out/cap_runs" --out "$out/cap.json" || return
+  # The memory report of the cut's first OOM, read back as a user would: it must parse and name the
+  # phase the attempt failed in.
+  "$py" - "$out/cap_runs" "$out/cap_report.json" <<'PY'
+import glob, json, sys
+reports = sorted(glob.glob(sys.argv[1] + "/**/memory_report_*.json", recursive=True))
+if not reports:
+    sys.exit("no memory report under " + sys.argv[1])
+r = json.load(open(reports[0]))
+failed = [p.get("failed_in") for p in r.get("phase_peaks", []) if p.get("failed_in")]
+if not failed:
+    sys.exit(reports[0] + ": no attempt names the phase it failed in")
+json.dump({"report": reports[0], "reports": len(reports), "step": r["step"], "failed_in": failed,
+           "limit_bytes": r["limit_bytes"], "peak_bytes": r["peak_bytes"], "device": r["device"],
+           "error": r["error"]}, open(sys.argv[2], "w"), indent=1)
+print(reports[0], "failed in", failed)
+PY
+}
+
+speed_phase() {
+  local rc=0
+  if [[ $mode == cuda ]]; then
+    "$py" bench/compare.py --config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --trainer "$out/bin/trainer" \
+      --python "$py" --rounds 3 --warmup 10 --steps 30 --no-loader --workdir "$out/speed_resnet50" \
+      --out "$out/speed_resnet50.json" || rc=1
+    "$py" bench/compare.py --config configs/bench_gpt2_small_synthetic.yaml --trainer "$out/bin/trainer" \
+      --python "$py" --rounds 3 --warmup 5 --steps 20 --no-loader --workdir "$out/speed_gpt2" \
+      --out "$out/speed_gpt2.json" || rc=1
+  else
+    "$py" bench/compare.py --config configs/bench_resnet18_cpu.yaml --set train.threads=1 --set train.global_batch=8 \
+      --trainer "$out/bin/trainer" --python "$py" --rounds 2 --warmup 1 --steps 2 --no-loader \
+      --workdir "$out/speed_resnet50" --out "$out/speed_resnet50.json" || rc=1
+    "$py" bench/compare.py --config configs/bench_gpt_tiny_cpu.yaml --set data.kind=synthetic --set data.train= \
+      --set train.threads=1 --set train.global_batch=4 --trainer "$out/bin/trainer" --python "$py" --rounds 2 \
+      --warmup 1 --steps 2 --no-loader --workdir "$out/speed_gpt2" --out "$out/speed_gpt2.json" || rc=1
+  fi
+  return $rc
+}
+
+summary_phase() {
+  "$py" - "$out" "$mode" <<'PY'
+import json, os, sys
+out, mode = sys.argv[1], sys.argv[2]
+def load(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) else None
+s = {"mode": mode, "phases": {}}
+for f in sorted(os.listdir(out)):
+    if f.endswith(".phase.json"):
+        p = load(f)
+        s["phases"][p["phase"]] = {"rc": p["rc"], "wall_s": p["wall_s"]}
+t = load("tests.json")
+if t:
+    cases = [c for suite in t["testsuites"] for c in suite["testsuite"]]
+    s["tests"] = {"run": len(cases),
+                  "failed": [c["name"] for c in cases if c.get("failures")],
+                  "skipped": [c["classname"] + "." + c["name"] for c in cases if c.get("result") == "SKIPPED"]}
+c = load("cap.json")
+if c:
+    s["cap"] = {k: c.get(k) for k in ("device_name", "global_batch", "recovery", "grow_back")}
+    s["cap"]["auto_vs_exhaustive"] = [{k: a.get(k) for k in ("cap", "auto_micro_batch", "largest_fitting_micro_batch",
+                                      "auto_fraction", "auto_search_s", "auto_ooms_in_3_steps")}
+                                     for a in c.get("auto_vs_exhaustive", [])]
+    s["cap"]["report"] = load("cap_report.json")
+# compare.py's ratio is trainer step time / Python step time; the targets are on speed, its inverse.
+targets = {"speed_resnet50.json": ("ResNet-50 fp16 samples/s, trainer / PyTorch", 1.1, None),
+           "speed_gpt2.json": ("GPT-2 small bf16 tokens/s, trainer / PyTorch", 1.0, 0.5)}
+for f, (what, ratio_target, mfu_target) in targets.items():
+    r = load(f)
+    if not r:
+        continue
+    speed = 1.0 / r["median_ratio_step_time_p50"]
+    mfus = sorted(json.load(open(x["trainer_file"])).get("mfu") or 0.0 for x in r["rounds"])
+    entry = {"model": r["model"], "precision": r["precision"], "global_batch": r["global_batch"],
+             "device_name": r["device_name"], "versions": r["versions"], "speed_ratio": speed,
+             "per_round_speed_ratio": [1.0 / x["ratio_step_time_p50"] for x in r["rounds"]],
+             "trainer_samples_per_s": r["trainer_samples_per_s_median"],
+             "python_samples_per_s": r["python_samples_per_s_median"],
+             "trainer_tokens_per_s": r.get("trainer_tokens_per_s_median"),
+             "trainer_mfu_median": mfus[len(mfus) // 2] if any(mfus) else None,
+             "target": what + " >= " + str(ratio_target)}
+    entry["met"] = speed >= ratio_target if mode == "cuda" else None
+    if mfu_target is not None:
+        entry["mfu_target"] = mfu_target
+        m = entry["trainer_mfu_median"]
+        entry["mfu_met"] = m >= mfu_target if mode == "cuda" and m is not None else None
+    s[f.replace(".json", "")] = entry
+json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
+print(json.dumps(s, indent=1)[:4000])
+PY
+}
+
+for p in "${phases[@]}"; do
+  case $p in
+    env | tests | cap | speed | summary) phase "$p" "${p}_phase" ;;
+    *) echo "error: unknown phase '$p' (env, tests, cap, speed, summary)"; exit 2 ;;
+  esac
+done
+((${#failed[@]} == 0)) || { echo "== gpu-check: failed: ${failed[*]}"; exit 1; }
+echo "== gpu-check ($mode): every phase passed; $out/summary.json"
