@@ -100,12 +100,20 @@ TEST(ContainerMemory, AutoKeepsTheWholeProcessUnderTheContainerLimit) {
   EXPECT_LE(max_of(run.lines, "rss_bytes"), run.rss_peak_bytes);
   EXPECT_LE(max_of(run.lines, "rss_peak_bytes"), run.rss_peak_bytes);
   EXPECT_GT(max_of(run.lines, "rss_peak_bytes"), run.rss_peak_bytes / 2);
+  // Memory that is not tensors grows after the cap is first resolved (libraries page in, the heap keeps
+  // pages: 17 MB in this job's first steps with 1.13, 26 MB with 2.11, against a threshold of 2% of the
+  // container), so the cap is resolved again, lower.
+  int64_t last_limit = 0;
+  for (const auto& l : run.lines)
+    if (!l.contains("event")) last_limit = l.value("mem_limit_bytes", int64_t{0});
+  EXPECT_GT(last_limit, 0);
+  EXPECT_LT(last_limit, cap) << "the cap was not resolved again after memory that is not tensors grew";
 
   // Whether the cap had to bind, which is what makes the bound above mean something. With Debian's
-  // LibTorch 1.13 it does. With the 2.11 wheel the resolved cap came out above the uncapped run's tensor
-  // peak (249.7 MB against 154.3 MB): memory that is not tensors grows by more after the limit is
-  // resolved (the first step pages in the far larger library), so a container sized from the uncapped
-  // run does not bind. Known gap, docs/MEMORY.md ("RSS against the container's limit").
+  // LibTorch 1.13 it does. With the 2.11 wheel the cap stays above the uncapped run's tensor peak (250 MB
+  // against 154 MB): that run's peak RSS, which sizes the container, is inflated by the heap it keeps
+  // and by a jump at exit, so the container is roomier than the job needs. Known gap, docs/MEMORY.md
+  // ("RSS against the container's limit").
   if (cap >= tensors) {
     GTEST_SKIP() << "the cap " << cap << " did not bind (uncapped tensor peak " << tensors
                  << "): the RSS bound was checked, the backoff under it was not";

@@ -24,10 +24,21 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
     changed = true;
   }
   // With `auto` on the CPU, the container's limit is re-read: a `docker update --memory` or a Kubernetes
-  // in-place resize reaches the trainer this way. (The resolved cap also depends on the process's
-  // non-tensor memory, so it is recomputed only when the cgroup limit itself moves.)
+  // in-place resize reaches the trainer this way. The cap is also resolved again when the memory that is
+  // not tensors has grown by more than 2% of the container since it was set: the first steps page in
+  // libraries and caches (35 MB of ResNet-20's first steps with the 2.11 wheel), which the margin alone
+  // need not cover.
   if (limit_spec_ == "auto" && !device_.is_cuda()) {
-    if (read_cgroup_memory(container_root()).limit_bytes != cgroup_limit_) changed = true;
+    if (read_cgroup_memory(container_root()).limit_bytes != cgroup_limit_) {
+      changed = true;
+    } else if (cgroup_limit_ > 0) {
+      const int64_t nontensor = host_rss_bytes() - memory_->current_bytes();
+      if (nontensor - nontensor_at_limit_ > std::max<int64_t>(4 << 20, cgroup_limit_ / 50)) {
+        spdlog::info("memory.limit auto: memory that is not tensors grew from {} to {} since the cap was set; "
+                     "resolving it again", format_bytes(nontensor_at_limit_), format_bytes(nontensor));
+        changed = true;
+      }
+    }
   }
   if (changed) {
     int64_t limit = resolve_limit();
@@ -54,6 +65,8 @@ int64_t TrainingRun::resolve_limit() {
   const AutoLimitOptions o = auto_limit_options(cfg_, device_.is_cuda());
   cgroup_limit_ = read_cgroup_memory(o.cgroup_root).limit_bytes;
   const bool container = limit_spec_ == "auto" && cgroup_limit_ > 0 && !device_.is_cuda();
+  // What is not tensors, measured as poll_memory_limit measures it: before the heap is trimmed.
+  nontensor_at_limit_ = host_rss_bytes() - memory_->current_bytes();
   // The container counts the heap's kept pages; a cap on live tensors alone does not bound them.
   if (container) return_freed_memory();
   const int64_t limit = resolve_memory_limit(limit_spec_, *memory_, o);

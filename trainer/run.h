@@ -176,6 +176,7 @@ class TrainingRun {
   std::string limit_spec_;            // as configured or set through control.yaml
   int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
   int64_t rss_at_limit_ = 0;          // the process's RSS then (bytes)
+  int64_t nontensor_at_limit_ = 0;    // RSS less live tensor bytes then (bytes)
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
   std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
