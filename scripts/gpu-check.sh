@@ -28,14 +28,22 @@
 # TRAINER_PYTHON, else the bundle's rule (/opt/torch/.venv/bin/python3, python3), else the 2.11
 # environment (scripts/install-torch.sh --python) for build-cuda and /usr/bin/python3 for build.
 # TRAINER_GPU_CHECK_MODE=cuda|cpu overrides the detection. Exit 1 if a phase failed (the others still
-# run); a missed speed target is a figure, not a failure.
+# run); a missed speed target is a figure, not a failure. Exit 2: a usage error, an unknown phase, or no
+# trainer found.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-out=${1:?usage: scripts/gpu-check.sh OUTDIR [env|tests|cap|speed|summary ...]}
+(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|cap|speed|summary ...]" >&2; exit 2; }
+out=$1
 shift
 phases=("$@")
 ((${#phases[@]})) || phases=(env tests cap speed summary)
+for p in "${phases[@]}"; do
+  case $p in
+    env | tests | cap | speed | summary) ;;
+    *) echo "error: unknown phase '$p' (env, tests, cap, speed, summary)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
 
@@ -190,11 +198,6 @@ print(json.dumps(s, indent=1)[:4000])
 PY
 }
 
-for p in "${phases[@]}"; do
-  case $p in
-    env | tests | cap | speed | summary) phase "$p" "${p}_phase" ;;
-    *) echo "error: unknown phase '$p' (env, tests, cap, speed, summary)"; exit 2 ;;
-  esac
-done
+for p in "${phases[@]}"; do phase "$p" "${p}_phase"; done
 ((${#failed[@]} == 0)) || { echo "== gpu-check: failed: ${failed[*]}"; exit 1; }
 echo "== gpu-check ($mode): every phase passed; $out/summary.json"
