@@ -40,9 +40,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+using testutil::seconds_since;
 
 using testutil::connect_to;
 using testutil::read_all;

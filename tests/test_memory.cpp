@@ -43,15 +43,7 @@ class CappedTest : public ::testing::Test {
 class MemoryCap : public CappedTest {};
 class ResourcesLimitCapped : public CappedTest {};
 
-template <typename F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testutil::error_text;
 
 // A small conv net: enough layers that forward, backward and the optimizer each allocate.
 struct NetImpl : torch::nn::Module {

@@ -17,15 +17,7 @@ using testutil::TempDir;
 
 namespace {
 
-template <typename F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testutil::error_text;
 
 std::vector<trainer::CurvePoint> points(const std::vector<std::pair<int64_t, int64_t>>& xy) {
   std::vector<trainer::CurvePoint> out;

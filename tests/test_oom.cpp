@@ -8,6 +8,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "test_util.h"
+
 using trainer::MicroBatchController;
 using trainer::MicroBatchOptions;
 using trainer::OomAction;
@@ -24,15 +26,7 @@ std::vector<OomEventKind> kinds(const std::vector<trainer::OomEvent>& events) {
   return out;
 }
 
-template <typename F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testutil::error_text;
 
 }  // namespace
 

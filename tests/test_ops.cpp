@@ -37,9 +37,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+using testutil::seconds_since;
 
 // ---- a plain HTTP client on a socket: what a scraper or the kubelet sends --------------------------
 

@@ -38,9 +38,7 @@ const std::string kRules = kDeploy + "/prometheus/trainer-rules.yml";
 const std::string kRuleTests = kDeploy + "/prometheus/trainer-rules.test.yml";
 const std::string kDashboard = kDeploy + "/grafana/trainer-dashboard.json";
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+using testutil::seconds_since;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
 int free_port() {

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,6 +18,22 @@
 namespace testutil {
 
 namespace fs = std::filesystem;
+
+/// What f() threw, or "(no exception)".
+template <typename F>
+std::string error_text(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+/// Seconds on the steady clock since t.
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 /// A fresh folder under the system temp dir, removed when the object goes out of scope.
 struct TempDir {
