@@ -13,11 +13,16 @@
 #      UBSan, into build-fuzz/): each target for TRAINER_FUZZ_SECONDS (default 60) from the seed corpus
 #      in fuzz/corpus/. A finding in this project's code fails the leg (docs/FUZZING.md).
 #
+# First, in under a second: scripts/check-docs.py (the figures README.md and docs/ cite against their
+# JSON under bench/results/, and the docs' voice).
+#
 # Usage: scripts/test.sh [extra ctest args]. TRAINER_LEGS="debian cuda fuzz" (the default) picks the
 # legs; BUILD_DIR (default build) and CUDA_BUILD_DIR (default build-cuda) the folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+echo "== docs: figures against bench/results/, and the voice"
+/usr/bin/python3 scripts/check-docs.py   # under a second; one line per problem
 legs=${TRAINER_LEGS:-debian cuda fuzz}
 jobs=$(nproc)
 
