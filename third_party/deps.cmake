@@ -33,6 +33,10 @@ find_package(spdlog REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(ZLIB REQUIRED)
+# Image decoding (data/jpeg.cpp): libjpeg-turbo's libjpeg API (Debian: libjpeg62-turbo-dev) and libpng
+# (libpng-dev). Both are the system's, also under a pip-wheel LibTorch, which ships neither.
+find_package(JPEG REQUIRED)
+find_package(PNG REQUIRED)
 find_package(Threads REQUIRED)
 
 # cxxopts and nlohmann-json are header-only; their CMake packages are optional.
@@ -48,7 +52,7 @@ if(TRAINER_SELF_CONTAINED_TORCH)
   target_link_libraries(trainer_deps INTERFACE -Wl,--push-state,--no-as-needed stdc++ -Wl,--pop-state)
 endif()
 target_link_libraries(trainer_deps INTERFACE
-  ${TORCH_LIBRARIES} spdlog::spdlog ${HDF5_C_LIBRARIES} ZLIB::ZLIB Threads::Threads)
+  ${TORCH_LIBRARIES} spdlog::spdlog ${HDF5_C_LIBRARIES} JPEG::JPEG PNG::PNG ZLIB::ZLIB Threads::Threads)
 # yaml-cpp's exported target name changed between releases.
 if(TARGET yaml-cpp::yaml-cpp)
   target_link_libraries(trainer_deps INTERFACE yaml-cpp::yaml-cpp)
