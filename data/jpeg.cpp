@@ -449,8 +449,10 @@ struct JpegEncoder {
 };
 }  // namespace
 
-std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, int quality, int components) {
-  if (width <= 0 || height <= 0 || quality < 1 || quality > 100 || (components != 1 && components != 3 && components != 4))
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, int quality, int components, int chroma,
+                                 bool progressive) {
+  if (width <= 0 || height <= 0 || quality < 1 || quality > 100 || (components != 1 && components != 3 && components != 4) ||
+      (chroma != 420 && chroma != 422 && chroma != 444))
     throw std::invalid_argument("encode_jpeg: bad arguments (" + std::to_string(width) + "x" + std::to_string(height) +
                                 ", quality " + std::to_string(quality) + ", " + std::to_string(components) +
                                 " components)");
@@ -469,6 +471,11 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, i
   jpeg_set_defaults(&enc.cinfo);
   jpeg_set_quality(&enc.cinfo, quality, TRUE);
   if (components == 4) enc.cinfo.write_Adobe_marker = TRUE;
+  if (components == 3) {
+    enc.cinfo.comp_info[0].h_samp_factor = chroma == 444 ? 1 : 2;
+    enc.cinfo.comp_info[0].v_samp_factor = chroma == 420 ? 2 : 1;
+  }
+  if (progressive) jpeg_simple_progression(&enc.cinfo);
   jpeg_start_compress(&enc.cinfo, TRUE);
   const size_t stride = static_cast<size_t>(width) * components;
   if (components == 4) {

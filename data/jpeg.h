@@ -83,11 +83,13 @@ std::vector<uint8_t> decode_rgb(const uint8_t* bytes, size_t size, const DecodeL
 std::vector<uint8_t> resize_rgb(const uint8_t* rgb_hwc, int width, int height, const CropBox& box, int out_w,
                                 int out_h, bool hflip = false);
 
-/// Encodes (H, W, components) pixels as a baseline JPEG with 4:2:0 chroma subsampling for RGB.
-/// components: 3 = RGB, 1 = grayscale, 4 = CMYK written the Adobe way (inverted, with an Adobe marker,
-/// as Photoshop does; decode_rgb reads it back to RGB). quality in [1, 100]. Throws std::invalid_argument
-/// for bad arguments.
-std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, int quality, int components = 3);
+/// Encodes (H, W, components) pixels as a JPEG. components: 3 = RGB (stored as YCbCr with the chroma
+/// subsampling `chroma`: 420, 422 or 444), 1 = grayscale, 4 = CMYK given as ink amounts and written the
+/// Adobe way (inverted, with an Adobe marker, as Photoshop does; decode_rgb reads it back to RGB).
+/// quality in [1, 100]; `progressive` writes a progressive JPEG instead of a baseline one. Throws
+/// std::invalid_argument for bad arguments.
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, int quality, int components = 3,
+                                 int chroma = 420, bool progressive = false);
 
 /// Encodes (H, W, channels) pixels as an 8-bit PNG; channels: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA.
 std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels);
