@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "common/signals.h"
+#include "tools/bench_decode.h"
 #include "tools/bench_job.h"
 #include "trainer/memory/backend.h"
 
@@ -152,6 +153,9 @@ void print_summary(const json& j, const Config& cfg, const std::string& out) {
 }  // namespace
 
 int bench_main(int argc, char** argv) {
+  // The decoder alone (tools/bench_decode.h) takes no config and has its own options.
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--decode-only") return bench_decode_main(argc, argv);
   cxxopts::Options o = bench_options();
   std::string command_line = "trainer";
   for (int i = 0; i < argc; ++i) command_line += std::string(" ") + argv[i];

@@ -1,0 +1,171 @@
+#include "tools/bench_decode.h"
+
+#include "data/jpeg.h"
+#include "data/transforms.h"
+
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+namespace trainer::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool read_whole(const std::string& path, std::vector<uint8_t>& buf) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return false;
+  const auto n = static_cast<size_t>(f.tellg());
+  buf.resize(n);
+  f.seekg(0);
+  return static_cast<bool>(f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(n)));
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+struct Pass {
+  int64_t images = 0, failures = 0;
+  double seconds = 0;
+};
+
+/// Decodes files [0, count) once on `threads` threads; pass number `epoch` seeds the train boxes.
+Pass run_pass(const std::vector<std::string>& files, int64_t count, int threads, bool train, int size, uint64_t seed,
+              int64_t epoch) {
+  std::atomic<int64_t> next{0}, failures{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      std::vector<uint8_t> bytes;
+      std::vector<uint8_t> out(static_cast<size_t>(size) * size * 3);
+      for (int64_t i = next++; i < count; i = next++) {
+        const std::string& path = files[static_cast<size_t>(i % static_cast<int64_t>(files.size()))];
+        try {
+          if (!read_whole(path, bytes)) throw data::DecodeError("cannot read the file");
+          const data::ImageHeader h = data::read_header(bytes.data(), bytes.size());
+          bool flip = false;
+          const data::CropBox box = train ? data::random_resized_crop(h.width, h.height, 0.08, 1.0, 3.0 / 4, 4.0 / 3, seed,
+                                                                      epoch, i, &flip)
+                                          : data::eval_center_crop(h.width, h.height, size);
+          data::decode_crop_resize(bytes.data(), bytes.size(), box, size, size, flip, out.data());
+        } catch (const data::DecodeError& e) {
+          if (failures++ < 5) std::cerr << "bench --decode-only: " << path << ": " << e.what() << std::endl;
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  Pass p;
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  p.images = count;
+  p.failures = failures;
+  return p;
+}
+
+}  // namespace
+
+int bench_decode_main(int argc, char** argv) {
+  cxxopts::Options o("trainer bench --decode-only",
+                     "Measure the JPEG decoder and the train or eval transform alone over an image folder");
+  o.add_options()("decode-only", "this mode")("src", "folder of images (searched recursively)",
+                                               cxxopts::value<std::string>()->default_value(""))(
+      "train", "the train transform (RandomResizedCrop + flip; the default)")(
+      "eval", "the eval transform (Resize(size / 0.875) + CenterCrop(size))")(
+      "threads", "decoding threads (default: the cores this process may use)",
+      cxxopts::value<int>()->default_value("0"))("size", "output side in pixels", cxxopts::value<int>()->default_value("224"))(
+      "passes", "timed passes over all files", cxxopts::value<int>()->default_value("1"))(
+      "limit", "use only the first N files (0: all)", cxxopts::value<int64_t>()->default_value("0"))(
+      "seed", "seed of the train boxes", cxxopts::value<uint64_t>()->default_value("0"))(
+      "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
+      "h,help", "this help");
+  cxxopts::ParseResult a;
+  try {
+    a = o.parse(argc, argv);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("command line: ") + e.what() + " (see trainer bench --decode-only --help)");
+  }
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return 0;
+  }
+  if (!a.unmatched().empty())
+    throw std::runtime_error("command line: unexpected argument '" + a.unmatched()[0] +
+                             "' (see trainer bench --decode-only --help)");
+  const std::string src = a["src"].as<std::string>();
+  if (src.empty()) throw std::runtime_error("command line: bench --decode-only needs --src DIR");
+  if (a.count("train") && a.count("eval")) throw std::runtime_error("command line: --train and --eval exclude each other");
+  const bool train = !a.count("eval");
+  cpu_set_t cpus;
+  const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                                     : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = a["threads"].as<int>() > 0 ? a["threads"].as<int>() : std::max(1, cores);
+  const int size = a["size"].as<int>(), passes = a["passes"].as<int>();
+  if (size < 1 || passes < 1) throw std::runtime_error("command line: --size and --passes must be at least 1");
+
+  std::error_code ec;
+  if (!fs::is_directory(src, ec)) throw std::runtime_error(src + ": not a folder (bench --decode-only --src)");
+  std::vector<std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(src, ec))
+    if (e.is_regular_file()) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  const int64_t limit = a["limit"].as<int64_t>();
+  if (limit > 0 && static_cast<int64_t>(files.size()) > limit) files.resize(static_cast<size_t>(limit));
+  if (files.empty()) throw std::runtime_error(src + ": no files to decode");
+  const uint64_t seed = a["seed"].as<uint64_t>();
+
+  // Warm-up: the page cache, the allocator, the threads' first pages (not timed).
+  run_pass(files, std::min<int64_t>(static_cast<int64_t>(files.size()), 64 * threads), threads, train, size, seed, -1);
+  Pass total;
+  for (int p = 0; p < passes; ++p) {
+    const Pass r = run_pass(files, static_cast<int64_t>(files.size()), threads, train, size, seed, p);
+    total.images += r.images;
+    total.failures += r.failures;
+    total.seconds += r.seconds;
+  }
+  nlohmann::json j;
+  j["mode"] = "decode";
+  j["transform"] = train ? "train" : "eval";
+  j["src"] = src;
+  j["files"] = files.size();
+  j["size"] = size;
+  j["threads"] = threads;
+  j["cores_available"] = cores;
+  j["passes"] = passes;
+  j["images"] = total.images;
+  j["decode_failures"] = total.failures;
+  j["seconds"] = total.seconds;
+  j["images_per_s"] = total.images / total.seconds;
+  j["images_per_s_per_thread"] = total.images / total.seconds / threads;
+  j["rss_peak_bytes"] = peak_rss_bytes();
+  std::string command_line = "trainer";
+  for (int i = 0; i < argc; ++i) command_line += std::string(" ") + argv[i];
+  j["command_line"] = command_line;
+  const std::string out = a["out"].as<std::string>();
+  if (out.empty()) {
+    std::cout << j.dump(2) << std::endl;
+  } else {
+    std::ofstream f(out);
+    f << j.dump(2) << '\n';
+    if (!f.flush()) throw std::runtime_error(out + ": cannot write the bench result");
+  }
+  std::cerr << "bench --decode-only: " << (train ? "train" : "eval") << " " << j["images_per_s"].get<double>()
+            << " images/s on " << threads << " threads (" << j["images_per_s_per_thread"].get<double>()
+            << " per thread), peak RSS " << (peak_rss_bytes() >> 20) << " MiB"
+            << (out.empty() ? "" : " -> " + out) << std::endl;
+  return 0;
+}
+
+}  // namespace trainer::bench
