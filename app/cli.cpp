@@ -7,6 +7,10 @@
 #include <iostream>
 #include <sstream>
 
+#ifdef TRAINER_WITH_CUDA
+#include <cuda_runtime_api.h>  // CUDART_VERSION, for --version
+#endif
+
 #include "data/idx.h"
 #include "data/tokens.h"
 #include "data/image_h5.h"
@@ -224,7 +228,11 @@ int cli_main(int argc, char** argv) {
     return kExitOk;
   }
   if (a.count("version")) {
-    std::cout << "trainer " << TRAINER_VERSION << ", LibTorch " << compat::torch_version() << std::endl;
+    std::cout << "trainer " << TRAINER_VERSION << ", LibTorch " << compat::torch_version()
+#ifdef TRAINER_WITH_CUDA
+              << " with CUDA " << CUDART_VERSION / 1000 << "." << CUDART_VERSION % 1000 / 10
+#endif
+              << std::endl;
     return kExitOk;
   }
   if (a.count("list-keys")) {

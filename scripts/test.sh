@@ -10,20 +10,23 @@
 #      (/usr/local/cuda, or CUDACXX).
 #
 #   3. The libFuzzer targets of the readers of outside files (scripts/fuzz.sh, clang 14 with ASan and
-#      UBSan, into build-fuzz/): each target for TRAINER_FUZZ_SECONDS (default 60) from the seed corpus
+#      UBSan, into build-fuzz/): each target for TRAINER_FUZZ_SECONDS (default 30) from the seed corpus
 #      in fuzz/corpus/. A finding in this project's code fails the leg (docs/FUZZING.md).
+#   4. The container (scripts/container-test.sh): deploy/Dockerfile built with buildah on a Debian base
+#      image made here by debootstrap, a job in the image stopped with SIGTERM and resumed to the weights
+#      of an uninterrupted run, the endpoint probed from the host, the Kubernetes manifests validated.
 #
 # First, in under a second: scripts/check-docs.py (the figures README.md and docs/ cite against their
 # JSON under bench/results/, and the docs' voice).
 #
-# Usage: scripts/test.sh [extra ctest args]. TRAINER_LEGS="debian cuda fuzz" (the default) picks the
-# legs; BUILD_DIR (default build) and CUDA_BUILD_DIR (default build-cuda) the folders.
+# Usage: scripts/test.sh [extra ctest args]. TRAINER_LEGS="debian cuda fuzz container" (the default)
+# picks the legs; BUILD_DIR (default build) and CUDA_BUILD_DIR (default build-cuda) the folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 echo "== docs: figures against bench/results/, and the voice"
 /usr/bin/python3 scripts/check-docs.py   # under a second; one line per problem
-legs=${TRAINER_LEGS:-debian cuda fuzz}
+legs=${TRAINER_LEGS:-debian cuda fuzz container}
 jobs=$(nproc)
 
 leg() {  # name, build folder, extra cmake args...
@@ -62,9 +65,15 @@ for l in $legs; do
         -DCMAKE_PREFIX_PATH="$root" -DTRAINER_REFERENCE_PYTHON="$py" ;;
     fuzz)
       t0=$SECONDS
-      echo "== libFuzzer targets (clang 14, ASan + UBSan): ${TRAINER_FUZZ_SECONDS:-60} s each"
-      bash scripts/fuzz.sh "${TRAINER_FUZZ_SECONDS:-60}"
+      echo "== libFuzzer targets (clang 14, ASan + UBSan): ${TRAINER_FUZZ_SECONDS:-30} s each"
+      bash scripts/fuzz.sh "${TRAINER_FUZZ_SECONDS:-30}"
       echo "== libFuzzer targets: passed ($((SECONDS - t0)) s)" ;;
-    *) echo "error: TRAINER_LEGS: unknown leg '$l' (debian, cuda, fuzz)"; exit 2 ;;
+    container)
+      t0=$SECONDS
+      echo "== container: deploy/Dockerfile with buildah (scripts/container-test.sh)"
+      scripts/install-deps.sh --container
+      bash scripts/container-test.sh
+      echo "== container: passed ($((SECONDS - t0)) s)" ;;
+    *) echo "error: TRAINER_LEGS: unknown leg '$l' (debian, cuda, fuzz, container)"; exit 2 ;;
   esac
 done
