@@ -6,6 +6,7 @@
 // The HDF5 files are written with the C API and small chunks (the project's writers chunk /labels and
 // /tokens by 16384 and 65536 values, which makes files of 128 KiB and more); one comes from the writer.
 #include "data/image_h5.h"
+#include "data/jpeg.h"
 #include "data/tokens.h"
 #include "trainer/checkpoint/state_dict.h"
 // After LibTorch's headers: c10/util/variant.h calls an unqualified data(), which clang would otherwise
@@ -264,6 +265,27 @@ int main(int argc, char** argv) {
   write(out / "manifest" / "huge_numbers.json",
         manifest("\"model.pt\": {\"size\": 18446744073709551615, \"crc32\": \"x\"}", "-9223372036854775808",
                  "1e999"));
+  // Images (fuzz_jpeg): small JPEGs of each kind the decoder branches on, a PNG, and three that break a rule.
+  {
+    fs::create_directories(out / "jpeg");
+    const int w = 40, h = 24;
+    std::vector<uint8_t> px(w * h * 4);
+    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37) ^ (i / 160 * 11));
+    auto str = [](const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); };
+    const std::string baseline = str(data::encode_jpeg(px.data(), w, h, 90));
+    write(out / "jpeg" / "rgb_420.jpg", baseline);
+    write(out / "jpeg" / "rgb_444_progressive.jpg", str(data::encode_jpeg(px.data(), w, h, 80, 3, 444, true)));
+    write(out / "jpeg" / "rgb_422.jpg", str(data::encode_jpeg(px.data(), w, h, 70, 3, 422)));
+    write(out / "jpeg" / "gray.jpg", str(data::encode_jpeg(px.data(), w, h, 90, 1)));
+    write(out / "jpeg" / "cmyk.jpg", str(data::encode_jpeg(px.data(), w, h, 90, 4)));
+    write(out / "jpeg" / "rgba.png", str(data::encode_png(px.data(), w, h, 4)));
+    write(out / "jpeg" / "truncated.jpg", baseline.substr(0, baseline.size() / 2));
+    std::string huge = baseline;  // SOF0 claims 65,500 x 65,500
+    const size_t sof = huge.find("\xFF\xC0");
+    huge.replace(sof + 5, 4, "\xFF\xDC\xFF\xDC");
+    write(out / "jpeg" / "huge_header.jpg", huge);
+    write(out / "jpeg" / "empty", "");
+  }
   std::cout << "wrote the binary seeds under " << out.string() << "\n";
   return 0;
 }
