@@ -88,18 +88,17 @@ build() {
 
 # ---- run ---------------------------------------------------------------------------------------------
 containers=()
+ctr=""
 cleanup() {
   local c
   for c in "${containers[@]}"; do buildah rm "$c" >/dev/null 2>&1 || true; done
 }
-new_container() {  # like `docker create`: a fresh container of the image; prints its name
-  local c
-  c=$(buildah from --pull-never "$image")
-  containers+=("$c")
+new_container() {  # like `docker create`: a fresh container of the image, named in $ctr
+  ctr=$(buildah from --pull-never "$image")
+  containers+=("$ctr")
   # buildah (1.28) mounts the image's VOLUME /runs over a -v at the same path; Docker lets the -v
   # replace it. Dropping the declaration from this container gives Docker's behaviour.
-  buildah config --volume /runs- "$c"
-  echo "$c"
+  buildah config --volume /runs- "$ctr"
 }
 # Like `docker run -v $runs:/runs <image> ARGS`: the image's user (trainer, uid 1000) and working folder.
 run_in() {
@@ -130,7 +129,8 @@ run() {
   fi
 
   local c1 version
-  c1=$(new_container)
+  new_container
+  c1=$ctr
   version=$(run_in "$c1" trainer --version)
   echo "run: trainer --version: $version"
   [[ $version =~ LibTorch\ 2\.11\.[0-9]+\ with\ CUDA\ 13\. ]] || fail "expected LibTorch 2.11 with CUDA 13, got '$version'"
@@ -146,7 +146,8 @@ run() {
 
   echo "run: the same job in a second container, endpoint on port $port, stopped with SIGTERM"
   local c2 pid tpid step="" health
-  c2=$(new_container)
+  new_container
+  c2=$ctr
   run_in "$c2" "${job[@]}" --run-dir /runs/stopped --set log.http_port=$port --set log.http_host=0.0.0.0 \
     >"$runs/stopped.out" 2>&1 &
   pid=$!
@@ -172,7 +173,8 @@ run() {
 
   echo "run: a third container resumes it from the same folder"
   local c3
-  c3=$(new_container)
+  new_container
+  c3=$ctr
   run_in "$c3" "${job[@]}" --run-dir /runs/stopped >"$runs/resumed.out" 2>&1 ||
     { tail -20 "$runs/resumed.out"; fail "the resumed job failed"; }
   local last f
