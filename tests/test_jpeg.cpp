@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 #include <zlib.h>
 
@@ -459,6 +460,40 @@ TEST(Jpeg, BadBoxesAndOutputSizesAreRefused) {
   std::vector<uint8_t> out(3);
   EXPECT_EQ(decode_error([&] { data::decode_crop_resize(jpeg.data(), jpeg.size(), {0, 0, 5, 5}, 0, 1, false, out.data()); }),
             "bad output size 0x1");
+}
+
+}  // namespace
+
+namespace {
+
+// `trainer bench --decode-only` decodes every file of the folder once per pass with the chosen
+// transform, counts the files it cannot decode (and goes on), and refuses a bad command line in one line.
+TEST(Jpeg, BenchDecodeOnlyCountsImagesAndFailures) {
+  testutil::TempDir tmp("jpeg_bench");
+  const auto src = tmp / "src";
+  const auto rgb = picture(120, 90);
+  const auto jpeg = data::encode_jpeg(rgb.data(), 120, 90, 90);
+  for (const char* cls : {"a", "b"}) {
+    testutil::fs::create_directories(src / cls);
+    for (int i = 0; i < 3; ++i) write_bytes(src / cls / (std::to_string(i) + ".jpg"), jpeg);
+  }
+  write_bytes(src / "b" / "broken.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + 300));
+  for (const char* transform : {"--train", "--eval"}) {
+    const auto out = tmp / "result.json";
+    const auto r = testutil::run(testutil::trainer_bin() + " bench --decode-only --src " + src.string() + " " +
+                                 transform + " --threads 2 --passes 2 --size 64 --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(testutil::read_file(out));
+    EXPECT_EQ(j["files"], 7);
+    EXPECT_EQ(j["images"], 14);
+    EXPECT_EQ(j["decode_failures"], 2);
+    EXPECT_EQ(j["transform"], std::string(transform).substr(2));
+    EXPECT_GT(j["images_per_s"].get<double>(), 0);
+    EXPECT_NE(r.output.find("broken.jpg: truncated JPEG data"), std::string::npos) << r.output;
+  }
+  const auto bad = testutil::run(testutil::trainer_bin() + " bench --decode-only");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("error: command line: bench --decode-only needs --src DIR"), std::string::npos) << bad.output;
 }
 
 }  // namespace
