@@ -14,7 +14,8 @@ folder, the same cores, one run, three pipelines, train and eval transforms, JSO
                readers.file, decoders.image_random_crop (train; decoders.image for eval), resize,
                crop_mirror_normalize; float NCHW out.
 Each pipeline runs in its own process; the first epoch warms up (page cache, worker start-up) and the
-next ones are timed. Memory is the peak over the run of the summed RSS of the process and its children
+next ones are timed, in wall-clock seconds and in CPU seconds of the process and its children (from
+/proc; images per CPU second is the per-core speed even on a machine that other work shares). Memory is the peak over the run of the summed RSS of the process and its children
 (DataLoader workers), sampled every 50 ms from /proc. The 1-minute load average before and after each
 run is recorded: a load above the core count means other processes shared the cores. Writes <out>/<pipeline>_<transform>.json and
 <out>/summary.json, and prints a table.
@@ -51,15 +52,17 @@ def run_torchvision(src, transform, cores, epochs):
     ds = torchvision.datasets.ImageFolder(src, transform=tf)
     dl = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=transform == "train", num_workers=cores,
                                      persistent_workers=True, drop_last=False)
-    times = []
+    times, cpu = [], 0.0
     for e in range(epochs + 1):
+        c0 = tree_cpu_seconds(os.getpid())  # the persistent workers exist from the first epoch on
         t0 = time.perf_counter()
         n = 0
         for images, _ in dl:
             n += images.shape[0]
         if e > 0:
             times.append(time.perf_counter() - t0)
-    return {"images": n * epochs, "seconds": sum(times), "versions": {"torch": torch.__version__,
+            cpu += tree_cpu_seconds(os.getpid()) - c0
+    return {"images": n * epochs, "seconds": sum(times), "cpu_seconds": cpu, "versions": {"torch": torch.__version__,
             "torchvision": torchvision.__version__, "PIL": __import__("PIL").__version__}}
 
 
@@ -90,17 +93,52 @@ def run_dali(src, transform, cores, epochs):
     p.build()
     size = p.epoch_size("Reader")
     iters = (size + 63) // 64
-    times = []
+    times, cpu = [], 0.0
     for e in range(epochs + 1):
+        c0 = tree_cpu_seconds(os.getpid())
         t0 = time.perf_counter()
         for _ in range(iters):
             p.run()
         if e > 0:
             times.append(time.perf_counter() - t0)
-    return {"images": iters * 64 * epochs, "seconds": sum(times), "versions": {"dali": dali.__version__}}
+            cpu += tree_cpu_seconds(os.getpid()) - c0
+    return {"images": iters * 64 * epochs, "seconds": sum(times), "cpu_seconds": cpu,
+            "versions": {"dali": dali.__version__}}
 
 
 # ---- the driver ------------------------------------------------------------------------------------------
+
+def tree_cpu_seconds(pid):
+    """User + system CPU seconds of pid's threads and its live descendants, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in [pid] + descendants(pid):
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def descendants(pid):
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
 
 def tree_rss(pid):
     """Summed RSS in bytes of pid and its descendants."""
@@ -186,17 +224,19 @@ def main():
             else:
                 j = json.loads(out.strip().splitlines()[-1] if name != "trainer" else out)
                 if name == "trainer":
-                    j = {"images": j["images"], "seconds": j["seconds"], "decode_failures": j["decode_failures"],
-                         "rss_peak_bytes_self": j["rss_peak_bytes"]}
+                    j = {"images": j["images"], "seconds": j["seconds"], "cpu_seconds": j["cpu_seconds"],
+                         "decode_failures": j["decode_failures"], "rss_peak_bytes_self": j["rss_peak_bytes"]}
                 r.update(j)
                 r["images_per_s"] = r["images"] / r["seconds"]
                 r["images_per_s_per_core"] = r["images_per_s"] / a.cores
+                # Images per CPU second: the per-core speed even when other processes share the cores.
+                r["images_per_cpu_s"] = r["images"] / r["cpu_seconds"]
             with open(os.path.join(a.out, "%s_%s.json" % (name, transform)), "w") as f:
                 json.dump(r, f, indent=2)
             results.append(r)
-            print("%-12s %-5s %s" % (name, transform, "%.1f images/s, %.1f per core, peak RSS %.0f MiB" % (
-                r["images_per_s"], r["images_per_s_per_core"], rss / 2**20) if "error" not in r else "failed: " + r["error"]),
-                flush=True)
+            print("%-12s %-5s %s" % (name, transform, "%.1f images/s, %.1f per core, %.1f per CPU second, peak RSS %.0f MiB"
+                                     % (r["images_per_s"], r["images_per_s_per_core"], r["images_per_cpu_s"], rss / 2**20)
+                                     if "error" not in r else "failed: " + r["error"]), flush=True)
 
     summary = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "host": platform.node(), "cores": a.cores,
                "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
@@ -207,6 +247,8 @@ def main():
             if ("trainer", t) in by and (other, t) in by:
                 summary["ratios"]["trainer_over_%s_%s" % (other, t)] = (by[("trainer", t)]["images_per_s"] /
                                                                        by[(other, t)]["images_per_s"])
+                summary["ratios"]["trainer_over_%s_%s_per_cpu_s" % (other, t)] = (
+                    by[("trainer", t)]["images_per_cpu_s"] / by[(other, t)]["images_per_cpu_s"])
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     for k, v in summary["ratios"].items():

@@ -37,6 +37,13 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
+/// User + system CPU seconds of this process (all threads).
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 struct Pass {
   int64_t images = 0, failures = 0;
   double seconds = 0;
@@ -129,6 +136,7 @@ int bench_decode_main(int argc, char** argv) {
   // Warm-up: the page cache, the allocator, the threads' first pages (not timed).
   run_pass(files, std::min<int64_t>(static_cast<int64_t>(files.size()), 64 * threads), threads, train, size, seed, -1);
   Pass total;
+  const double cpu0 = cpu_seconds();
   for (int p = 0; p < passes; ++p) {
     const Pass r = run_pass(files, static_cast<int64_t>(files.size()), threads, train, size, seed, p);
     total.images += r.images;
@@ -147,6 +155,8 @@ int bench_decode_main(int argc, char** argv) {
   j["images"] = total.images;
   j["decode_failures"] = total.failures;
   j["seconds"] = total.seconds;
+  j["cpu_seconds"] = cpu_seconds() - cpu0;  // all threads, user + system
+  j["images_per_cpu_s"] = total.images / j["cpu_seconds"].get<double>();
   j["images_per_s"] = total.images / total.seconds;
   j["images_per_s_per_thread"] = total.images / total.seconds / threads;
   j["rss_peak_bytes"] = peak_rss_bytes();

@@ -11,7 +11,8 @@ namespace trainer::bench {
 /// (RandomResizedCrop(S, scale (0.08, 1), ratio (3/4, 4/3)) + a horizontal flip, boxes from (seed, pass,
 /// index)) or the eval transform (Resize(S / 0.875) + CenterCrop(S)); threads take files from a shared
 /// counter. One untimed pass over the first files warms the page cache and the allocator; the timed part
-/// is `passes` passes over all files. Writes images, seconds, images_per_s, images_per_s_per_thread,
+/// is `passes` passes over all files. Writes images, seconds, cpu_seconds, images_per_s,
+/// images_per_s_per_thread, images_per_cpu_s,
 /// rss_peak_bytes, decode failures and the setup as JSON to FILE (stdout if none) and one summary line to
 /// stderr. Throws std::runtime_error for a bad command line or a folder with no files.
 int bench_decode_main(int argc, char** argv);
