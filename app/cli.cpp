@@ -18,6 +18,7 @@
 #include "models/summary.h"
 #include "tools/bench.h"
 #include "tools/compare.h"
+#include "tools/convert_images.h"
 #include "common/compat.h"
 #include "trainer/config.h"
 #include "trainer/from_config.h"
@@ -71,6 +72,35 @@ int convert_idx_main(int argc, char** argv) {
     return kExitOk;
   }
   std::cout << data::convert_idx(a["src"].as<std::string>(), a["out"].as<std::string>()) << std::endl;
+  return kExitOk;
+}
+
+int convert_images_main(int argc, char** argv) {
+  cxxopts::Options o("trainer convert-images",
+                     "Convert an ImageFolder tree (SRC/train/<class>/*, SRC/val/<class>/*) to packed image files "
+                     "(OUT/train.h5, OUT/val.h5) for data.kind: packed_images");
+  o.add_options()("src", "the ImageFolder root", cxxopts::value<std::string>())(
+      "out", "output folder", cxxopts::value<std::string>())(
+      "max-side", "resize and re-encode images whose longer side is over N (0 = keep)",
+      cxxopts::value<int>()->default_value("0"))(
+      "threads", "worker threads (0 = the CPUs this container may use)", cxxopts::value<int>()->default_value("0"))(
+      "max-pixels", "refuse images whose header claims more than this many pixels",
+      cxxopts::value<int64_t>()->default_value("100000000"))("h,help", "this help");
+  auto a = parse(o, argc, argv, "convert-images");
+  if (a.count("help")) {
+    std::cout << o.help() << std::endl;
+    return kExitOk;
+  }
+  for (const char* required : {"src", "out"})
+    if (!a.count(required))
+      throw std::runtime_error(std::string("convert-images: --") + required + " is required (see trainer convert-images --help)");
+  ConvertImagesOptions co;
+  co.src = a["src"].as<std::string>();
+  co.out = a["out"].as<std::string>();
+  co.max_side = a["max-side"].as<int>();
+  co.threads = a["threads"].as<int>();
+  co.max_pixels = a["max-pixels"].as<int64_t>();
+  std::cout << convert_images(co) << std::endl;
   return kExitOk;
 }
 
@@ -197,6 +227,7 @@ void dry_run(const Config& cfg) {
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-idx") return convert_idx_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-text") return convert_text_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "convert-images") return convert_images_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "convert-bin") return convert_bin_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "eval") return eval_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
@@ -204,8 +235,8 @@ int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
-                                "Subcommands: trainer convert-idx --help, trainer convert-text --help, trainer convert-bin --help,\n"
-                                "trainer eval --help, trainer export --help, trainer compare --help, trainer bench --help");
+                                "Subcommands: trainer convert-idx --help, trainer convert-images --help, trainer convert-text --help,\n"
+                                "trainer convert-bin --help, trainer eval --help, trainer export --help, trainer compare --help, trainer bench --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(

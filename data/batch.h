@@ -5,12 +5,21 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace data {
 
-/// One rank's share of one global batch. Images: images (B, C, H, W) float32, labels (B) int64,
-/// indices = dataset indices. Tokens: images = inputs (B, T) int64, labels = targets (B, T) int64 (the
+/// A sample that could not be decoded (data/image_sample.h): it kept its place in the batch as a zero
+/// image with label kIgnoreLabel (data/dataset.h).
+struct SampleFailure {
+  int64_t index = 0;  ///< dataset index
+  std::string what;   ///< one line: the file (or packed file and index) and the decoder's reason
+};
+
+/// One rank's share of one global batch. Images: images (B, C, H, W) float32, or for datasets that decode
+/// encoded images (layout HWC) uint8 (B, C, H, W) in channels_last memory (NHWC, not normalized: the step
+/// converts and normalizes on the device); labels (B) int64; indices = dataset indices. Tokens: images = inputs (B, T) int64, labels = targets (B, T) int64 (the
 /// inputs shifted by one token), indices = each window's first token offset in the split.
 struct Batch {
   torch::Tensor images;
@@ -23,6 +32,8 @@ struct Batch {
   int64_t position = 0;
   /// Samples in the whole global batch (over all ranks).
   int64_t global_size = 0;
+  /// Samples of this rank's share that could not be decoded, in batch order (empty for stored pixels).
+  std::vector<SampleFailure> failures;
 
   /// B: this rank's samples.
   int64_t size() const { return static_cast<int64_t>(indices.size()); }

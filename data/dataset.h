@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "data/batch.h"
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -22,11 +24,35 @@ struct ImageMeta {
   std::vector<float> mean, std;
 };
 
+/// The label of a sample that could not be decoded: LibTorch's cross-entropy ignores it (its default
+/// ignore_index), so the sample keeps its place in the batch and adds nothing to the loss or gradients.
+inline constexpr int64_t kIgnoreLabel = -100;
+
+/// How read() lays out one sample's bytes.
+enum class PixelLayout {
+  CHW,  ///< (C, H, W): stored pixels (HDF5, synthetic); the loader augments and converts them to float
+  HWC,  ///< (H, W, C): decoded to the network's input already; the loader passes them on as uint8 NHWC
+};
+
 /// A read-only, indexable set of uint8 images (C, H, W) with int64 labels. read() may be called from
 /// several threads at once.
 class ImageDataset {
  public:
   virtual ~ImageDataset() = default;
+
+  /// The byte layout of read()'s samples (sample_shape() is (C, H, W) either way).
+  virtual PixelLayout layout() const { return PixelLayout::CHW; }
+
+  /// read() for the samples of epoch `epoch`: datasets whose samples depend on the epoch (a random crop
+  /// drawn from (seed, epoch, index)) override it. A sample that cannot be decoded is written as zeros
+  /// with label kIgnoreLabel and appended to `failures` (when not null) instead of throwing.
+  /// The default ignores the epoch and calls read().
+  virtual void read_epoch(const std::vector<int64_t>& indices, int64_t epoch, uint8_t* images_out,
+                          int64_t* labels_out, std::vector<SampleFailure>* failures) const {
+    (void)epoch;
+    (void)failures;
+    read(indices, images_out, labels_out);
+  }
 
   /// Number of samples N.
   virtual int64_t size() const = 0;

@@ -82,6 +82,15 @@ struct Loader::Job {
   Batch batch;
   int64_t parts_left = 0;
   std::exception_ptr error;
+  std::mutex failures_mu;  // the parts append here from their workers
+  std::vector<std::pair<int64_t, SampleFailure>> failures;  // (row in the batch, failure)
+
+  // Moves the failures into the batch, in batch order.
+  void collect_failures() {
+    std::sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& f : failures) batch.failures.push_back(std::move(f.second));
+    failures.clear();
+  }
 };
 
 Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions options)
@@ -89,6 +98,7 @@ Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions option
   if (!dataset_) throw std::invalid_argument("image loader: no dataset");
   n_ = dataset_->size();
   shape_ = dataset_->sample_shape();
+  decoded_ = dataset_->layout() == PixelLayout::HWC;
   validate();
   const auto& m = dataset_->meta();
   table_ = pixel_table(m.mean, m.std, opt_.augment.normalize);
@@ -117,6 +127,10 @@ void Loader::validate() const {
   if (opt_.prefetch < 0) bad("prefetch must be >= 0, got " + std::to_string(opt_.prefetch));
   if (opt_.augment.random_crop_padding < 0) {
     bad("random_crop_padding must be >= 0, got " + std::to_string(opt_.augment.random_crop_padding));
+  }
+  if (decoded_ && (opt_.augment.random_crop_padding > 0 || opt_.augment.hflip)) {
+    bad("random_crop_padding and hflip apply to stored pixels; a dataset that decodes images crops and flips "
+        "with its own transform");
   }
   const auto& m = dataset_->meta();
   if (static_cast<int64_t>(m.mean.size()) != shape_[0] || static_cast<int64_t>(m.std.size()) != shape_[0]) {
@@ -175,7 +189,11 @@ bool Loader::plan(LoaderState at, Batch& out) {
 // the caller has dropped the batch and every view of it. Pinned tensors are not pooled: the CUDA caching
 // host allocator recycles them already and knows when an asynchronous copy still reads one.
 torch::Tensor Loader::image_buffer(int64_t rows) {
-  const auto options = torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned_);
+  // Decoded images stay uint8 and leave as NHWC: (B, C, H, W) sizes in channels_last memory.
+  const auto options = torch::TensorOptions()
+                           .dtype(decoded_ ? torch::kUInt8 : torch::kFloat32)
+                           .pinned_memory(pinned_)
+                           .memory_format(decoded_ ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
   const std::vector<int64_t> sizes = {rows, shape_[0], shape_[1], shape_[2]};
   if (pinned_) return torch::empty(sizes, options);
   auto is_free = [](const torch::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; };
@@ -213,10 +231,24 @@ void Loader::fill(Job& job, int64_t begin, int64_t end) const {
   if (begin >= end) return;
   Batch& b = job.batch;
   const int64_t bytes = shape_[0] * shape_[1] * shape_[2];
+  const std::vector<int64_t> indices(b.indices.begin() + begin, b.indices.begin() + end);
+  if (decoded_) {
+    // The dataset decodes straight into the batch's rows (H, W, C each): no copy, no conversion.
+    std::vector<SampleFailure> failures;
+    dataset_->read_epoch(indices, b.epoch, b.images.data_ptr<uint8_t>() + begin * bytes,
+                         b.labels.data_ptr<int64_t>() + begin, &failures);
+    if (!failures.empty()) {
+      std::lock_guard<std::mutex> lock(job.failures_mu);
+      for (auto& f : failures) {
+        const int64_t row = begin + (std::find(indices.begin(), indices.end(), f.index) - indices.begin());
+        job.failures.emplace_back(row, std::move(f));
+      }
+    }
+    return;
+  }
   thread_local std::vector<uint8_t> raw;
   raw.resize(static_cast<size_t>((end - begin) * bytes));
-  const std::vector<int64_t> indices(b.indices.begin() + begin, b.indices.begin() + end);
-  dataset_->read(indices, raw.data(), b.labels.data_ptr<int64_t>() + begin);
+  dataset_->read_epoch(indices, b.epoch, raw.data(), b.labels.data_ptr<int64_t>() + begin, nullptr);
   float* images = b.images.data_ptr<float>();
   for (int64_t k = 0; k < end - begin; ++k) {
     const AugmentParams params = draw_augment(opt_.seed, b.epoch, indices[k], opt_.augment);
@@ -315,6 +347,7 @@ Batch Loader::next() {
                              " failed: " + what);
   }
   consumed_ = normalized({job->batch.epoch, job->batch.position + job->batch.global_size});
+  job->collect_failures();
   try {
     top_up();  // keep the workers busy while the caller uses this batch
   } catch (const std::exception&) {
@@ -361,6 +394,7 @@ Batch Loader::batch_at(int64_t epoch, int64_t position) {
   }
   auto job = make_job(std::move(batch));
   fill(*job, 0, job->batch.size());
+  job->collect_failures();
   return std::move(job->batch);
 }
 

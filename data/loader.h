@@ -11,7 +11,10 @@
 //
 // Augmentation. Sample i in epoch e gets its crop offset and flip from an RNG seeded by (seed, e, i)
 // alone: reading the same batch twice, with any number of workers, before or after a resume, gives
-// bit-identical tensors.
+// bit-identical tensors. A dataset that decodes encoded images (PixelLayout::HWC: data/packed_images.h,
+// data/image_folder.h) applies its own transform from (seed, e, i) in read_epoch(); its batches are
+// uint8 (B, C, H, W) in channels_last memory, and samples it could not decode are listed in
+// Batch::failures.
 //
 // Epochs. In training mode (drop_last) an epoch ends when fewer than G samples remain, and those are
 // skipped; steps_per_epoch() = N / G. Without drop_last the last batch is partial. After the last
@@ -160,6 +163,7 @@ class Loader {
   std::shared_ptr<const ImageDataset> dataset_;
   LoaderOptions opt_;
   std::array<int64_t, 3> shape_;
+  bool decoded_ = false;  // the dataset decodes (layout HWC): uint8 NHWC batches, no augmentation here
   int64_t n_;
   std::vector<float> table_;
   bool pinned_ = false;

@@ -64,7 +64,11 @@ json bench_token_loader(const Config& cfg, const BenchOptions& opts, int threads
 
 json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads, bool pin_memory) {
   std::shared_ptr<data::ImageDataset> ds;
-  if (cfg.data.kind == "synthetic") {
+  const bool encoded = encoded_image_job(cfg);
+  const int64_t workers = cfg.data.workers > 0 ? cfg.data.workers : threads;
+  if (encoded) {
+    ds = encoded_image_dataset(cfg, cfg.data.train, /*train=*/true, nullptr, static_cast<int>(workers));
+  } else if (cfg.data.kind == "synthetic") {
     ds = std::make_shared<data::SyntheticImageDataset>(cfg.data.synthetic_size, cfg.data.shape[0], cfg.data.shape[1],
                                                        cfg.data.shape[2], cfg.model.num_classes, cfg.seed);
   } else {
@@ -75,21 +79,34 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
   data::LoaderOptions lo;
   lo.global_batch = cfg.train.global_batch;
   lo.seed = cfg.seed;
-  lo.workers = cfg.data.workers > 0 ? cfg.data.workers : threads;
+  lo.workers = workers;
   lo.prefetch = cfg.data.prefetch;
   lo.augment.random_crop_padding = cfg.data.crop_padding;
-  lo.augment.hflip = cfg.data.hflip;
+  lo.augment.hflip = cfg.data.hflip && !encoded;  // decoded datasets flip in their own transform
   lo.augment.normalize = cfg.data.normalize;
   lo.pin_memory = pin_memory;
   data::Loader loader(ds, lo);
   for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
   const double sps = data::measure_loader_throughput(loader, static_cast<int>(opts.steps));
+  const std::string dtype = loader.next().images.scalar_type() == torch::kUInt8 ? "uint8 NHWC" : "float32 NCHW";
+  double eval_sps = 0;
+  if (encoded) {
+    // The eval transform (resize + center crop) on the same files, in the same loader.
+    data::Loader eval_loader(encoded_image_dataset(cfg, cfg.data.train, /*train=*/false, &ds->meta(), 1), lo);
+    for (int64_t i = 0; i < opts.warmup; ++i) eval_loader.next();
+    eval_sps = data::measure_loader_throughput(eval_loader, static_cast<int>(opts.steps));
+  }
 
   json j = loader_result(cfg, opts, sps, lo.workers, lo.prefetch, threads);
   j["augment"] = {{"crop_padding", lo.augment.random_crop_padding},
                   {"hflip", lo.augment.hflip},
                   {"normalize", lo.augment.normalize},
                   {"pin_memory", loader.pinned()}};
+  j["batch_dtype"] = dtype;
+  if (encoded) {
+    j["eval_samples_per_s"] = eval_sps;
+    j["transform"] = {{"size", cfg.data.size}, {"scale", cfg.data.scale}, {"ratio", cfg.data.ratio}, {"hflip", cfg.data.hflip}};
+  }
   return j;
 }
 

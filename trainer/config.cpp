@@ -22,7 +22,8 @@ namespace trainer {
 namespace {
 
 // A typed pointer into a Config: the one table below drives parsing, overrides and the dump.
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
+                              std::vector<double>*>;
 
 struct Field {
   std::string key;    // dotted: "train.global_batch"
@@ -52,6 +53,10 @@ std::vector<Field> fields(Config& c) {
       {"data.crop_padding", &c.data.crop_padding, false},
       {"data.hflip", &c.data.hflip, false},
       {"data.normalize", &c.data.normalize, false},
+      {"data.size", &c.data.size, false},
+      {"data.scale", &c.data.scale, false},
+      {"data.ratio", &c.data.ratio, false},
+      {"data.max_image_pixels", &c.data.max_image_pixels, false},
       {"optim.name", &c.optim.name, false},
       {"optim.lr", &c.optim.lr, false},
       {"optim.momentum", &c.optim.momentum, false},
@@ -154,6 +159,14 @@ void assign(Field& f, const YAML::Node& n, const std::string& source) {
         } else if constexpr (std::is_same_v<T, std::string>) {
           if (n.IsNull()) *p = "";
           else *p = scalar_as<std::string>(n, source, f.key, "a string");
+        } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+          if (!n.IsSequence()) fail(source, f.key, "expected a list of numbers, got " + describe(n));
+          std::vector<double> v;
+          for (const auto& e : n) {
+            v.push_back(scalar_as<double>(e, source, f.key, "a list of numbers"));
+            if (!std::isfinite(v.back())) fail(source, f.key, "expected finite numbers, got " + describe(e));
+          }
+          *p = std::move(v);
         } else {  // std::vector<int64_t>
           if (!n.IsSequence()) fail(source, f.key, "expected a list of integers, got " + describe(n));
           std::vector<int64_t> v;
@@ -286,17 +299,18 @@ struct Checks {
     }
     if (c.model.num_classes < 1 || c.model.num_classes > kMaxClasses)
       bad("model.num_classes", "must be in [1, " + std::to_string(kMaxClasses) + "], got " + std::to_string(c.model.num_classes));
-    one_of("data.kind", c.data.kind, {"hdf5", "synthetic", "tokens"});
+    one_of("data.kind", c.data.kind, {"hdf5", "packed_images", "image_folder", "synthetic", "tokens"});
     // synthetic serves both: images of data.shape to an image model, tokens to a language model.
     const bool language_model = models::registered_vocab_size(c.model.name) > 0;
-    if (language_model && c.data.kind == "hdf5")
-      bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is 'hdf5' "
-                            "(images); set data.kind: tokens or synthetic, or an image model");
+    const bool encoded_images = c.data.kind == "packed_images" || c.data.kind == "image_folder";
+    if (language_model && (c.data.kind == "hdf5" || encoded_images))
+      bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is '" + c.data.kind +
+                            "' (images); set data.kind: tokens or synthetic, or an image model");
     if (!language_model && c.data.kind == "tokens")
       bad("model.name", "'" + c.model.name + "' is an image model, but data.kind is 'tokens'; set data.kind: hdf5 "
                             "or synthetic, or a language model (gpt2, gpt_tiny)");
     sizes();
-    if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", "an HDF5 file is required for data.kind " + c.data.kind);
+    if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", std::string(c.data.kind == "image_folder" ? "a folder" : "an HDF5 file") + " is required for data.kind " + c.data.kind);
     if (c.model.context < 0 || c.model.context > kMaxContext)
       bad("model.context", "must be in [0, " + std::to_string(kMaxContext) + "] (0 = the model's own)");
     if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
@@ -315,6 +329,15 @@ struct Checks {
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
     if (!(c.data.check_timeout_s > 0)) bad("data.check_timeout_s", "must be > 0");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
+    if (c.data.size < 1 || c.data.size > 4096) bad("data.size", "must be in [1, 4096]");
+    if (c.data.scale.size() != 2 || !(c.data.scale[0] > 0 && c.data.scale[0] <= c.data.scale[1] && c.data.scale[1] <= 1))
+      bad("data.scale", "must be two numbers [lo, hi] with 0 < lo <= hi <= 1");
+    if (c.data.ratio.size() != 2 || !(c.data.ratio[0] > 0 && c.data.ratio[0] <= c.data.ratio[1]))
+      bad("data.ratio", "must be two numbers [lo, hi] with 0 < lo <= hi");
+    if (c.data.max_image_pixels < 1) bad("data.max_image_pixels", "must be at least 1");
+    if (encoded_images && c.data.crop_padding > 0)
+      bad("data.crop_padding", "applies to stored pixels (hdf5, synthetic); " + c.data.kind +
+                                   " crops with RandomResizedCrop (data.size, data.scale, data.ratio)");
   }
 
   // Sizes no job asks for, refused before anything is allocated: beyond these LibTorch fails inside an
@@ -464,6 +487,10 @@ std::string to_yaml(const Config& cfg) {
           if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
             out << YAML::Flow << YAML::BeginSeq;
             for (auto v : *p) out << v;
+            out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (auto v : *p) out << shortest(v);
             out << YAML::EndSeq;
           } else if constexpr (std::is_same_v<T, int64_t>) {
             if (f.allow_auto && *p == -1) out << "auto";

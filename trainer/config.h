@@ -29,9 +29,9 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "hdf5";                         ///< hdf5 (images) | tokens | synthetic (images or tokens, as the model takes)
-  std::string train = "datasets/fmnist/train.h5";    ///< HDF5 training split (docs/DATA.md)
-  std::string test = "datasets/fmnist/test.h5";      ///< HDF5 evaluation split ("" = no evaluation)
+  std::string kind = "hdf5";                         ///< hdf5 (images) | packed_images | image_folder | tokens | synthetic (images or tokens, as the model takes)
+  std::string train = "datasets/fmnist/train.h5";    ///< training split: an HDF5 file, or image_folder's DIR/train
+  std::string test = "datasets/fmnist/test.h5";      ///< evaluation split ("" = no evaluation)
   bool in_memory = true;                             ///< read the HDF5 file once into memory
   double check_timeout_s = 30;                       ///< the child that opens an HDF5 file first is killed after this (+20 s per GiB)
   std::vector<int64_t> shape = {3, 224, 224};        ///< synthetic images: sample shape (C, H, W)
@@ -41,6 +41,10 @@ struct DataConfig {
   int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off)
   bool hflip = false;                                ///< random horizontal flip
   bool normalize = true;                             ///< subtract mean, divide by std
+  int64_t size = 224;                                ///< packed_images, image_folder: side of a decoded sample
+  std::vector<double> scale = {0.08, 1.0};           ///< packed_images, image_folder: RandomResizedCrop's area range
+  std::vector<double> ratio = {3.0 / 4.0, 4.0 / 3.0};  ///< packed_images, image_folder: RandomResizedCrop's aspect range
+  int64_t max_image_pixels = 100000000;              ///< refuse an image whose header claims more width * height
 };
 
 struct OptimConfig {

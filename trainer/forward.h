@@ -13,6 +13,9 @@ struct ForwardOptions {
   bool channels_last = false;               ///< NHWC inputs (4-d inputs only)
   bool amp = false;                         ///< autocast the model's forward
   at::ScalarType amp_dtype = at::kBFloat16;
+  /// uint8 image inputs (decoded datasets, NHWC): x = (pixel / 255 - mean[c]) / std[c] on the device, with
+  /// these (1, C, 1, 1) float tensors on the device; undefined: pixel / 255. Float inputs are used as they are.
+  torch::Tensor input_mean, input_std;
 };
 
 /// One row of logits per target: images (N, classes) against N labels; language models (N*T, vocab)
@@ -22,7 +25,8 @@ struct Logits {
   torch::Tensor targets;  ///< int64, on the device
 };
 
-/// Runs `model` on `inputs` with `labels` as targets.
+/// Runs `model` on `inputs` with `labels` as targets. uint8 inputs are copied to the device as uint8 (a
+/// quarter of float32's bytes) and converted and normalized there (ForwardOptions::input_mean).
 Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, const torch::Tensor& labels,
                       const ForwardOptions& options);
 

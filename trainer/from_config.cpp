@@ -1,9 +1,16 @@
 #include "trainer/from_config.h"
 
+#include "data/image_folder.h"
 #include "data/image_h5.h"
+#include "data/packed_images.h"
 #include "data/tokens.h"
 #include "models/registry.h"
+#include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
 
 namespace trainer {
 
@@ -46,9 +53,29 @@ bool token_job(const Config& cfg) {
   const bool language = models::registered_vocab_size(cfg.model.name) > 0;
   if (cfg.data.kind == "tokens" && !language)
     throw ConfigError("data.kind: tokens needs a language model (gpt2, gpt_tiny); model.name is " + cfg.model.name);
-  if (cfg.data.kind == "hdf5" && language)
-    throw ConfigError("data.kind: hdf5 holds images; the language model " + cfg.model.name + " reads tokens or synthetic");
+  if ((cfg.data.kind == "hdf5" || encoded_image_job(cfg)) && language)
+    throw ConfigError("data.kind: " + cfg.data.kind + " holds images; the language model " + cfg.model.name +
+                      " reads tokens or synthetic");
   return language;
+}
+
+bool encoded_image_job(const Config& cfg) { return cfg.data.kind == "packed_images" || cfg.data.kind == "image_folder"; }
+
+std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
+                                                          const data::ImageMeta* stats, int threads) {
+  data::ImageTransform t;
+  t.size = static_cast<int>(cfg.data.size);
+  t.train = train;
+  t.scale_lo = cfg.data.scale.at(0);
+  t.scale_hi = cfg.data.scale.at(1);
+  t.ratio_lo = cfg.data.ratio.at(0);
+  t.ratio_hi = cfg.data.ratio.at(1);
+  t.hflip = cfg.data.hflip;
+  t.seed = cfg.seed;
+  t.limits.max_pixels = cfg.data.max_image_pixels;
+  if (cfg.data.kind == "packed_images") return std::make_shared<data::PackedImageDataset>(path, t, cfg.data.in_memory);
+  if (stats) return std::make_shared<data::ImageFolderDataset>(path, t, stats->mean, stats->std, threads);
+  return std::make_shared<data::ImageFolderDataset>(path, t, std::vector<float>{}, std::vector<float>{}, threads);
 }
 
 std::vector<int64_t> sample_shape(const Config& cfg) {
@@ -57,6 +84,7 @@ std::vector<int64_t> sample_shape(const Config& cfg) {
     return {cfg.model.context};
   }
   if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
+  if (encoded_image_job(cfg)) return {3, cfg.data.size, cfg.data.size};  // decoded RGB at data.size
   check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
   auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
   return {s[0], s[1], s[2]};

@@ -40,6 +40,17 @@ data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, 
 /// forward_flops takes. data.kind hdf5 reads the training file's header (checked first).
 std::vector<int64_t> sample_shape(const Config& cfg);
 
+/// data.kind packed_images or image_folder: samples decoded from encoded images (data/image_sample.h).
+bool encoded_image_job(const Config& cfg);
+
+/// The training (`train`) or evaluation split at `path` of an encoded-image job: a PackedImageDataset
+/// (packed_images) or an ImageFolderDataset (image_folder) decoding with the train transform
+/// (RandomResizedCrop(data.size, data.scale, data.ratio), flip when data.hflip, seed) or the eval one.
+/// `stats` (the training split's meta) gives an image_folder evaluation split the training mean/std;
+/// `threads` compute an image_folder training split's mean/std at open time.
+std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
+                                                          const data::ImageMeta* stats, int threads);
+
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);
 

@@ -245,8 +245,9 @@ EvalResult TrainingRun::evaluate() {
                                     {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
   };
   telemetry_.set_phase("eval");
-  return evaluate_split(*model_, {test_images_, test_tokens_}, eval_settings(cfg_, device_, env_.rank, env_.world_size),
-                        *memory_, eval_micro_batch_, dist_.get(), hooks);
+  EvalSettings settings = eval_settings(cfg_, device_, env_.rank, env_.world_size);
+  settings.forward = forward_;  // with the input statistics of uint8 images (setup_data)
+  return evaluate_split(*model_, {test_images_, test_tokens_}, settings, *memory_, eval_micro_batch_, dist_.get(), hooks);
 }
 
 void TrainingRun::maybe_evaluate() {

@@ -158,6 +158,17 @@ void TrainingRun::setup_data() {
       train_images_ = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
                                                                     cfg_.data.shape[1], cfg_.data.shape[2],
                                                                     cfg_.model.num_classes, cfg_.seed);
+    } else if (encoded_image_job(cfg_)) {
+      // Decoded in the loader's workers with the train transform; the test split with the eval transform
+      // and the training split's mean/std. Batches are uint8 NHWC; forward_logits normalizes on the device.
+      train_images_ = encoded_image_dataset(cfg_, cfg_.data.train, /*train=*/true, nullptr, static_cast<int>(workers));
+      if (!cfg_.data.test.empty())
+        test_images_ = encoded_image_dataset(cfg_, cfg_.data.test, /*train=*/false, &train_images_->meta(),
+                                             static_cast<int>(workers));
+      const auto& m = train_images_->meta();
+      spdlog::info("data: {} {} with {} samples, {} classes, mean [{:.4f}, {:.4f}, {:.4f}], std [{:.4f}, {:.4f}, {:.4f}]",
+                   cfg_.data.kind, cfg_.data.train, train_images_->size(), m.num_classes, m.mean[0], m.mean[1],
+                   m.mean[2], m.std[0], m.std[1], m.std[2]);
     } else {
       check_before_opening(cfg_);
       train_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
@@ -178,9 +189,15 @@ void TrainingRun::setup_data() {
     lo.workers = workers;
     lo.prefetch = cfg_.data.prefetch;
     lo.augment.random_crop_padding = cfg_.data.crop_padding;
-    lo.augment.hflip = cfg_.data.hflip;
+    lo.augment.hflip = cfg_.data.hflip && !encoded_image_job(cfg_);  // those flip in their own transform
     lo.augment.normalize = cfg_.data.normalize;
     lo.pin_memory = device_.is_cuda();
+    if (encoded_image_job(cfg_)) {
+      const auto& m = train_images_->meta();
+      forward_.input_mean = torch::tensor(m.mean).reshape({1, -1, 1, 1}).to(device_);
+      forward_.input_std = torch::tensor(m.std).reshape({1, -1, 1, 1}).to(device_);
+      if (!cfg_.data.normalize) forward_.input_mean.zero_(), forward_.input_std.fill_(1.0);
+    }
     loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
     auto sh = train_images_->sample_shape();
     sample_shape_ = {sh[0], sh[1], sh[2]};
@@ -286,7 +303,9 @@ void TrainingRun::setup_step() {
   parts.metrics = &metrics_;
   parts.dist = dist_.get();
   parts.grad_sync = grad_sync_.get();
-  step_runner_ = std::make_unique<Step>(parts, step_options(cfg_, device_),
+  StepOptions step_opts = step_options(cfg_, device_);
+  step_opts.forward = forward_;  // with the input statistics setup_data() set for uint8 images
+  step_runner_ = std::make_unique<Step>(parts, step_opts,
                                         make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;

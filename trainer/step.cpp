@@ -168,6 +168,13 @@ void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limi
 }
 
 StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t limit) {
+  // Samples that could not be decoded are in the batch as zero images with an ignored label (the dataset
+  // logged each one); each is also a metrics event, once per step whatever the retries.
+  for (const auto& f : batch.failures) {
+    ++bad_samples_;
+    if (p_.metrics)
+      p_.metrics->event("bad_sample", {{"step", step}, {"index", f.index}, {"message", f.what}, {"total", bad_samples_}});
+  }
   StepResult r;
   r.lr = lr;
   p_.memory->reset_peak();

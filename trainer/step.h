@@ -156,6 +156,7 @@ class Step {
   StepParts p_;
   StepOptions o_;
   MicroBatchController controller_;
+  int64_t bad_samples_ = 0;  // samples that could not be decoded, over the steps this Step ran
 };
 
 }  // namespace trainer
