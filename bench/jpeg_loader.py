@@ -142,24 +142,13 @@ def descendants(pid):
 
 def tree_rss(pid):
     """Summed RSS in bytes of pid and its descendants."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
+    total = 0
+    for p in [pid] + descendants(pid):
         try:
             with open("/proc/%d/statm" % p) as f:
                 total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError):
             pass
-        todo += children.get(p, [])
     return total
 
 
