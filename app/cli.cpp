@@ -219,7 +219,8 @@ void dry_run(const Config& cfg) {
   auto model = build_model(assumed, shape, tokens ? vocab_size(assumed) : 0);
   const std::string summary = models::summarize(*model, shape);  // before any output: it may throw
   std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
-  std::cout << "# model\n" << summary << std::endl;
+  std::cout << "# model\n" << summary << "\n";
+  std::cout << "# memory\n" << describe_memory_limit(cfg) << std::endl;
 }
 
 }  // namespace

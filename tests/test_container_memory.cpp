@@ -145,3 +145,159 @@ TEST(ContainerMemory, ACapOfTheWholeContainerGoesOverIt) {
               static_cast<long long>(limit), static_cast<long long>(run.rss_peak_bytes));
   EXPECT_GT(run.rss_peak_bytes, limit);
 }
+
+// ---- the machine's own memory (issue 24) -------------------------------------------------------------
+// A bare host, a VM, `docker run` without --memory: no cgroup limit, and still finite memory. `auto` binds
+// on what /proc/meminfo says is available plus what the process holds. The machine is a fake tree with
+// only proc/meminfo (no cgroup): MemAvailable is what the test writes, the resident set the real one.
+
+namespace {
+
+// Writes `root`/proc/meminfo with MemAvailable = `available` bytes, atomically (a rename), so that a
+// trainer reading it between steps never sees half a file.
+void write_meminfo(const std::string& root, int64_t available) {
+  const auto dir = testutil::fs::path(root) / "proc";
+  testutil::fs::create_directories(dir);
+  testutil::write_file(dir / "meminfo.tmp", "MemTotal:       25165824 kB\nMemFree:          1048576 kB\nMemAvailable:   " +
+                                                 std::to_string(available / 1024) + " kB\nSwapTotal:      0 kB\n");
+  testutil::fs::rename(dir / "meminfo.tmp", dir / "meminfo");
+}
+
+// kJob with the info lines in the log (the cap, the bounds, the probes).
+std::string info_job() {
+  std::string j = kJob;
+  j.replace(j.find("log.level=warn"), 14, "log.level=info");
+  return j;
+}
+
+json first_event(const std::vector<json>& lines, const std::string& kind) {
+  for (const auto& l : lines)
+    if (l.value("event", "") == kind) return l;
+  return json();
+}
+
+}  // namespace
+
+TEST(HostMemory, AutoBindsOnTheMachinesMemoryWithoutAContainer) {
+  TempDir dir;
+  const Measured full = run_measured((dir / "uncapped").string(), kJob + " --set train.steps=3 --set memory.limit=none", "");
+  ASSERT_EQ(full.rc, 0) << full.log;
+  const int64_t tensors = max_of(full.lines, "mem_peak_bytes");
+  ASSERT_GT(tensors, 0);
+  // The cap is (MemAvailable + live tensors - reserve) * (1 - 0.3): 0.6 of the tensor peak available
+  // gives a cap near 0.42 of it (plus 0.7 of the weights), which the whole batch cannot fit under.
+  const int64_t available = tensors * 6 / 10;
+  const std::string root = (dir / "machine").string();
+  write_meminfo(root, available);
+
+  const int64_t steps = 8;
+  const Measured run = run_measured((dir / "auto").string(),
+                                    info_job() + " --set train.steps=" + std::to_string(steps) + " --set memory.limit=auto", root);
+  ASSERT_EQ(run.rc, 0) << run.log;
+  const json start = first_event(run.lines, "start");
+  ASSERT_FALSE(start.is_null());
+  EXPECT_EQ(start["limit_source"].get<std::string>(), "host");
+  EXPECT_EQ(start["container_limit"].get<int64_t>(), 0);
+  // The machine's bound is MemAvailable plus the process's own anonymous resident set at that moment.
+  EXPECT_GT(start["host_limit"].get<int64_t>(), available);
+  EXPECT_LT(start["host_limit"].get<int64_t>(), available + full.rss_peak_bytes);
+  const int64_t cap = start["limit"].get<int64_t>();
+  EXPECT_GT(cap, 0);
+  EXPECT_LT(cap, tensors) << "the cap from the machine's memory does not bind";
+  EXPECT_NE(run.log.find("the host binds"), std::string::npos) << run.log;
+
+  // It backed off instead of being killed, and no step was lost.
+  const auto s = testutil::step_lines((dir / "auto").string());
+  ASSERT_EQ(static_cast<int64_t>(s.size()), steps);
+  int64_t smallest = 128;
+  for (int64_t i = 0; i < steps; ++i) {
+    EXPECT_EQ(s[i]["samples_seen"].get<int64_t>(), 128 * (i + 1));
+    smallest = std::min(smallest, s[i]["micro_batch"].get<int64_t>());
+  }
+  EXPECT_LT(smallest, 128);
+}
+
+TEST(HostMemory, FallingAvailableMemoryLowersTheCapBetweenStepsAndItsReturnRaisesIt) {
+  TempDir dir;
+  const Measured full = run_measured((dir / "uncapped").string(), kJob + " --set train.steps=3 --set memory.limit=none", "");
+  ASSERT_EQ(full.rc, 0) << full.log;
+  const int64_t tensors = max_of(full.lines, "mem_peak_bytes");
+  const int64_t plenty = int64_t(64) << 30, scarce = tensors * 6 / 10;
+  const std::string root = (dir / "machine").string();
+  write_meminfo(root, plenty);
+
+  const std::string run_dir = (dir / "run").string();
+  const int64_t steps = 40;
+  const pid_t pid = testutil::spawn("env TRAINER_CGROUP_ROOT=" + root + " " +
+                                        testutil::trainer_cmd(run_dir, info_job() + " --set train.steps=" + std::to_string(steps) +
+                                                                           " --set memory.limit=auto"),
+                                    (dir / "log.txt").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](auto& l) { return testutil::last_step(l) >= 3; }));
+  // Another process on the machine takes memory: the cap must fall before the next step runs into it.
+  write_meminfo(root, scarce);
+  const bool backed_off = testutil::wait_for_metrics(run_dir, [](auto& lines) {
+    for (auto& l : lines)
+      if (!l.contains("event") && l["micro_batch"].template get<int64_t>() < 128) return true;
+    return false;
+  });
+  const int64_t step_at_return = testutil::last_step(testutil::read_jsonl(run_dir + "/metrics.jsonl"));
+  // ... and gives it back: the cap rises and the micro-batch grows back.
+  write_meminfo(root, plenty);
+  ASSERT_EQ(testutil::wait_exit(pid), 0) << testutil::read_file(dir / "log.txt");
+  const std::string log = testutil::read_file(dir / "log.txt");
+  ASSERT_TRUE(backed_off) << "no smaller micro-batch after MemAvailable fell\n" << log;
+  ASSERT_LT(step_at_return, steps - 5) << "the run ended before memory returned; make it longer";
+  EXPECT_NE(log.find("the machine's memory for this process fell from"), std::string::npos) << log;
+  EXPECT_NE(log.find("the machine's memory for this process rose from"), std::string::npos) << log;
+
+  const auto s = testutil::step_lines(run_dir);
+  ASSERT_EQ(static_cast<int64_t>(s.size()), steps);  // no step lost
+  for (int64_t i = 0; i < steps; ++i) EXPECT_EQ(s[i]["samples_seen"].get<int64_t>(), 128 * (i + 1));
+  // The cap in force fell below the tensor peak of the whole batch, then rose above it again.
+  int64_t lowest = INT64_MAX;
+  for (const auto& l : s) lowest = std::min(lowest, l["mem_limit_bytes"].get<int64_t>());
+  EXPECT_LT(lowest, tensors);
+  EXPECT_GT(s.back()["mem_limit_bytes"].get<int64_t>(), tensors);
+  EXPECT_EQ(s.back()["micro_batch"].get<int64_t>(), 128) << "grew back after memory returned";
+}
+
+// Without any limit, `micro_batch: auto` cannot protect the run, and says so in one line.
+TEST(HostMemory, AutoMicroBatchWithoutALimitWarnsOnce) {
+  TempDir dir;
+  const Measured run = run_measured((dir / "none").string(),
+                                    info_job() + " --set train.steps=1 --set memory.limit=none --set train.micro_batch=auto",
+                                    "");
+  ASSERT_EQ(run.rc, 0) << run.log;
+  size_t n = 0;
+  for (size_t at = run.log.find("with no memory limit"); at != std::string::npos;
+       at = run.log.find("with no memory limit", at + 1))
+    ++n;
+  EXPECT_EQ(n, 1u) << run.log;
+  EXPECT_NE(run.log.find("the kernel may kill the run"), std::string::npos) << run.log;
+  // Each probe of the search is one line: the size, whether it fit, and its seconds.
+  EXPECT_NE(run.log.find("micro_batch auto: probe 1: micro-batch"), std::string::npos) << run.log;
+}
+
+// Every shipped config dry-runs with `memory.limit: auto` and names what it resolved to on this machine:
+// on the CPU the machine's memory at least (no container here, or a container and the machine), the
+// GPU's free memory for the CUDA jobs.
+TEST(HostMemory, EveryShippedConfigNamesWhatAutoResolvesTo) {
+  int checked = 0;
+  for (const auto& entry : testutil::fs::directory_iterator(testutil::source_dir() + "/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++checked;
+    const auto r = testutil::run(testutil::trainer_bin() + " --dry-run --config " + entry.path().string() +
+                                 " --set memory.limit=auto");
+    ASSERT_EQ(r.exit_code, 0) << entry.path() << "\n" << r.output;
+    const auto at = r.output.find("# memory\nmemory.limit auto on ");
+    ASSERT_NE(at, std::string::npos) << entry.path() << "\n" << r.output;
+    const std::string line = r.output.substr(at + 9, r.output.find('\n', at + 9) - at - 9);
+    if (line.find("auto on cuda") != std::string::npos) {
+      EXPECT_NE(line.find("the GPU's free memory"), std::string::npos) << line;
+    } else {
+      EXPECT_NE(line.find("tensor cap "), std::string::npos) << entry.path() << ": " << line;
+      EXPECT_NE(line.find("binds"), std::string::npos) << line;
+    }
+  }
+  EXPECT_GE(checked, 10);
+}

@@ -830,7 +830,7 @@ TEST_F(ResourcesLimitCapped, ResolvesMemoryLimitSpecs) {
   FakeRoot none;
   none.mkdir("proc");
   trainer::AutoLimitOptions o;
-  o.cgroup_root = o.proc_root = none.root();
+  o.system_root = o.proc_root = none.root();
   EXPECT_EQ(trainer::resolve_memory_limit("none", cpu, o), 0);
   EXPECT_EQ(trainer::resolve_memory_limit("", cpu, o), 0);
   EXPECT_EQ(trainer::resolve_memory_limit("NONE", cpu, o), 0);
@@ -843,7 +843,7 @@ TEST_F(ResourcesLimitCapped, ResolvesMemoryLimitSpecs) {
   f.write("sys/fs/cgroup/cgroup.controllers", "memory\n");
   f.write("sys/fs/cgroup/memory.max", "4294967296\n");
   f.write("proc/self/statm", "90000 25600 0 0 0 0 0\n");  // 100 MiB resident with 4 KiB pages
-  o.cgroup_root = o.proc_root = f.root();
+  o.system_root = o.proc_root = f.root();
   const int64_t rss = 25600 * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
   const int64_t live = cpu.current_bytes();
   const int64_t expected = static_cast<int64_t>(std::floor((4294967296.0 - (rss - live)) * 0.9));
@@ -867,6 +867,65 @@ TEST_F(ResourcesLimitCapped, ResolvesMemoryLimitSpecs) {
   real.margin = 1.0;
   EXPECT_NE(error_text([&] { trainer::resolve_memory_limit("auto", cpu, real); }).find("margin must be a fraction"),
             std::string::npos);
+}
+
+// `auto` on a host without a container limit (issue 24): the machine's memory binds too, MemAvailable
+// plus what the process already holds, and the smaller of the two caps wins where both are known.
+TEST_F(ResourcesLimitCapped, AutoTakesTheSmallerOfTheContainerAndTheMachine) {
+  trainer::CpuMemoryBackend cpu;
+  const int64_t page = sysconf(_SC_PAGE_SIZE);
+  const int64_t rss = 25600 * page, anon = 20000 * page;  // statm: 25600 resident, 5600 of them file-backed
+  const int64_t live = cpu.current_bytes();
+  auto cap_of = [&](double bound, int64_t other) {  // the rule by hand, margin 0.1
+    return static_cast<int64_t>(std::floor((bound - static_cast<double>(other)) * 0.9));
+  };
+  trainer::AutoLimitOptions o;
+
+  // A bare host: no cgroup, 1 GiB available. The host's cap is (MemAvailable + live tensors) * 0.9: what
+  // the process holds outside tensors is in neither figure.
+  FakeRoot host;
+  host.write("proc/meminfo", "MemTotal: 25165824 kB\nMemAvailable: 1048576 kB\nSwapTotal: 8388608 kB\n");
+  host.write("proc/self/statm", "90000 25600 5600 0 0 0 0\n");
+  o.system_root = o.proc_root = host.root();
+  trainer::MemoryBounds b = trainer::read_memory_bounds(host.root(), host.root());
+  EXPECT_EQ(b.container_bytes, 0);
+  EXPECT_EQ(b.host_held_bytes, anon);
+  EXPECT_EQ(b.host_bytes, 1024 * kMiB + anon);  // available + held; swap is not counted
+  trainer::AutoCpuLimit a = trainer::resolve_auto_cpu_limit(cpu, o);
+  EXPECT_EQ(a.source, "host");
+  EXPECT_EQ(a.cap, cap_of(1024.0 * kMiB + anon, anon - live));
+  EXPECT_EQ(a.cap, static_cast<int64_t>(std::floor((1024.0 * kMiB + live) * 0.9)));
+  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, o), a.cap);
+
+  // A container of 512 MiB on that host: the container binds, with the whole resident set as its other.
+  host.write("proc/self/cgroup", "0::/\n");
+  host.write("sys/fs/cgroup/cgroup.controllers", "memory\n");
+  host.write("sys/fs/cgroup/memory.max", std::to_string(512 * kMiB) + "\n");
+  a = trainer::resolve_auto_cpu_limit(cpu, o);
+  EXPECT_EQ(a.bounds.container_bytes, 512 * kMiB);
+  EXPECT_EQ(a.source, "container");
+  EXPECT_EQ(a.cap, cap_of(512.0 * kMiB, rss - live));
+  EXPECT_EQ(trainer::resolve_memory_limit("auto", cpu, o), a.cap);
+
+  // A container of 4 GiB on a host with 1 GiB available: the host binds, the container's limit is moot.
+  host.write("sys/fs/cgroup/memory.max", std::to_string(4096 * kMiB) + "\n");
+  a = trainer::resolve_auto_cpu_limit(cpu, o);
+  EXPECT_EQ(a.source, "host");
+  EXPECT_EQ(a.cap, cap_of(1024.0 * kMiB + anon, anon - live));
+
+  // Neither known: no cap, as before.
+  FakeRoot nothing;
+  nothing.mkdir("proc");
+  o.system_root = o.proc_root = nothing.root();
+  a = trainer::resolve_auto_cpu_limit(cpu, o);
+  EXPECT_EQ(a.cap, 0);
+  EXPECT_EQ(a.source, "none");
+
+  // The real machine: a bound exists, and it is at most MemTotal (the held part is not in MemAvailable).
+  const trainer::MemoryBounds real = trainer::read_memory_bounds();
+  EXPECT_GT(real.host_bytes, 0);
+  EXPECT_GT(real.host_held_bytes, 0);
+  EXPECT_LE(real.host_bytes, static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * page);
 }
 
 TEST(ResourcesLimit, ContainerRootComesFromTheEnvironment) {

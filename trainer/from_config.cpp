@@ -133,8 +133,32 @@ AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda) {
   // limit"): 0.1 of what is left did not cover that in a small container, 0.3 did.
   o.margin = cfg.memory.auto_margin >= 0 ? cfg.memory.auto_margin : cuda ? kAutoMarginCuda : kAutoMarginCpu;
   o.reserve_bytes = parse_bytes(cfg.memory.auto_reserve);
-  o.cgroup_root = container_root();
+  o.system_root = container_root();
   return o;
+}
+
+std::string describe_memory_limit(const Config& cfg) {
+  std::string spec;
+  for (char c : cfg.memory.limit)
+    if (!std::isspace(static_cast<unsigned char>(c))) spec += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // A CUDA job may be dry-run on a machine without the GPU it will run on: name the device as written.
+  const bool cuda = cfg.train.device.rfind("cuda", 0) == 0 || (cfg.train.device == "auto" && torch::cuda::is_available());
+  const std::string device = cuda ? (cfg.train.device == "auto" ? std::string("cuda") : cfg.train.device) : "cpu";
+  if (spec.empty() || spec == "none") return "memory.limit none: no cap";
+  if (spec != "auto") return "memory.limit " + spec + ": a cap of " + format_bytes(parse_bytes(spec)) + " on " + device;
+  const AutoLimitOptions o = auto_limit_options(cfg, cuda);
+  char margin[16];
+  std::snprintf(margin, sizeof margin, "%.0f%%", 100 * o.margin);
+  if (cuda) return "memory.limit auto on " + device + ": the GPU's free memory when the run starts, less " + margin;
+  // Nothing is a tensor yet under the trainer's cap: everything this process holds counts as other memory.
+  const AutoCpuLimit a = smaller_auto_cpu_limit(read_memory_bounds(o.system_root), host_rss_bytes(), 0,
+                                                o.reserve_bytes, o.margin);
+  if (a.cap == 0) return "memory.limit auto on cpu: no container limit, and /proc/meminfo unreadable: no cap";
+  return "memory.limit auto on cpu: container limit " +
+         (a.bounds.container_bytes ? format_bytes(a.bounds.container_bytes) : std::string("none")) + ", machine " +
+         (a.bounds.host_bytes ? format_bytes(a.bounds.host_bytes) : std::string("unknown")) +
+         " (available + held); the " + a.source + " binds -> tensor cap " + format_bytes(a.cap) + " now (reserve " +
+         format_bytes(o.reserve_bytes) + ", margin " + margin + "; resolved again when the run starts and between steps)";
 }
 
 MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch) {

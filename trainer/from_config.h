@@ -69,10 +69,17 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
 /// processes of its node (at least 1).
 int cpu_threads(const Config& cfg, int64_t local_world_size);
 
-/// How `memory.limit: auto` resolves: memory.auto_margin, memory.auto_reserve, the cgroup files under
-/// container_root() (TRAINER_CGROUP_ROOT for tests), the process's RSS from the real /proc.
+/// How `memory.limit: auto` resolves: memory.auto_margin, memory.auto_reserve, the cgroup files and
+/// proc/meminfo under container_root() (TRAINER_CGROUP_ROOT for tests), the process's RSS from the real
+/// /proc.
 /// memory.auto_margin -1 (the default) is kAutoMarginCuda on CUDA, kAutoMarginCpu on the CPU.
 AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda);
+
+/// One line for `--dry-run`: what memory.limit resolves to on this machine now. `auto` on the CPU reads
+/// the container's limit and the machine's memory as the run will, with what this process holds now as
+/// the memory that is not tensors (the run resolves again once its data and model exist); on a CUDA
+/// device it is the GPU's free memory at start (said, not read: the GPU need not be on this machine).
+std::string describe_memory_limit(const Config& cfg);
 
 /// The default memory.auto_margin per device, measured (docs/MEMORY.md "RSS against the container's limit").
 inline constexpr double kAutoMarginCuda = 0.1;

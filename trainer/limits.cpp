@@ -23,17 +23,31 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
     limit_spec_ = *poll.update->memory_limit;
     changed = true;
   }
-  // With `auto` on the CPU, the container's limit is re-read: a `docker update --memory` or a Kubernetes
-  // in-place resize reaches the trainer this way. The cap is also resolved again when the memory that is
-  // not tensors has grown by more than 2% of the container since it was set: the first steps page in
-  // libraries and caches (35 MB of ResNet-20's first steps with the 2.11 wheel), which the margin alone
-  // need not cover.
+  // With `auto` on the CPU, the container's limit and the machine's memory are read again: a `docker
+  // update --memory` or a Kubernetes in-place resize reaches the trainer this way, and so does another
+  // process on the machine that grows (the cap falls before the kernel's OOM killer acts) or ends (the cap
+  // rises and the micro-batch can grow back). A fall of 2% of the bound is acted on, a rise only past 5%,
+  // so that a neighbour's small swings do not move the cap every step. The cap is also resolved again when
+  // the memory that is not tensors has grown by more than 2% of the bound since it was set: the first
+  // steps page in libraries and caches (35 MB of ResNet-20's first steps with the 2.11 wheel), which the
+  // margin alone need not cover.
   if (limit_spec_ == "auto" && !device_.is_cuda()) {
-    if (read_cgroup_memory(container_root()).limit_bytes != cgroup_limit_) {
+    const MemoryBounds now = read_memory_bounds(container_root());
+    const int64_t was = bounds_.host_bytes, is = now.host_bytes;  // 0: /proc/meminfo unreadable, no news
+    if (now.container_bytes != bounds_.container_bytes) {
       changed = true;
-    } else if (cgroup_limit_ > 0) {
+    } else if (was > 0 && is > 0 && is < was - std::max<int64_t>(4 << 20, was / 50)) {
+      spdlog::info("memory.limit auto: the machine's memory for this process fell from {} to {}; resolving the cap "
+                   "again", format_bytes(was), format_bytes(is));
+      changed = true;
+    } else if (was > 0 && limit_source_ == "host" && is > was + std::max<int64_t>(4 << 20, was / 20)) {
+      spdlog::info("memory.limit auto: the machine's memory for this process rose from {} to {}; resolving the cap "
+                   "again", format_bytes(was), format_bytes(is));
+      changed = true;
+    } else if (limit_bytes_ > 0) {
+      const int64_t bound = limit_source_ == "container" ? bounds_.container_bytes : bounds_.host_bytes;
       const int64_t nontensor = host_rss_bytes() - memory_->current_bytes();
-      if (nontensor - nontensor_at_limit_ > std::max<int64_t>(4 << 20, cgroup_limit_ / 50)) {
+      if (nontensor - nontensor_at_limit_ > std::max<int64_t>(4 << 20, bound / 50)) {
         spdlog::info("memory.limit auto: memory that is not tensors grew from {} to {} since the cap was set; "
                      "resolving it again", format_bytes(nontensor_at_limit_), format_bytes(nontensor));
         changed = true;
@@ -63,19 +77,34 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
 
 int64_t TrainingRun::resolve_limit() {
   const AutoLimitOptions o = auto_limit_options(cfg_, device_.is_cuda());
-  cgroup_limit_ = read_cgroup_memory(o.cgroup_root).limit_bytes;
-  const bool container = limit_spec_ == "auto" && cgroup_limit_ > 0 && !device_.is_cuda();
   // What is not tensors, measured as poll_memory_limit measures it: before the heap is trimmed.
   nontensor_at_limit_ = host_rss_bytes() - memory_->current_bytes();
-  // The container counts the heap's kept pages; a cap on live tensors alone does not bound them.
-  if (container) return_freed_memory();
-  const int64_t limit = resolve_memory_limit(limit_spec_, *memory_, o);
+  bounds_ = MemoryBounds{};
+  int64_t limit = 0;
+  if (limit_spec_ == "auto" && !device_.is_cuda()) {
+    // The container and the machine count the heap's kept pages; a cap on live tensors alone does not
+    // bound them.
+    return_freed_memory();
+    const AutoCpuLimit a = resolve_auto_cpu_limit(*memory_, o);
+    bounds_ = a.bounds;
+    limit_source_ = a.source;
+    limit = a.cap;
+  } else {
+    limit = resolve_memory_limit(limit_spec_, *memory_, o);
+    limit_source_ = limit == 0 ? "none" : limit_spec_ == "auto" ? "gpu" : "config";
+  }
   rss_at_limit_ = host_rss_bytes();
-  if (container)
-    spdlog::info("memory.limit auto: container limit {}, resident {} ({} in tensors), reserve {}, margin {:.0f}% -> "
-                 "tensor cap {}", format_bytes(cgroup_limit_), format_bytes(rss_at_limit_),
-                 format_bytes(memory_->current_bytes()), format_bytes(o.reserve_bytes), 100 * o.margin,
-                 format_bytes(limit));
+  if (limit_spec_ == "auto" && !device_.is_cuda()) {
+    if (limit > 0)
+      spdlog::info("memory.limit auto: container limit {}, machine {} (available + held), the {} binds; resident {} "
+                   "({} in tensors), reserve {}, margin {:.0f}% -> tensor cap {}",
+                   bounds_.container_bytes ? format_bytes(bounds_.container_bytes) : "none",
+                   bounds_.host_bytes ? format_bytes(bounds_.host_bytes) : "unknown", limit_source_,
+                   format_bytes(rss_at_limit_), format_bytes(memory_->current_bytes()), format_bytes(o.reserve_bytes),
+                   100 * o.margin, format_bytes(limit));
+    else
+      spdlog::warn("memory.limit auto: no container limit, and /proc/meminfo unreadable: nothing caps this run");
+  }
   return limit;
 }
 

@@ -60,7 +60,8 @@ void TrainingRun::start(bool resumed) {
     metrics_.event("start", {{"total_steps", total_steps_}, {"steps_per_epoch", steps_per_epoch_},
                              {"global_batch", cfg_.train.global_batch}, {"device", device_.str()},
                              {"torch", compat::torch_version()}, {"limit", limit_bytes_},
-                             {"container_limit", cgroup_limit_}, {"rss_at_limit", rss_at_limit_}});
+                             {"container_limit", bounds_.container_bytes}, {"host_limit", bounds_.host_bytes},
+                             {"limit_source", limit_source_}, {"rss_at_limit", rss_at_limit_}});
   }
   need_micro_batch_search_ = need_micro_batch_search_ && !resumed;  // a resumed run keeps its learned size
   spdlog::info("training {} steps ({} per epoch) at global batch {} on {}; memory limit {}", total_steps_,

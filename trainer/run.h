@@ -174,7 +174,10 @@ class TrainingRun {
   int64_t limit_bytes_ = 0;           // memory cap in force in this process (0 = none)
   int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the ladder sees
   std::string limit_spec_;            // as configured or set through control.yaml
-  int64_t cgroup_limit_ = 0;          // the container's limit when limit_bytes_ was resolved
+  MemoryBounds bounds_;               // the container's limit and the machine's memory when limit_bytes_ was
+                                      // resolved under `auto` on the CPU (zeros otherwise)
+  std::string limit_source_ = "none";  // what gave limit_bytes_: container, host (auto on the CPU), gpu (auto
+                                       // on CUDA), config (a size), none
   int64_t rss_at_limit_ = 0;          // the process's RSS then (bytes)
   int64_t nontensor_at_limit_ = 0;    // RSS less live tensor bytes then (bytes)
   int64_t eval_micro_batch_ = 0;

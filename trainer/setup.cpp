@@ -309,6 +309,10 @@ void TrainingRun::setup_step() {
                                         make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;
+  if (need_micro_batch_search_ && agreed_limit_ == 0)
+    spdlog::warn("train.micro_batch auto with no memory limit (memory.limit: {}): nothing bounds the search, which "
+                 "takes the whole batch, and the kernel may kill the run; set memory.limit to auto or a size",
+                 limit_spec_.empty() ? "none" : limit_spec_);
   if (need_micro_batch_search_ && !cfg_.memory.curve.empty()) load_memory_curve();
 }
 

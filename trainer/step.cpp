@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
+
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
@@ -223,8 +225,16 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   // A probe is the step's worst micro-batch: the first one's forward and backward, then, when the step
   // accumulates (mb below the batch), the second one's with the first one's gradients alive. One pass
   // alone misses those gradients, and picked sizes whose real step then ran out of memory.
+  // One line per probe: on a CPU a probe of a large micro-batch takes minutes, and the search must not be
+  // silent for that long.
   auto fits = [&](int64_t mb) {
     ++found.probes;
+    const auto t = std::chrono::steady_clock::now();
+    auto say = [&](bool ok) {
+      spdlog::info("micro_batch auto: probe {}: micro-batch {} {} ({:.1f} s)", found.probes, mb,
+                   ok ? "fits" : "does not fit", seconds_since(t));
+      return ok;
+    };
     try {
       for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch.size()); at += mb) {
         const int64_t n = std::min<int64_t>(mb, batch.size() - at);
@@ -235,11 +245,11 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
             .backward();
       }
       p_.optimizer->zero_grad();
-      return true;
+      return say(true);
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
       drop_failed_attempt();
-      return false;
+      return say(false);
     }
   };
   const int64_t size = batch.size();

@@ -277,18 +277,66 @@ int64_t host_available_bytes(const std::string& root) {
   return 0;
 }
 
+int64_t host_anon_rss_bytes(const std::string& root) {
+  const auto text = read_text(fs::path(root) / "proc/self/statm");
+  if (!text) return 0;
+  std::istringstream in(*text);
+  int64_t size_pages = 0, resident_pages = 0, shared_pages = 0;
+  if (!(in >> size_pages >> resident_pages >> shared_pages)) return 0;
+  return std::max<int64_t>(0, resident_pages - shared_pages) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+MemoryBounds read_memory_bounds(const std::string& system_root, const std::string& proc_root) {
+  MemoryBounds b;
+  b.container_bytes = read_cgroup_memory(system_root).limit_bytes;
+  const int64_t available = host_available_bytes(system_root);
+  if (available > 0) {
+    b.host_held_bytes = host_anon_rss_bytes(proc_root);
+    b.host_bytes = available + b.host_held_bytes;
+  }
+  return b;
+}
+
 // ---- memory.limit ---------------------------------------------------------------------------------
 
-int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, int64_t reserve_bytes, double margin) {
+int64_t auto_cpu_limit(int64_t bound, int64_t other_bytes, int64_t reserve_bytes, double margin) {
   if (!(margin >= 0 && margin < 1))
     throw std::invalid_argument("memory: margin must be a fraction in [0, 1), got " + std::to_string(margin));
   if (reserve_bytes < 0)
     throw std::invalid_argument("memory: the reserve must be >= 0 bytes, got " + std::to_string(reserve_bytes));
-  if (cgroup_limit <= 0) return 0;
+  if (bound <= 0) return 0;
   const double left =
-      static_cast<double>(cgroup_limit - std::max<int64_t>(0, other_bytes) - reserve_bytes) * (1 - margin);
+      static_cast<double>(bound - std::max<int64_t>(0, other_bytes) - reserve_bytes) * (1 - margin);
   // At least one byte: 0 would mean "no cap", the opposite of a container that is already full.
   return std::max<int64_t>(1, static_cast<int64_t>(std::floor(left)));
+}
+
+AutoCpuLimit smaller_auto_cpu_limit(const MemoryBounds& bounds, int64_t rss_bytes, int64_t tensor_bytes,
+                                    int64_t reserve_bytes, double margin) {
+  // Both count the whole process; the cap counts tensors only. What the process holds outside tensors now
+  // (libraries, buffers) is taken off each bound first, then the reserve for what it will hold later
+  // (oneDNN's caches and the threads appear with the first steps), then the margin.
+  AutoCpuLimit out;
+  out.bounds = bounds;
+  if (bounds.container_bytes > 0) {
+    out.cap = auto_cpu_limit(bounds.container_bytes, rss_bytes - tensor_bytes, reserve_bytes, margin);
+    out.source = "container";
+  }
+  if (bounds.host_bytes > 0) {
+    const int64_t cap = auto_cpu_limit(bounds.host_bytes, bounds.host_held_bytes - tensor_bytes, reserve_bytes, margin);
+    if (out.cap == 0 || cap < out.cap) {
+      out.cap = cap;
+      out.source = "host";
+    }
+  }
+  return out;
+}
+
+AutoCpuLimit resolve_auto_cpu_limit(const MemoryBackend& backend, const AutoLimitOptions& o) {
+  if (!(o.margin >= 0 && o.margin < 1))
+    throw std::invalid_argument("memory.limit auto: margin must be a fraction in [0, 1), got " + std::to_string(o.margin));
+  return smaller_auto_cpu_limit(read_memory_bounds(o.system_root, o.proc_root), host_rss_bytes(o.proc_root),
+                                backend.current_bytes(), o.reserve_bytes, o.margin);
 }
 
 void validate_memory_limit_spec(const std::string& spec) {
@@ -320,12 +368,7 @@ int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backe
     const double avail = static_cast<double>(backend.free_bytes() + backend.reserved_bytes());
     return std::max<int64_t>(1, static_cast<int64_t>(std::floor(avail * (1 - o.margin))));
   }
-  const CgroupMemory cg = read_cgroup_memory(o.cgroup_root);
-  // The cgroup counts the whole process; the cap counts tensors only. What the process holds outside
-  // tensors now (libraries, buffers) is taken off the limit first, then the reserve for what it will
-  // hold later (oneDNN's caches and the threads appear with the first steps), then the margin.
-  const int64_t other = std::max<int64_t>(0, host_rss_bytes(o.proc_root) - backend.current_bytes());
-  return auto_cpu_limit(cg.limit_bytes, other, o.reserve_bytes, o.margin);
+  return resolve_auto_cpu_limit(backend, o).cap;
 }
 
 // ---- the control file -----------------------------------------------------------------------------

@@ -46,10 +46,11 @@ CgroupMemory read_cgroup_memory(const std::string& root = "/");
 CgroupCpu read_cgroup_cpu(const std::string& root = "/");
 
 /// Where the trainer reads the container's cgroup files (proc/self/cgroup and sys/fs/cgroup/... under
-/// it): the environment variable TRAINER_CGROUP_ROOT if set and not empty, else "/". For tests: a fake
-/// tree there stands in for a container's memory limit (and CPU quota). It replaces nothing else: the
-/// process's resident memory is still read from the real /proc, and no memory is actually limited, so a
-/// test must measure the process's RSS against the limit it wrote.
+/// it) and the machine's proc/meminfo: the environment variable TRAINER_CGROUP_ROOT if set and not empty,
+/// else "/". For tests: a fake tree there stands in for a container's memory limit (and CPU quota) and for
+/// the machine's available memory (a tree without proc/meminfo: unknown, no host bound). It replaces
+/// nothing else: the process's resident memory is still read from the real /proc, and no memory is
+/// actually limited, so a test must measure the process's RSS against the limit it wrote.
 std::string container_root();
 
 // ---- CPUs -----------------------------------------------------------------------------------------
@@ -76,6 +77,10 @@ int64_t host_rss_peak_bytes();
 /// MemAvailable from /proc/meminfo in bytes (0 if it cannot be read).
 int64_t host_available_bytes(const std::string& root = "/");
 
+/// The part of this process's resident set the kernel counts in no other figure: statm's resident less
+/// shared (the file-backed pages: mapped libraries, which are page cache), in bytes; 0 if unreadable.
+int64_t host_anon_rss_bytes(const std::string& root = "/");
+
 // ---- memory.limit ---------------------------------------------------------------------------------
 
 /// What `memory.limit: auto` holds back on the CPU, and where it reads the container and the process.
@@ -84,22 +89,56 @@ struct AutoLimitOptions {
   double margin = 0.1;        ///< memory.auto_margin: the fraction held back, in [0, 1)
   int64_t reserve_bytes = 0;  ///< memory.auto_reserve: bytes held back for non-tensor memory that grows
                               ///< after the limit is resolved (oneDNN caches, threads, the loader), >= 0
-  std::string cgroup_root = "/";  ///< where the cgroup files are read (container_root() in the trainer)
+  std::string system_root = "/";  ///< where the cgroup files and proc/meminfo are read (container_root()
+                                  ///< in the trainer)
   std::string proc_root = "/";    ///< where proc/self/statm is read (tests only; the trainer: "/")
 };
 
-/// The CPU "auto" rule on its own, for tests and logs: the bytes left for tensors when a cgroup allows
-/// `cgroup_limit` bytes, `other_bytes` of which the process already uses outside tensors (libraries,
+/// Every limit that binds this process on the CPU, as `memory.limit: auto` reads them.
+struct MemoryBounds {
+  int64_t container_bytes = 0;  ///< the cgroup's memory limit; 0 = none
+  /// What the machine lets this process hold: MemAvailable plus the anonymous resident set
+  /// (host_anon_rss_bytes); 0 = unknown (/proc/meminfo unreadable). The sum does not move when this
+  /// process allocates or frees (MemAvailable falls by what the resident set gains), only when something
+  /// else on the machine takes or gives back memory. Swap is not counted: a step whose tensors are
+  /// swapped out runs orders of magnitude slower, and many hosts (Kubernetes nodes) have none.
+  int64_t host_bytes = 0;
+  int64_t host_held_bytes = 0;  ///< the anonymous resident set counted in host_bytes
+};
+
+/// Reads both bounds: the cgroup and proc/meminfo under `system_root`, the resident set under `proc_root`.
+MemoryBounds read_memory_bounds(const std::string& system_root = "/", const std::string& proc_root = "/");
+
+/// The CPU "auto" rule for one bound, for tests and logs: the bytes left for tensors when the bound
+/// allows `bound` bytes, `other_bytes` of which the process already uses outside tensors (libraries,
 /// buffers), holding back `reserve_bytes` and then the fraction `margin`:
-/// floor((cgroup_limit - other_bytes - reserve_bytes) * (1 - margin)), at least 1 byte. 0 when
-/// cgroup_limit is 0 (no limit).
-int64_t auto_cpu_limit(int64_t cgroup_limit, int64_t other_bytes, int64_t reserve_bytes, double margin);
+/// floor((bound - other_bytes - reserve_bytes) * (1 - margin)), at least 1 byte. 0 when bound is 0.
+int64_t auto_cpu_limit(int64_t bound, int64_t other_bytes, int64_t reserve_bytes, double margin);
+
+/// What `memory.limit: auto` resolves to on the CPU, and which bound gave it.
+struct AutoCpuLimit {
+  int64_t cap = 0;              ///< bytes for tensors; 0 when neither bound is known (no cap)
+  std::string source = "none";  ///< "container", "host" or "none": whose cap is the smaller
+  MemoryBounds bounds;          ///< what was read
+};
+
+/// The rule over both bounds: each bound's cap by auto_cpu_limit, the smaller wins. The container counts
+/// the whole resident set (`rss_bytes`, page cache included), so its memory that is not tensors is
+/// rss_bytes - tensor_bytes; the machine's bound counts the anonymous part (bounds.host_held_bytes), so
+/// there it is host_held_bytes - tensor_bytes, and the host's cap is (MemAvailable + tensor_bytes -
+/// reserve) * (1 - margin).
+AutoCpuLimit smaller_auto_cpu_limit(const MemoryBounds& bounds, int64_t rss_bytes, int64_t tensor_bytes,
+                                    int64_t reserve_bytes, double margin);
+
+/// smaller_auto_cpu_limit over the bounds read now (o.system_root, o.proc_root), this process's resident
+/// set and `backend`'s live tensor bytes.
+AutoCpuLimit resolve_auto_cpu_limit(const MemoryBackend& backend, const AutoLimitOptions& o);
 
 /// Resolves a `memory.limit` spec to a cap in bytes (0 = none):
 ///   "none" or ""  -> 0
 ///   a byte size   -> that size (parse_bytes: "6GiB", "1.5GB", "123"); at least 1 byte ("0", "0.5" are invalid)
-///   "auto"        -> CPU: auto_cpu_limit(cgroup limit, host RSS - backend.current_bytes(),
-///                    o.reserve_bytes, o.margin), i.e. 0 outside a memory-limited cgroup;
+///   "auto"        -> CPU: resolve_auto_cpu_limit(backend, o).cap: the smaller of the container's and the
+///                    machine's caps; 0 only where neither bound can be read;
 ///                    CUDA: (free device memory + what this process's allocator reserved) * (1 - margin).
 /// o.margin is a fraction in [0, 1): the share of the memory held back for what the cap does not see
 /// (non-tensor memory, fragmentation, other processes). Throws std::invalid_argument naming the spec for
