@@ -11,6 +11,8 @@
 //                              c10d::ProcessGroup
 //   CUDA allocator stats       CUDACachingAllocator::getDeviceStats(int) and friends take an int device in
 //                              1.13 and a c10::DeviceIndex in 2.x; both accept a DeviceIndex argument.
+//   multi-tensor ops           _foreach_{add,mul,addcmul,addcdiv,      also _foreach_copy_ and _foreach_mul_ by
+//                              sqrt,div,norm} (scalar and list forms)  a 0-dim tensor (2.1+)
 #pragma once
 
 #include <ATen/ATen.h>
@@ -113,6 +115,26 @@ inline at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, cons
   TORCH_CHECK(false, "fused attention needs LibTorch 2.0 or later, this is ", torch_version(),
               "; use the plain attention backend");
   return {};
+#endif
+}
+
+// ---- multi-tensor ops -------------------------------------------------------------------------------
+
+/// dst[i].copy_(src[i]) for every i, in one multi-tensor op where LibTorch has it.
+inline void foreach_copy_(at::TensorList dst, at::TensorList src) {
+#if TRAINER_TORCH_AT_LEAST(2, 1)
+  at::_foreach_copy_(dst, src);
+#else
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+#endif
+}
+
+/// t.mul_(factor) for every t, factor a 0-dim tensor on their device (no host sync).
+inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
+#if TRAINER_TORCH_AT_LEAST(2, 1)
+  at::_foreach_mul_(tensors, factor);
+#else
+  for (const auto& t : tensors) t.mul_(factor.to(t.dtype()));
 #endif
 }
 

@@ -103,6 +103,77 @@ TEST(TrainOptimizer, AdamWMatchesLibTorch) {
   EXPECT_LT(compare_with_libtorch(c, 6), 1e-6);
 }
 
+namespace {
+
+// The multi-tensor path (the default on CUDA) against the plain loop, op for op the same arithmetic, so
+// the results must be bitwise equal; one parameter is left without a gradient (skipped by both), and the
+// gradients are clipped first, as the step does (the norms agree to rounding: another summation order).
+void foreach_matches_plain(const torch::Device& device) {
+  for (const std::string name : {"sgd", "sgd_nesterov", "sgd_no_momentum", "adamw"}) {
+    trainer::OptimConfig c;
+    c.name = name == "adamw" ? "adamw" : "sgd";
+    c.lr = name == "adamw" ? 0.01 : 0.05;
+    c.momentum = name == "sgd_no_momentum" ? 0.0 : 0.9;
+    c.nesterov = name == "sgd_nesterov";
+    c.weight_decay = 0.05;
+    torch::manual_seed(3);
+    auto a = std::make_shared<Net>(), b = std::make_shared<Net>();
+    a->to(device);
+    b->to(device);
+    {
+      torch::NoGradGuard ng;
+      auto pa = a->parameters(), pb = b->parameters();
+      for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+    }
+    trainer::Optimizer plain(trainer::param_slots(*a, false), c, /*foreach=*/false);
+    trainer::Optimizer multi(trainer::param_slots(*b, false), c, /*foreach=*/true);
+    ASSERT_FALSE(plain.foreach());
+    ASSERT_TRUE(multi.foreach());
+    for (int step = 0; step < 4; ++step) {
+      auto x = torch::randn({4, 6}).to(device);
+      plain.zero_grad();
+      multi.zero_grad();
+      a->forward(x).pow(2).sum().backward();
+      b->forward(x).pow(2).sum().backward();
+      a->fc2->bias.mutable_grad() = torch::Tensor();  // no gradient: neither path may touch it
+      b->fc2->bias.mutable_grad() = torch::Tensor();
+      const auto na = trainer::clip_grad_norm(plain.params(), 0.5, /*foreach=*/false);
+      const auto nb = trainer::clip_grad_norm(multi.params(), 0.5, /*foreach=*/true);
+      EXPECT_TRUE(torch::allclose(na, nb, 1e-6, 0)) << name << " step " << step << ": " << na.item<double>()
+                                                    << " vs " << nb.item<double>();
+      // The same gradients from here on, so that the update alone is compared bit for bit.
+      {
+        torch::NoGradGuard ng;
+        auto pa = a->parameters(), pb = b->parameters();
+        for (size_t i = 0; i < pa.size(); ++i)
+          if (pa[i].grad().defined()) pb[i].mutable_grad().copy_(pa[i].grad());
+      }
+      plain.step(c.lr);
+      multi.step(c.lr);
+    }
+    auto pa = a->parameters(), pb = b->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].equal(pb[i])) << name << ": parameter " << i;
+    const auto sa = plain.state(), sb = multi.state();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) EXPECT_TRUE(sa[i].second.equal(sb[i].second)) << name << ": " << sa[i].first;
+    EXPECT_TRUE(torch::equal(a->fc2->bias, b->fc2->bias));
+  }
+}
+
+}  // namespace
+
+TEST(TrainOptimizer, ForeachMatchesThePlainUpdate) { foreach_matches_plain(torch::kCPU); }
+
+TEST(TrainOptimizer, ForeachMatchesThePlainUpdateOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device (the multi-tensor CUDA kernels)";
+  foreach_matches_plain(torch::kCUDA);
+  // The default there is the multi-tensor path.
+  Net net;
+  net.to(torch::kCUDA);
+  trainer::OptimConfig c;
+  EXPECT_TRUE(trainer::Optimizer(trainer::param_slots(net, false), c).foreach());
+}
+
 TEST(TrainOptimizer, NoDecayOnBiasAndNormWeights) {
   Net net;
   auto slots = trainer::param_slots(net, /*decay_norm_and_bias=*/false);

@@ -2,7 +2,13 @@
 
 #include <cmath>
 
+#include "common/compat.h"
+
 namespace trainer {
+
+namespace {
+bool on_cuda(const std::vector<ParamSlot>& params) { return !params.empty() && params.front().param.is_cuda(); }
+}  // namespace
 
 std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_norm_and_bias) {
   std::vector<ParamSlot> out;
@@ -14,9 +20,10 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
   return out;
 }
 
-Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg)
+Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
     : params_(std::move(params)), cfg_(cfg) {
   TORCH_CHECK(cfg_.name == "sgd" || cfg_.name == "adamw", "optim.name: unknown optimizer '", cfg_.name, "'");
+  foreach_ = foreach.value_or(on_cuda(params_));
 }
 
 void Optimizer::zero_grad() {
@@ -44,6 +51,11 @@ void Optimizer::allocate_state() {
 void Optimizer::step(double lr) {
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
+  if (foreach_) {
+    step_foreach(lr);
+    ++steps_;
+    return;
+  }
   const double wd = cfg_.weight_decay;
   if (cfg_.name == "sgd") {
     const double m = cfg_.momentum;
@@ -80,6 +92,52 @@ void Optimizer::step(double lr) {
   ++steps_;
 }
 
+// The same update as the plain loop above, op for op, each op over all tensors at once.
+void Optimizer::step_foreach(double lr) {
+  std::vector<torch::Tensor> p, g, m1, m2, p_decay, g_decay;  // the tensors that have a gradient
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor grad = params_[i].param.grad();
+    if (!grad.defined()) continue;
+    p.push_back(params_[i].param);
+    g.push_back(grad);
+    if (!buf1_.empty()) m1.push_back(buf1_[i]);
+    if (!buf2_.empty()) m2.push_back(buf2_[i]);
+    if (params_[i].decay) {
+      p_decay.push_back(params_[i].param);
+      g_decay.push_back(grad);
+    }
+  }
+  if (p.empty()) return;
+  const double wd = cfg_.weight_decay;
+  if (cfg_.name == "sgd") {
+    const double m = cfg_.momentum;
+    if (wd != 0 && !p_decay.empty()) at::_foreach_add_(g_decay, p_decay, wd);
+    const std::vector<torch::Tensor>* update = &g;
+    if (m > 0) {
+      at::_foreach_mul_(m1, m);
+      at::_foreach_add_(m1, g);
+      if (cfg_.nesterov) at::_foreach_add_(g, m1, m);
+      else update = &m1;
+    }
+    at::_foreach_add_(p, *update, -lr);
+  } else {  // adamw
+    const double b1 = cfg_.beta1, b2 = cfg_.beta2;
+    const double t = static_cast<double>(steps_ + 1);
+    const double bc1 = 1 - std::pow(b1, t);
+    const double bc2_sqrt = std::sqrt(1 - std::pow(b2, t));
+    if (wd != 0 && !p_decay.empty()) at::_foreach_mul_(p_decay, 1 - lr * wd);
+    at::_foreach_mul_(m1, b1);
+    at::_foreach_add_(m1, g, 1 - b1);
+    at::_foreach_mul_(m2, b2);
+    at::_foreach_addcmul_(m2, g, g, 1 - b2);
+    compat::foreach_copy_(g, m2);  // the gradients become the denominators
+    at::_foreach_sqrt_(g);
+    at::_foreach_div_(g, bc2_sqrt);
+    at::_foreach_add_(g, cfg_.eps);
+    at::_foreach_addcdiv_(p, m1, g, -lr / bc1);
+  }
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   const char* n1 = cfg_.name == "sgd" ? "momentum_buffer." : "exp_avg.";
@@ -114,18 +172,29 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
   if (!buf2_.empty()) fill(buf2_, "exp_avg_sq.");
 }
 
-torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_norm) {
+torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_norm, std::optional<bool> foreach) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
+  std::vector<torch::Tensor> grads;
   for (const auto& s : params)
-    if (s.param.grad().defined()) norms.push_back(s.param.grad().norm(2).to(torch::kFloat));
-  if (norms.empty()) return torch::zeros({});
+    if (s.param.grad().defined()) grads.push_back(s.param.grad());
+  if (grads.empty()) return torch::zeros({});
+  const bool multi = foreach.value_or(grads.front().is_cuda());
+  std::vector<torch::Tensor> norms;
+  if (multi) {
+    norms = at::_foreach_norm(grads, 2);
+    for (auto& n : norms) n = n.to(torch::kFloat);
+  } else {
+    for (const auto& g : grads) norms.push_back(g.norm(2).to(torch::kFloat));
+  }
   torch::Tensor total = torch::stack(norms).norm(2);
   if (max_norm > 0) {
     // As PyTorch: multiply by min(1, max_norm / (norm + 1e-6)), without a host sync.
     torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-    for (const auto& s : params)
-      if (s.param.grad().defined()) s.param.grad().mul_(coef.to(s.param.grad().dtype()));
+    if (multi) {
+      compat::foreach_mul_(grads, coef);
+    } else {
+      for (auto& g : grads) g.mul_(coef.to(g.dtype()));
+    }
   }
   return total;
 }
