@@ -10,7 +10,9 @@ flipped, with brightness and saturation jittered by up to 20%, resized with Lanc
 375x500) and saved as a baseline JPEG of quality 90 with 4:2:0 chroma subsampling (Pillow's defaults at
 that quality), the size and quality of a typical ImageNet training image. Classes are the source photos
 modulo --classes; the layout is torchvision's ImageFolder: DIR/train/<class>/<n>.jpg.
-Needs numpy, Pillow and scikit-image (pip install scikit-image).
+Needs numpy and Pillow; the photographs need scikit-image (pip install scikit-image). Without it, or with
+--source synthetic, the sources are smooth random colour fields with fine noise instead (made from the
+seed): JPEGs of about the same size and decoding cost, for the CPU-mode checks, not for figures.
 """
 import argparse
 import os
@@ -18,13 +20,24 @@ import random
 
 import numpy as np
 from PIL import Image, ImageEnhance
-import skimage.data
 
 PHOTOS = ["astronaut", "chelsea", "coffee", "hubble_deep_field", "immunohistochemistry", "stereo_motorcycle", "retina",
           "rocket"]
 
 
+def synthetic_sources(seed, count=9):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        coarse = rng.uniform(0, 255, size=(12, 16, 3)).astype(np.uint8)
+        img = Image.fromarray(coarse).resize((1024, 768), Image.BICUBIC)
+        a = np.asarray(img).astype(np.int16) + rng.integers(-12, 13, size=(768, 1024, 3))
+        out.append(Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)))
+    return out
+
+
 def sources():
+    import skimage.data
     out = []
     for name in PHOTOS:
         img = getattr(skimage.data, name)()
@@ -41,9 +54,18 @@ def main():
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", choices=["photos", "synthetic"], default="photos",
+                    help="photos: scikit-image's sample photographs (synthetic where it is missing)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    photos = sources()
+    if a.source == "photos":
+        try:
+            photos = sources()
+        except ImportError:
+            print("make_jpeg_folder: scikit-image is missing; using synthetic sources")
+            a.source = "synthetic"
+    if a.source == "synthetic":
+        photos = synthetic_sources(a.seed)
     total = 0
     for n in range(a.count):
         k = rng.randrange(len(photos))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU proof of issue 14 in a few calls: every phase writes its logs and JSON under OUTDIR, and
-# `summary` gathers the figures into OUTDIR/summary.json. On a host without a GPU (no working
+# The GPU proof in a few calls: every phase writes its logs and JSON under OUTDIR, and
+# `summary` gathers the figures into OUTDIR/summary.json. TRAINER_SPEED_ROUNDS: the speed phase's rounds
+# (default 3). On a host without a GPU (no working
 # `nvidia-smi -L`) the same phases run in CPU mode on small jobs, so that everything but the CUDA parts
 # is exercised before device time is spent.
 #
@@ -16,12 +17,17 @@
 #   speed    bench/compare.py, trainer against Python PyTorch on the same    ResNet-50 fp16 256;  ResNet-18,
 #            device, alternating rounds: ratio, samples or tokens/s, MFU     GPT-2 small bf16,    gpt_tiny
 #                                                                            context 1024
+#   jpeg     a JPEG folder (bench/make_jpeg_folder.py), packed by trainer   ResNet-50 224 bf16,  ResNet-18 64,
+#            convert-images, then trained from the packed file with the      batch 256, 2048      batch 8, 64
+#            host's cores against the same job on synthetic data: speed       JPEGs                JPEGs
+#            ratio, the loader's share of the step, the CPU cores used
 #   summary  OUTDIR/summary.json: the figures above and the targets (ResNet-50 ratio >= 1.1, GPT-2 ratio
 #            >= 1.0 and MFU >= 50%), each marked met or missed
 #
-# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests cap speed summary)
-# Plan the device calls as: `env tests cap summary`, then `speed summary` (each under 9 minutes is the
-# aim; the CUDA timings are not known yet, so log every phase's wall time and adjust).
+# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests cap speed jpeg summary)
+# Wall times on an H200 (docs/BENCHMARKS.md): env 12 s, tests 8 s, speed 128 s with TRAINER_SPEED_ROUNDS=2,
+# jpeg 42-62 s; cap over 160 s (its search runs take 5-60 s each, cuDNN autotuning every new shape), so
+# give `cap summary` a call of its own.
 #
 # The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
 # `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
@@ -37,11 +43,11 @@ root=$(pwd)
 out=$1
 shift
 phases=("$@")
-((${#phases[@]})) || phases=(env tests cap speed summary)
+((${#phases[@]})) || phases=(env tests cap speed jpeg summary)
 for p in "${phases[@]}"; do
   case $p in
-    env | tests | cap | speed | summary) ;;
-    *) echo "error: unknown phase '$p' (env, tests, cap, speed, summary)" >&2; exit 2 ;;
+    env | tests | cap | speed | jpeg | summary) ;;
+    *) echo "error: unknown phase '$p' (env, tests, cap, speed, jpeg, summary)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out" || exit 2
@@ -99,11 +105,12 @@ env_phase() {
 # The CUDA-only tests skip on the CPU, each saying why; the in-process step tests run either way.
 tests_phase() {
   "${tests[@]}" --gtest_output="json:$out/tests.json" \
-    --gtest_filter='GradScaler*:GradScalerKernels*:ActivationCheckpoint*:StepSnapshot*:StepInProcess*:*Cuda*'
+    --gtest_filter='GradScaler*:GradScalerKernels*:ActivationCheckpoint*:StepSnapshot*:StepInProcess*:*Cuda*:TrainOptimizer*'
 }
 
 cap_phase() {
-  local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --rounds 1 --warmup 5 --steps 5)
+  # On the GPU one search run costs seconds, and an exhaustive search from 256 down takes minutes: bisect.
+  local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --rounds 1 --warmup 5 --steps 5 --search bisect)
   [[ $mode == cuda ]] || cfg=(--config configs/bench_oom_tiny.yaml --rounds 1 --warmup 3 --steps 3)
   rm -rf "$out/cap_runs"
   "${trainer[@]}" bench --oom "${cfg[@]}" --run-dir "$out/cap_runs" --out "$out/cap.json" || return
@@ -129,10 +136,10 @@ speed_phase() {
   local rc=0
   if [[ $mode == cuda ]]; then
     "$py" bench/compare.py --config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --trainer "$out/bin/trainer" \
-      --python "$py" --rounds 3 --warmup 10 --steps 30 --no-loader --workdir "$out/speed_resnet50" \
+      --python "$py" --rounds "${TRAINER_SPEED_ROUNDS:-3}" --warmup 10 --steps 30 --no-loader --workdir "$out/speed_resnet50" \
       --out "$out/speed_resnet50.json" || rc=1
     "$py" bench/compare.py --config configs/bench_gpt2_small_synthetic.yaml --trainer "$out/bin/trainer" \
-      --python "$py" --rounds 3 --warmup 5 --steps 20 --no-loader --workdir "$out/speed_gpt2" \
+      --python "$py" --rounds "${TRAINER_SPEED_ROUNDS:-3}" --warmup 5 --steps 20 --no-loader --workdir "$out/speed_gpt2" \
       --out "$out/speed_gpt2.json" || rc=1
   else
     "$py" bench/compare.py --config configs/bench_resnet18_cpu.yaml --set train.threads=1 --set train.global_batch=8 \
@@ -143,6 +150,51 @@ speed_phase() {
       --warmup 1 --steps 2 --no-loader --workdir "$out/speed_gpt2" --out "$out/speed_gpt2.json" || rc=1
   fi
   return $rc
+}
+
+# The packed JPEG path against synthetic data, same model, batch and precision. The JPEGs are made by
+# TRAINER_JPEG_PROCS generator processes at once (different seeds), since one would take minutes. The CPU
+# cores the run used: its user + system CPU seconds over its wall seconds (start-up included).
+jpeg_phase() {
+  local n=2048 procs=${TRAINER_JPEG_PROCS:-8} warmup=5 steps=20 i
+  local common=(--set amp.dtype=bf16 --set memory.limit=none --set train.micro_batch=0)
+  local packed_cfg=(--config configs/resnet50_imagefolder.yaml --set train.device=cuda --set model.num_classes=10)
+  local synth_cfg=(--config configs/bench_resnet50_gpu.yaml --set model.num_classes=10)
+  if [[ $mode != cuda ]]; then
+    n=64 procs=2 warmup=1 steps=2
+    common+=(--set model.name=resnet18 --set train.global_batch=8 --set amp.enabled=false --set train.threads=2)
+    packed_cfg=(--config configs/resnet50_imagefolder.yaml --set train.device=cpu --set model.num_classes=10
+      --set data.size=64)
+    synth_cfg=(--config configs/bench_resnet50_gpu.yaml --set train.device=cpu --set model.num_classes=10
+      --set 'data.shape=[3,64,64]')
+  fi
+  local jp=$out/jpeg_src pk=$out/jpeg_packed
+  rm -rf "$jp" "$pk" "$out/jpeg_runs_"*
+  for ((i = 0; i < procs; i++)); do
+    "$py" bench/make_jpeg_folder.py --out "$jp/p$i" --count $((n / procs)) --seed "$i" >"$out/jpeg_make_$i.log" 2>&1 &
+  done
+  wait || true
+  for ((i = 0; i < procs; i++)); do
+    grep -q '^wrote' "$out/jpeg_make_$i.log" || { cat "$out/jpeg_make_$i.log"; return 1; }
+    for d in "$jp/p$i"/train/*/; do
+      mkdir -p "$jp/train/$(basename "$d")"
+      for f in "$d"*.jpg; do mv "$f" "$jp/train/$(basename "$d")/p${i}_$(basename "$f")"; done
+    done
+    rm -rf "${jp:?}/p$i"
+  done
+  echo "jpegs: $(find "$jp/train" -name '*.jpg' | wc -l), $(du -sh "$jp" | cut -f1)"
+  "${trainer[@]}" convert-images --src "$jp" --out "$pk" || return
+  ls -l "$pk"
+  local TIMEFORMAT='%R %U %S' t
+  for kind in packed synthetic; do
+    local cfg=("${packed_cfg[@]}" --set "data.train=$pk/train.h5" --set data.test=)
+    [[ $kind == synthetic ]] && cfg=("${synth_cfg[@]}")
+    { t=$( { time "${trainer[@]}" bench "${cfg[@]}" "${common[@]}" --warmup "$warmup" --steps "$steps" \
+        --run-dir "$out/jpeg_runs_$kind" --out "$out/jpeg_$kind.json" >"$out/jpeg_$kind.out" 2>&1; } 2>&1 ); } || {
+      cat "$out/jpeg_$kind.out"; return 1; }
+    echo "$kind: $(tail -n 1 "$out/jpeg_$kind.out"); wall, user, sys s: $t"
+    echo "$t" >"$out/jpeg_$kind.time"
+  done
 }
 
 summary_phase() {
@@ -166,10 +218,23 @@ if t:
 c = load("cap.json")
 if c:
     s["cap"] = {k: c.get(k) for k in ("device_name", "global_batch", "recovery", "grow_back")}
-    s["cap"]["auto_vs_exhaustive"] = [{k: a.get(k) for k in ("cap", "auto_micro_batch", "largest_fitting_micro_batch",
+    s["cap"]["auto_vs_exhaustive"] = [{k: a.get(k) for k in ("cap", "search", "auto_micro_batch", "largest_fitting_micro_batch",
                                       "auto_fraction", "auto_search_s", "auto_ooms_in_3_steps")}
                                      for a in c.get("auto_vs_exhaustive", [])]
     s["cap"]["report"] = load("cap_report.json")
+jp, js = load("jpeg_packed.json"), load("jpeg_synthetic.json")
+if jp and js:
+    def cores(kind):
+        wall, user, sys_ = (float(x) for x in open(os.path.join(out, "jpeg_%s.time" % kind)).read().split())
+        return {"wall_s": wall, "cpu_s": user + sys_, "cores_used": (user + sys_) / wall}
+    ratio = jp["samples_per_s_median"] / js["samples_per_s_median"]
+    s["jpeg"] = {"model": jp["model"], "precision": jp["precision"], "global_batch": jp["global_batch"],
+                 "device_name": jp.get("device_name", jp.get("env", {}).get("device_name")), "packed_samples_per_s": jp["samples_per_s_median"],
+                 "synthetic_samples_per_s": js["samples_per_s_median"], "ratio": ratio,
+                 "packed_data_wait_share": jp["data_wait_share"], "synthetic_data_wait_share": js["data_wait_share"],
+                 "loader_workers": jp["loader_workers"], "packed_run": cores("packed"), "synthetic_run": cores("synthetic"),
+                 "target": "packed JPEG images/s >= 0.9 x synthetic", "met": ratio >= 0.9 if mode == "cuda" else None,
+                 "jpeg_sources": "synthetic" if "synthetic" in open(os.path.join(out, "jpeg_make_0.log")).read() else "photos"}
 # compare.py's ratio is trainer step time / Python step time; the targets are on speed, its inverse.
 targets = {"speed_resnet50.json": ("ResNet-50 fp16 samples/s, trainer / PyTorch", 1.1, None),
            "speed_gpt2.json": ("GPT-2 small bf16 tokens/s, trainer / PyTorch", 1.0, 0.5)}

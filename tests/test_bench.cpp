@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "data/tokens.h"
 #include "models/registry.h"
@@ -729,6 +730,48 @@ TEST(BenchOom, TinyJobResultAgreesWithItsRuns) {
   EXPECT_GT(j["grow_back"]["throughput_ratio_median"].get<double>(), 0.0);
 }
 
+// --search bisect finds the largest size the exhaustive search finds on the tiny job, in fewer runs, and
+// every verdict it lists is its run's own; the sizes within the window above the largest all fail.
+TEST(BenchOom, BisectFindsWhatTheExhaustiveSearchFinds) {
+  TempDir dir;
+  const std::string cfg = testutil::source_dir() + "/configs/bench_oom_tiny.yaml";
+  std::map<std::string, json> found;
+  for (const std::string search : {"exhaustive", "bisect"}) {
+    const auto runs = dir / ("runs_" + search);
+    const auto out = (dir / (search + ".json")).string();
+    auto r = testutil::run(bench_cmd("--oom --config " + cfg + " --rounds 1 --warmup 2 --steps 2 --search " + search +
+                                     " --run-dir " + runs.string() + " --out " + out));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    found[search] = read_json(out)["auto_vs_exhaustive"];
+    for (const auto& a : found[search]) {
+      EXPECT_EQ(a["search"], search);
+      for (const auto& t : a["searched"]) {
+        const int64_t m = t["micro_batch"].get<int64_t>();
+        bool oom = false;
+        for (const auto& l : jsonl_of(runs / ("search_" + a["cap"].get<std::string>() + "_mb" + std::to_string(m)) /
+                                      "metrics.jsonl"))
+          oom = oom || l.value("event", "") == "oom";
+        EXPECT_EQ(t["fits"].get<bool>(), !oom) << search << " " << a["cap"] << " " << m;
+      }
+    }
+  }
+  ASSERT_EQ(found["bisect"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json &b = found["bisect"][i], &e = found["exhaustive"][i];
+    const int64_t largest = b["largest_fitting_micro_batch"].get<int64_t>();
+    EXPECT_EQ(largest, e["largest_fitting_micro_batch"].get<int64_t>()) << b["cap"];
+    EXPECT_LE(b["searched"].size(), 5u + 2 * 4) << "log2(16) + 1 bisection runs and 4 either side";
+    EXPECT_LT(b["searched"].size(), e["searched"].size()) << b["cap"];
+    std::map<int64_t, bool> verdict;
+    for (const auto& t : b["searched"]) verdict[t["micro_batch"].get<int64_t>()] = t["fits"].get<bool>();
+    EXPECT_TRUE(verdict.at(largest));
+    for (int64_t m = largest + 1; m <= std::min<int64_t>(16, largest + 4); ++m) EXPECT_FALSE(verdict.at(m)) << m;
+  }
+  auto r = testutil::run(bench_cmd("--oom --config " + cfg + " --search binary"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: bench --oom: --search must be exhaustive or bisect, got 'binary'");
+}
+
 TEST(BenchOom, BadArgumentsAreOneLineErrors) {
   TempDir dir;
   const std::string cfg = testutil::source_dir() + "/configs/bench_oom_tiny.yaml";
@@ -759,7 +802,7 @@ TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_NE(r.output.find("== gpu-check (cpu): every phase passed"), std::string::npos) << r.output;
   const json s = read_json(out + "/summary.json");
   EXPECT_EQ(s["mode"], "cpu");
-  for (const char* phase : {"env", "tests", "cap", "speed"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
+  for (const char* phase : {"env", "tests", "cap", "speed", "jpeg"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
 
   EXPECT_GE(s["tests"]["run"].get<int>(), 20);
   EXPECT_TRUE(s["tests"]["failed"].empty()) << s["tests"];
@@ -784,4 +827,14 @@ TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
     EXPECT_TRUE(s[job]["met"].is_null()) << job << ": no target is judged on the CPU";
   }
   EXPECT_GT(s["speed_gpt2"]["trainer_tokens_per_s"].get<double>(), 0.0);
+
+  // The JPEG phase: a folder made, packed, and trained from against synthetic data.
+  const json& jp = s["jpeg"];
+  EXPECT_GT(jp["packed_samples_per_s"].get<double>(), 0.0) << jp;
+  EXPECT_GT(jp["synthetic_samples_per_s"].get<double>(), 0.0) << jp;
+  EXPECT_DOUBLE_EQ(jp["ratio"].get<double>(),
+                   jp["packed_samples_per_s"].get<double>() / jp["synthetic_samples_per_s"].get<double>());
+  EXPECT_GE(jp["packed_data_wait_share"].get<double>(), 0.0) << jp;
+  EXPECT_GT(jp["packed_run"]["cores_used"].get<double>(), 0.0) << jp;
+  EXPECT_TRUE(jp["met"].is_null()) << "no target is judged on the CPU";
 }

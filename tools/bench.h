@@ -113,6 +113,10 @@ struct BenchOomOptions {
   int64_t warmup = 5;     ///< steps at the global batch before the cap is cut; >= 1
   int64_t low_steps = 4;  ///< steps after the OOM step before the cap is raised again; >= 1
   int64_t steps = 10;     ///< last steps of both runs whose throughput is compared; >= 1
+  /// How the largest fitting micro-batch is found: "exhaustive" (every size, bench_search.h) or "bisect"
+  /// (a bisection and `search_window` sizes either side: for jobs whose runs take seconds each).
+  std::string search = "exhaustive";
+  int64_t search_window = 4;
   std::string run_dir;    ///< keep every run's folder under here (new or empty); "" = temporary, removed
   std::string config_path;             ///< recorded in the result
   std::vector<std::string> overrides;  ///< recorded in the result

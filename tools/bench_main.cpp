@@ -32,6 +32,8 @@ cxxopts::Options bench_options() {
       "oom", "the OOM recovery benchmark: recovery time, auto micro-batch, throughput after grow-back")(
       "rounds", "--oom: alternating (backoff, fresh) run pairs; --memory-curve --check: auto runs with and without "
       "the fit's start", cxxopts::value<int64_t>()->default_value("3"))(
+      "search", "--oom: how the largest micro-batch that fits is found: exhaustive (every size) or bisect (a "
+      "bisection, then 4 sizes either side)", cxxopts::value<std::string>()->default_value("exhaustive"))(
       "memory-curve", "the peak memory of a step against the micro-batch, with and without activation "
       "checkpointing, fitted; predictions under --limit")(
       "limit", "--memory-curve: a memory limit to predict the micro-batch under (repeatable)",
@@ -71,6 +73,7 @@ void write_result(const json& j, const std::string& out) {
 int run_oom(const cxxopts::ParseResult& a, const BenchOptions& opts, const Config& cfg) {
   BenchOomOptions oo;
   oo.rounds = a["rounds"].as<int64_t>();
+  oo.search = a["search"].as<std::string>();
   oo.warmup = a.count("warmup") ? opts.warmup : 5;
   oo.steps = a.count("steps") ? opts.steps : 10;
   oo.run_dir = opts.run_dir;

@@ -61,6 +61,9 @@ void check_oom_options(const Config& cfg, const BenchOomOptions& opts) {
   at_least_1(opts.warmup, "--warmup");
   at_least_1(opts.steps, "--steps");
   at_least_1(opts.low_steps, "low_steps");
+  at_least_1(opts.search_window, "the search window");
+  if (opts.search != "exhaustive" && opts.search != "bisect")
+    throw std::invalid_argument("bench --oom: --search must be exhaustive or bisect, got '" + opts.search + "'");
   if (cfg.train.global_batch < 4)
     throw std::invalid_argument("bench --oom: train.global_batch must be at least 4 (the cut backs off to a quarter "
                                 "of it), got " + std::to_string(cfg.train.global_batch));
@@ -122,8 +125,11 @@ void calibrate(OomPlan& p) {
 // the largest that fits, the range that decides whether auto's pick is "at least half", and lists the
 // sizes there that still fail. (Further down every run is slower, and nothing there changes the figures.)
 Search search_under(const OomPlan& p, const std::string& name, int64_t cap) {
-  Search s = exhaustive_search(p.cfg, {}, p.G, cap, p.root.path, "search_" + name, /*below=*/true,
-                               /*remove_runs=*/p.root.temporary);
+  Search s = p.opts.search == "bisect"
+                 ? bisect_search(p.cfg, {}, p.G, cap, p.root.path, "search_" + name, p.opts.search_window,
+                                 /*remove_runs=*/p.root.temporary)
+                 : exhaustive_search(p.cfg, {}, p.G, cap, p.root.path, "search_" + name, /*below=*/true,
+                                     /*remove_runs=*/p.root.temporary);
   if (s.largest == 0) throw std::runtime_error("bench --oom: nothing fits under the " + name + " cap " + num(cap));
   return s;
 }
@@ -157,6 +163,7 @@ json auto_against(const OomPlan& p, const std::string& name, int64_t cap, const 
           {"micro_batch_after_3_steps", after},
           {"fraction_after_3_steps", static_cast<double>(after) / static_cast<double>(s.largest)},
           {"failing_below_largest", s.failing_below},
+          {"search", s.method},
           {"searched", s.tried}};
 }
 

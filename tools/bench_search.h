@@ -24,8 +24,9 @@ inline const char* const kNoGrowth = "memory.grow_after=1000000";
 /// "<what> (exit code N); see <run folder>/train.log", for a run that did not end as it should.
 std::string job_failed(const Job& j, const std::string& what);
 
-/// What an exhaustive search found.
+/// What a search found.
 struct Search {
+  std::string method = "exhaustive";          ///< how: "exhaustive" or "bisect"
   int64_t largest = 0;                        ///< the largest micro-batch that fits (0: none)
   nlohmann::json tried = nlohmann::json::array();          ///< [{micro_batch, fits}], in the order run
   nlohmann::json failing_below = nlohmann::json::array();  ///< sizes below `largest` that did not fit
@@ -40,5 +41,13 @@ struct Search {
 /// (naming the run folder) when a run fails other than by running out of memory.
 Search exhaustive_search(const Config& base, const std::vector<std::string>& sets, int64_t from, int64_t cap_bytes,
                          const std::filesystem::path& dir, const std::string& prefix, bool below, bool remove_runs);
+
+/// The same runs, fewer of them, for jobs where one run costs seconds (a GPU at ImageNet size, where the
+/// exhaustive search takes a hundred runs or more): a bisection over [1, from] for the largest size that
+/// fits, as if the peak grew with the micro-batch, then every size within `window` above it (one that
+/// fits there is a non-monotone step: the largest becomes that size) and within `window` below it (those
+/// that fail are listed in failing_below). About log2(from) + 2 * window runs.
+Search bisect_search(const Config& base, const std::vector<std::string>& sets, int64_t from, int64_t cap_bytes,
+                     const std::filesystem::path& dir, const std::string& prefix, int64_t window, bool remove_runs);
 
 }  // namespace trainer::bench
