@@ -12,8 +12,10 @@ on speed:
              or with --models builtin, this file's copy of them), or the CIFAR ResNet-20/32/56 below, which
              has models/resnet.cpp's structure (option A shortcuts); all with the trainer's parameter
              names. model.num_classes, zero_init_residual, channels_last (weights and inputs).
-             gpt_tiny / gpt2: the GPT of models/gpt.cpp (GPT-2 names, pre-LN, causal attention written
-             as models/attention.cpp's plain path, tanh GELU, output tied to transformer.wte.weight,
+             gpt_tiny / gpt2: the GPT of models/gpt.cpp (GPT-2 names, pre-LN, causal attention as the
+             trainer's automatic backend picks it: F.scaled_dot_product_attention where this torch has it
+             (2.0+, as LibTorch 2.x has at::scaled_dot_product_attention), else models/attention.cpp's
+             plain path written out; --attention plain forces the latter), tanh GELU, output tied to transformer.wte.weight,
              GPT-2 init); model.context (0 = the registered one), model.dropout; the vocabulary is
              --vocab-size, else model.vocab_size, else the registered model's (compare.py passes the
              trainer's, which for data.kind tokens is the token file's).
@@ -89,6 +91,7 @@ DEFAULTS = {
 SCHEMA = "trainer-bench/1"
 POOL_BATCHES = 4
 MODELS = "auto"  # --models: auto (torchvision when importable) | builtin
+ATTENTION = "auto"  # --attention: auto (fused where torch has it, as the trainer) | plain
 VOCAB_SIZE = 0   # --vocab-size: 0 = the registered GPT's
 
 # The registered GPTs (models/gpt.h: gpt2(), gpt_tiny()).
@@ -379,9 +382,11 @@ def percentile(values, q):
 def build_gpt(a, torch, nn, F, device=None):
     """models/gpt.cpp in plain PyTorch, module for module (the same names, so the same state dict).
     device="meta" builds it without memory (for --describe)."""
+    fused = ATTENTION == "auto" and hasattr(F, "scaled_dot_product_attention")
 
     class SelfAttention(nn.Module):
-        """models/attention.cpp SelfAttentionImpl with the plain path (what LibTorch 1.13 runs)."""
+        """models/attention.cpp SelfAttentionImpl: the fused kernel where torch has it (the trainer's
+        automatic backend), else the plain path (what LibTorch 1.13 runs)."""
 
         def __init__(self):
             super().__init__()
@@ -398,12 +403,16 @@ def build_gpt(a, torch, nn, F, device=None):
             q = q.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
             k = k.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
             v = v.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
-            att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            att = torch.softmax(att.masked_fill(future, float("-inf")), -1)
-            if self.training and self.p > 0:
-                att = F.dropout(att, self.p, True)
-            y = torch.matmul(att, v)                            # (B, nh, T, hs)
+            if fused:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0,
+                                                   is_causal=True)  # (B, nh, T, hs)
+            else:
+                att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+                future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+                att = torch.softmax(att.masked_fill(future, float("-inf")), -1)
+                if self.training and self.p > 0:
+                    att = F.dropout(att, self.p, True)
+                y = torch.matmul(att, v)                        # (B, nh, T, hs)
             self.macs = 2 * T * T * C
             y = y.transpose(1, 2).contiguous().view(B, T, C)    # (B, T, C)
             return self.resid_dropout(self.c_proj(y))
@@ -849,7 +858,8 @@ def run(cfg, args, torch):
     })
     res.update(environment(torch, device, name))
     if tokens:
-        res["versions"]["models"] = "builtin (models/gpt.cpp's GPT)"
+        fused = ATTENTION == "auto" and hasattr(torch.nn.functional, "scaled_dot_product_attention")
+        res["versions"]["models"] = "builtin (models/gpt.cpp's GPT), attention " + ("fused" if fused else "plain")
     return res
 
 
@@ -911,6 +921,9 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak TFLOP/s, for MFU")
     ap.add_argument("--models", choices=("auto", "builtin"), default="auto",
                     help="ImageNet ResNets from torchvision when importable (auto), or this file's copy")
+    ap.add_argument("--attention", choices=("auto", "plain"), default="auto",
+                    help="GPT attention: auto (F.scaled_dot_product_attention where torch has it, as the "
+                         "trainer's automatic backend) or plain (written out)")
     ap.add_argument("--vocab-size", type=int, default=0,
                     help="a GPT's vocabulary (default: the registered model's; the trainer takes the token file's)")
     ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
@@ -923,8 +936,9 @@ def main():
         return 0
     if args.warmup < 0 or args.steps < 1:
         raise ConfigError("command line: --warmup must be >= 0 and --steps >= 1")
-    global MODELS, VOCAB_SIZE
+    global MODELS, VOCAB_SIZE, ATTENTION
     MODELS = args.models
+    ATTENTION = args.attention
     if args.vocab_size < 0:
         raise ConfigError("command line: --vocab-size must be >= 1 (or 0: the registered model's)")
     VOCAB_SIZE = args.vocab_size
