@@ -370,6 +370,39 @@ TEST(ImageRecipe, DryRunsAndTrainsFromAFolderWithABadFileAndFromItsPackedFile) {
                       recipe_args(dir.path, "packed_images", (dir / "out/train.h5").string(), (dir / "out/val.h5").string())));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(step_lines((dir / "run_packed").string()).size(), 2u);
+
+  // bench --loader-only on both kinds: the decoding pipeline alone, uint8 NHWC batches at data.size.
+  for (const auto& [kind, train] : std::vector<std::pair<std::string, std::string>>{
+           {"image_folder", (dir / "src/train").string()}, {"packed_images", (dir / "out/train.h5").string()}}) {
+    const std::string out = (dir / (kind + "_loader.json")).string();
+    r = run(trainer_bin() + " bench --loader-only --config " + source_dir() + "/configs/resnet50_imagefolder.yaml" +
+            " --set data.kind=" + kind + " --set data.train=" + train + " --set data.test= --set data.size=32" +
+            " --set train.global_batch=8 --set data.workers=2 --warmup 1 --steps 2 --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << kind << ": " << r.output;
+    const nlohmann::json j = nlohmann::json::parse(read_file(out));
+    EXPECT_EQ(j["mode"], "loader") << kind;
+    EXPECT_EQ(j["batch_dtype"], "uint8 NHWC") << kind;
+    EXPECT_EQ(j["sample_shape"], nlohmann::json({3, 32, 32})) << kind;
+    EXPECT_EQ(j["batches"], 2) << kind;
+    EXPECT_EQ(j["transform"]["size"], 32) << kind;
+    EXPECT_GT(j["samples_per_s"].get<double>(), 0.0) << kind;
+  }
+
+  // trainer eval on both runs: the same numbers as each run's own final evaluation (eval transform, the
+  // training split's mean and std), bit for bit; the bad file in the folder is not in the val split.
+  for (const char* name : {"run_folder", "run_packed"}) {
+    const std::string run_dir = (dir / name).string();
+    const auto finals = events(run_dir, "eval");
+    ASSERT_FALSE(finals.empty()) << name;
+    r = run(trainer_bin() + " eval --run-dir " + run_dir);
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    const nlohmann::json j = nlohmann::json::parse(read_file(run_dir + "/eval.json"));
+    EXPECT_EQ(j["samples"], 6) << name;
+    EXPECT_EQ(j["samples"], finals.back()["samples"]) << name;
+    EXPECT_EQ(j["loss"].get<double>(), finals.back()["loss"].get<double>()) << name;
+    EXPECT_EQ(j["top1"].get<double>(), finals.back()["top1"].get<double>()) << name;
+    EXPECT_EQ(j["top5"].get<double>(), finals.back()["top5"].get<double>()) << name;
+  }
 }
 
 TEST(ImageRecipe, NewKeysAreValidatedWithOneLine) {

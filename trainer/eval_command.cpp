@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include <spdlog/spdlog.h>
+
 #include "common/clock.h"
 #include "common/compat.h"
+#include "data/dataset.h"
 #include "data/image_h5.h"
 #include "data/tokens.h"
 #include "models/registry.h"
@@ -67,6 +70,27 @@ void setup_device(EvalTarget& t) {
   t.memory->set_limit(resolve_memory_limit(t.cfg.memory.limit, *t.memory, o));
 }
 
+// packed_images and image_folder: the split decoded with the eval transform (resize, center crop) and
+// normalized, as the run's own evaluation was, with the training split's mean and std. Those come from
+// data.train where it can be opened (a packed file's header; an image folder's sample of 1000 files), else
+// from the scored split itself, with a warning.
+void open_encoded_split(EvalTarget& t) {
+  const int threads = t.cfg.data.workers > 0 ? static_cast<int>(t.cfg.data.workers) : at::get_num_threads();
+  std::shared_ptr<data::ImageDataset> train;
+  if (t.split_path == t.cfg.data.train) {
+    train = encoded_image_dataset(t.cfg, t.cfg.data.train, /*train=*/true, nullptr, threads);
+  } else {
+    std::error_code ec;
+    if (!t.cfg.data.train.empty() && fs::exists(t.cfg.data.train, ec))
+      train = encoded_image_dataset(t.cfg, t.cfg.data.train, /*train=*/true, nullptr, threads);
+    else
+      spdlog::warn("eval: data.train ({}) is not at hand; normalizing with the mean and std of {} itself",
+                   t.cfg.data.train.empty() ? "empty" : t.cfg.data.train, t.split_path);
+  }
+  t.split.images = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, train ? &train->meta() : nullptr, threads);
+  t.input_stats = train ? train->meta() : t.split.images->meta();
+}
+
 void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck) {
   std::vector<int64_t> shape;
   if (t.tokens) {
@@ -98,9 +122,13 @@ EvalTarget prepare_eval(const EvalCommand& cmd) {
   t.tokens = token_job(t.cfg);
   t.split_path = split_path(t.cfg, cmd.split);
   setup_device(t);
-  check_data_file(t.cfg, t.split_path, t.cfg.data.in_memory);
-  if (t.tokens) t.split.tokens = std::make_shared<data::TokenDataset>(t.split_path, t.cfg.data.in_memory);
-  else t.split.images = std::make_shared<data::ImageH5Dataset>(t.split_path, t.cfg.data.in_memory);
+  if (encoded_image_job(t.cfg)) {
+    open_encoded_split(t);
+  } else {
+    check_data_file(t.cfg, t.split_path, t.cfg.data.in_memory);
+    if (t.tokens) t.split.tokens = std::make_shared<data::TokenDataset>(t.split_path, t.cfg.data.in_memory);
+    else t.split.images = std::make_shared<data::ImageH5Dataset>(t.split_path, t.cfg.data.in_memory);
+  }
   build_scored_model(t, ck);
   return t;
 }
@@ -110,8 +138,9 @@ nlohmann::json score(EvalTarget& t) {
   int64_t micro_batch = t.cfg.train.eval_batch, backoffs = 0;
   EvalHooks hooks;
   hooks.backoff = [&](int64_t, int64_t) { ++backoffs; };
-  const EvalResult r = evaluate_split(*t.model, t.split, eval_settings(t.cfg, t.device), *t.memory, micro_batch,
-                                      nullptr, hooks);
+  EvalSettings settings = eval_settings(t.cfg, t.device);
+  if (t.input_stats) set_input_normalization(settings.forward, *t.input_stats, t.cfg.data.normalize, t.device);
+  const EvalResult r = evaluate_split(*t.model, t.split, settings, *t.memory, micro_batch, nullptr, hooks);
   nlohmann::json j = {{"schema", "trainer-eval/1"},
                       {"weights", t.weights},
                       {"step", t.step ? nlohmann::json(*t.step) : nlohmann::json(nullptr)},

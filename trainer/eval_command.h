@@ -4,7 +4,9 @@
 //   what is scored   the latest checkpoint of a run folder, a chosen checkpoint folder, or the
 //                    model.init_from weights of a config (a state dict saved by Python's torch.save)
 //   the config       the checkpoint's own (its config.yaml), or --config FILE; --set on top of either
-//   the split        test (data.test), train (data.train), or a file of the kind the model reads
+//   the split        test (data.test), train (data.train), or a file (or, for image_folder, a folder) of
+//                    the kind the model reads; packed_images and image_folder splits are decoded with the
+//                    eval transform and normalized with the training split's mean and std
 //   the numbers      images: loss (nats per image), top-1, top-5; tokens: loss (nats per token), bits per
 //                    token (= bits per byte for byte tokens, vocabulary 256), top-1, top-5 of the next token
 #pragma once
@@ -47,6 +49,7 @@ struct EvalTarget {
   std::string split_path;
   std::string weights;                    ///< the checkpoint folder or the init_from file
   std::optional<int64_t> step;            ///< the checkpoint's step (none for init_from weights)
+  std::optional<data::ImageMeta> input_stats;  ///< decoded images: the mean/std they are normalized with
 };
 
 /// Resolves `cmd` into a target. Throws std::runtime_error or ConfigError with one line for bad input:

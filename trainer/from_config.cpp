@@ -78,6 +78,13 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   return std::make_shared<data::ImageFolderDataset>(path, t, std::vector<float>{}, std::vector<float>{}, threads);
 }
 
+void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,
+                             const torch::Device& device) {
+  forward.input_mean = torch::tensor(stats.mean).reshape({1, -1, 1, 1}).to(device);
+  forward.input_std = torch::tensor(stats.std).reshape({1, -1, 1, 1}).to(device);
+  if (!normalize) forward.input_mean.zero_(), forward.input_std.fill_(1.0);
+}
+
 std::vector<int64_t> sample_shape(const Config& cfg) {
   if (token_job(cfg)) {
     if (cfg.model.context < 1) throw ConfigError("model.context: a language model needs the tokens per sample");

@@ -51,6 +51,11 @@ bool encoded_image_job(const Config& cfg);
 std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
                                                           const data::ImageMeta* stats, int threads);
 
+/// Decoded (uint8) images are normalized on the device: x = (pixel / 255 - mean[c]) / std[c] with the
+/// training split's `stats`, or pixel / 255 alone when data.normalize is off.
+void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,
+                             const torch::Device& device);
+
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);
 

@@ -192,12 +192,7 @@ void TrainingRun::setup_data() {
     lo.augment.hflip = cfg_.data.hflip && !encoded_image_job(cfg_);  // those flip in their own transform
     lo.augment.normalize = cfg_.data.normalize;
     lo.pin_memory = device_.is_cuda();
-    if (encoded_image_job(cfg_)) {
-      const auto& m = train_images_->meta();
-      forward_.input_mean = torch::tensor(m.mean).reshape({1, -1, 1, 1}).to(device_);
-      forward_.input_std = torch::tensor(m.std).reshape({1, -1, 1, 1}).to(device_);
-      if (!cfg_.data.normalize) forward_.input_mean.zero_(), forward_.input_std.fill_(1.0);
-    }
+    if (encoded_image_job(cfg_)) set_input_normalization(forward_, train_images_->meta(), cfg_.data.normalize, device_);
     loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
     auto sh = train_images_->sample_shape();
     sample_shape_ = {sh[0], sh[1], sh[2]};
