@@ -1,7 +1,8 @@
 // What every HDF5 user in data/ shares. Debian's libhdf5 is the serial build, which is not thread-safe:
 // every HDF5 call in the process, by any reader or writer, must be made while holding the one lock
-// below. Under that lock, H5Handle owns an identifier, H5Quiet keeps HDF5's error stack off stderr, and
-// dataset_size_problem() checks a dataset's extent against what the file really stores.
+// below. Under that lock, H5Handle owns an identifier, H5Quiet keeps HDF5's error stack off stderr,
+// dataset_size_problem() checks a dataset's extent against what the file really stores, and the h5_*
+// helpers turn failed calls into H5FormatError and read and write root attributes.
 #pragma once
 
 // LibTorch first: 1.13's c10/util/variant.h calls an unqualified data(), which finds `namespace data`
@@ -11,7 +12,9 @@
 #include <hdf5.h>
 
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace data {
 
@@ -71,5 +74,27 @@ class H5Quiet {
 /// size: a truncated file or a chunked dataset whose data was never written then costs no memory.
 /// Call with hdf5_lock() held.
 std::string dataset_size_problem(hid_t file, hid_t dset, const std::string& name);
+
+/// A problem with a file's contents found by the helpers below; the readers catch it and prefix the
+/// file's name.
+struct H5FormatError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// The most specific message on HDF5's error stack (the stack is then cleared).
+std::string h5_error();
+
+/// Throws H5FormatError("<what>: <h5_error()>") for a negative status or identifier.
+void h5_check(herr_t status, const std::string& what);
+hid_t h5_check_id(hid_t id, const std::string& what);
+
+/// Attribute `name` of `loc`; H5FormatError "missing root attribute '<name>'" when there is none.
+H5Handle h5_open_attr(hid_t loc, const char* name);
+/// Its number of elements.
+int64_t h5_attr_points(hid_t attr);
+/// A string attribute, scalar or 1-D, variable or fixed length (as h5py and h5py-like tools write).
+std::vector<std::string> h5_read_strings(hid_t loc, const char* name);
+/// Writes variable-length UTF-8 strings (what h5py reads as str), a scalar or a 1-D attribute.
+void h5_write_strings(hid_t loc, const char* name, const std::vector<std::string>& values, bool scalar);
 
 }  // namespace data

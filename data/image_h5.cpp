@@ -21,139 +21,55 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The most specific message on HDF5's error stack, for our error text.
-std::string h5_error() {
-  std::string msg;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_UPWARD,
-      [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
-        if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
-        return 0;
-      },
-      &msg);
-  H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? "unknown HDF5 error" : msg;
-}
-
-// A problem with a file's contents; the public entry points prefix it with the class and path.
-struct FormatError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(herr_t status, const std::string& what) {
-  if (status < 0) throw FormatError(what + ": " + h5_error());
-}
-hid_t check_id(hid_t id, const std::string& what) {
-  if (id < 0) throw FormatError(what + ": " + h5_error());
-  return id;
-}
-
 // ---- attributes ------------------------------------------------------------------------------------
 
 H5Handle create_attr(hid_t loc, const char* name, hid_t type, hid_t space) {
-  return H5Handle(check_id(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT),
-                           std::string("creating attribute '") + name + "'"),
+  return H5Handle(h5_check_id(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT),
+                              std::string("creating attribute '") + name + "'"),
                   H5Aclose);
-}
-
-// Strings are variable-length UTF-8, the kind h5py reads as str.
-void write_strings_attr(hid_t loc, const char* name, const std::vector<std::string>& values, bool scalar) {
-  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  check(H5Tset_size(type.get(), H5T_VARIABLE), "string type");
-  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "string type");
-  const hsize_t n = values.size();
-  H5Handle space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr), H5Sclose);
-  H5Handle attr = create_attr(loc, name, type.get(), space.get());
-  std::vector<const char*> ptrs;
-  for (const auto& v : values) ptrs.push_back(v.c_str());
-  check(H5Awrite(attr.get(), type.get(), ptrs.data()), std::string("writing attribute '") + name + "'");
 }
 
 void write_int64_attr(hid_t loc, const char* name, int64_t value) {
   H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   H5Handle attr = create_attr(loc, name, H5T_STD_I64LE, space.get());
-  check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
+  h5_check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
 }
 
 void write_floats_attr(hid_t loc, const char* name, const std::vector<float>& values) {
   const hsize_t n = values.size();
   H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
   H5Handle attr = create_attr(loc, name, H5T_IEEE_F32LE, space.get());
-  check(H5Awrite(attr.get(), H5T_NATIVE_FLOAT, values.data()), std::string("writing attribute '") + name + "'");
+  h5_check(H5Awrite(attr.get(), H5T_NATIVE_FLOAT, values.data()), std::string("writing attribute '") + name + "'");
 }
 
 bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
 
-H5Handle open_attr(hid_t loc, const char* name) {
-  if (!has_attr(loc, name)) throw FormatError(std::string("missing root attribute '") + name + "'");
-  return H5Handle(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"),
-                  H5Aclose);
-}
-
-int64_t attr_points(hid_t attr) {
-  H5Handle space(H5Aget_space(attr), H5Sclose);
-  return static_cast<int64_t>(H5Sget_simple_extent_npoints(space.get()));
-}
-
-// Reads a string attribute (scalar or 1-D; variable or fixed length, as h5py or h5py-like tools write).
-std::vector<std::string> read_strings_attr(hid_t loc, const char* name) {
-  H5Handle attr = open_attr(loc, name);
-  H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
-  if (H5Tget_class(ftype.get()) != H5T_STRING) {
-    throw FormatError(std::string("root attribute '") + name + "' is not a string");
-  }
-  const int64_t n = attr_points(attr.get());
-  std::vector<std::string> out;
-  const std::string what = std::string("reading attribute '") + name + "'";
-  if (H5Tis_variable_str(ftype.get()) > 0) {
-    H5Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
-    check(H5Tset_size(mtype.get(), H5T_VARIABLE), what);
-    check(H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get())), what);
-    std::vector<char*> ptrs(static_cast<size_t>(n), nullptr);
-    check(H5Aread(attr.get(), mtype.get(), ptrs.data()), what);
-    for (char* p : ptrs) {
-      out.emplace_back(p ? p : "");
-      if (p) H5free_memory(p);
-    }
-  } else {
-    const size_t len = H5Tget_size(ftype.get());
-    H5Handle mtype(H5Tcopy(ftype.get()), H5Tclose);
-    std::vector<char> buf(static_cast<size_t>(n) * len);
-    check(H5Aread(attr.get(), mtype.get(), buf.data()), what);
-    for (int64_t i = 0; i < n; ++i) {
-      const char* s = buf.data() + i * len;
-      out.emplace_back(s, strnlen(s, len));
-    }
-  }
-  return out;
-}
-
 std::vector<int64_t> read_ints_attr(hid_t loc, const char* name) {
-  H5Handle attr = open_attr(loc, name);
+  H5Handle attr = h5_open_attr(loc, name);
   H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(ftype.get()) != H5T_INTEGER) {
-    throw FormatError(std::string("root attribute '") + name + "' is not an integer");
+    throw H5FormatError(std::string("root attribute '") + name + "' is not an integer");
   }
-  std::vector<int64_t> out(static_cast<size_t>(attr_points(attr.get())));
-  check(H5Aread(attr.get(), H5T_NATIVE_INT64, out.data()), std::string("reading attribute '") + name + "'");
+  std::vector<int64_t> out(static_cast<size_t>(h5_attr_points(attr.get())));
+  h5_check(H5Aread(attr.get(), H5T_NATIVE_INT64, out.data()), std::string("reading attribute '") + name + "'");
   return out;
 }
 
 std::vector<float> read_floats_attr(hid_t loc, const char* name) {
-  H5Handle attr = open_attr(loc, name);
+  H5Handle attr = h5_open_attr(loc, name);
   H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(ftype.get()) != H5T_FLOAT && H5Tget_class(ftype.get()) != H5T_INTEGER) {
-    throw FormatError(std::string("root attribute '") + name + "' is not numeric");
+    throw H5FormatError(std::string("root attribute '") + name + "' is not numeric");
   }
-  std::vector<float> out(static_cast<size_t>(attr_points(attr.get())));
-  check(H5Aread(attr.get(), H5T_NATIVE_FLOAT, out.data()), std::string("reading attribute '") + name + "'");
+  std::vector<float> out(static_cast<size_t>(h5_attr_points(attr.get())));
+  h5_check(H5Aread(attr.get(), H5T_NATIVE_FLOAT, out.data()), std::string("reading attribute '") + name + "'");
   return out;
 }
 
 int64_t read_int_scalar(hid_t loc, const char* name) {
   const auto v = read_ints_attr(loc, name);
   if (v.size() != 1) {
-    throw FormatError(std::string("root attribute '") + name + "' has " + std::to_string(v.size()) +
+    throw H5FormatError(std::string("root attribute '") + name + "' has " + std::to_string(v.size()) +
                       " values, expected one");
   }
   return v[0];
@@ -211,8 +127,8 @@ ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_sha
   std::lock_guard<std::mutex> lock(hdf5_lock());
   H5Quiet quiet;
   try {
-    H5Handle file(check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                           "cannot create " + tmp_path_ + " (does the folder exist and is it writable?)"),
+    H5Handle file(h5_check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                              "cannot create " + tmp_path_ + " (does the folder exist and is it writable?)"),
                   H5Fclose);
     auto make = [&](const char* name, int rank, const hsize_t* chunk_dims, hid_t type) {
       std::vector<hsize_t> dims(chunk_dims, chunk_dims + rank), maxdims(dims);
@@ -220,12 +136,12 @@ ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_sha
       maxdims[0] = H5S_UNLIMITED;
       H5Handle space(H5Screate_simple(rank, dims.data(), maxdims.data()), H5Sclose);
       H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-      check(H5Pset_chunk(dcpl.get(), rank, chunk_dims), std::string("chunking '") + name + "'");
+      h5_check(H5Pset_chunk(dcpl.get(), rank, chunk_dims), std::string("chunking '") + name + "'");
       // Every element is written by append(), so fill values would only cost a second write.
-      check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time");
-      if (options.gzip_level > 0) check(H5Pset_deflate(dcpl.get(), options.gzip_level), "gzip filter");
-      return H5Handle(check_id(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                               std::string("creating dataset '") + name + "'"),
+      h5_check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time");
+      if (options.gzip_level > 0) h5_check(H5Pset_deflate(dcpl.get(), options.gzip_level), "gzip filter");
+      return H5Handle(h5_check_id(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                                  std::string("creating dataset '") + name + "'"),
                       H5Dclose);
     };
     const hsize_t image_chunk[4] = {static_cast<hsize_t>(chunk), static_cast<hsize_t>(shape_[0]),
@@ -236,7 +152,7 @@ ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_sha
     file_ = file.release();
     images_ = images.release();
     labels_ = labels.release();
-  } catch (const FormatError& e) {
+  } catch (const H5FormatError& e) {
     throw std::runtime_error(where + e.what());
   }
 }
@@ -278,16 +194,16 @@ void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t
                               static_cast<hsize_t>(shape_[1]), static_cast<hsize_t>(shape_[2])};
     const hsize_t extent[4] = {static_cast<hsize_t>(size_ + n), count[1], count[2], count[3]};
     auto write = [&](hid_t dset, int rank, hid_t memtype, const void* buf, const char* name) {
-      check(H5Dset_extent(dset, extent), std::string("extending '") + name + "'");
+      h5_check(H5Dset_extent(dset, extent), std::string("extending '") + name + "'");
       H5Handle fspace(H5Dget_space(dset), H5Sclose);
-      check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selection");
+      h5_check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selection");
       H5Handle mspace(H5Screate_simple(rank, count, nullptr), H5Sclose);
-      check(H5Dwrite(dset, memtype, mspace.get(), fspace.get(), H5P_DEFAULT, buf),
-            std::string("writing '") + name + "'");
+      h5_check(H5Dwrite(dset, memtype, mspace.get(), fspace.get(), H5P_DEFAULT, buf),
+               std::string("writing '") + name + "'");
     };
     write(images_, 4, H5T_NATIVE_UINT8, images, "images");
     write(labels_, 1, H5T_NATIVE_INT64, labels, "labels");
-  } catch (const FormatError& e) {
+  } catch (const H5FormatError& e) {
     throw std::runtime_error(where + e.what());
   }
   size_ += n;
@@ -322,19 +238,19 @@ void ImageH5Writer::finish(const ImageMeta& meta) {
     std::lock_guard<std::mutex> lock(hdf5_lock());
     H5Quiet quiet;
     try {
-      write_strings_attr(file_, "format", {kImageH5Format}, /*scalar=*/true);
+      h5_write_strings(file_, "format", {kImageH5Format}, /*scalar=*/true);
       write_int64_attr(file_, "format_version", kImageH5Version);
       write_int64_attr(file_, "num_classes", meta.num_classes);
-      write_strings_attr(file_, "class_names", names, /*scalar=*/false);
+      h5_write_strings(file_, "class_names", names, /*scalar=*/false);
       write_floats_attr(file_, "mean", meta.mean);
       write_floats_attr(file_, "std", meta.std);
-      check(H5Dclose(images_), "closing 'images'");
+      h5_check(H5Dclose(images_), "closing 'images'");
       images_ = -1;
-      check(H5Dclose(labels_), "closing 'labels'");
+      h5_check(H5Dclose(labels_), "closing 'labels'");
       labels_ = -1;
-      check(H5Fclose(file_), "closing the file");
+      h5_check(H5Fclose(file_), "closing the file");
       file_ = -1;
-    } catch (const FormatError& e) {
+    } catch (const H5FormatError& e) {
       throw std::runtime_error(where + e.what());
     }
   }
@@ -363,26 +279,26 @@ void ImageH5Dataset::fail(const std::string& what) const {
 
 namespace {
 
-// The checks of ImageH5Dataset's constructor, in the order it makes them. Each throws FormatError.
+// The checks of ImageH5Dataset's constructor, in the order it makes them. Each throws H5FormatError.
 
 void check_image_format(hid_t f) {
   const std::string hint = " (make trainer.images files with `trainer convert-idx`, or as docs/DATA.md describes)";
-  if (!has_attr(f, "format")) throw FormatError("missing root attribute 'format'" + hint);
-  const auto format = read_strings_attr(f, "format");
+  if (!has_attr(f, "format")) throw H5FormatError("missing root attribute 'format'" + hint);
+  const auto format = h5_read_strings(f, "format");
   if (format.size() != 1 || format[0] != kImageH5Format) {
-    throw FormatError("root attribute 'format' is \"" + (format.empty() ? "" : format[0]) + "\", expected \"" +
+    throw H5FormatError("root attribute 'format' is \"" + (format.empty() ? "" : format[0]) + "\", expected \"" +
                       kImageH5Format + "\"" + hint);
   }
   const int64_t version = read_int_scalar(f, "format_version");
   if (version != kImageH5Version) {
-    throw FormatError("format_version " + std::to_string(version) + " is not supported (this build reads " +
+    throw H5FormatError("format_version " + std::to_string(version) + " is not supported (this build reads " +
                       std::to_string(kImageH5Version) + ")");
   }
 }
 
 H5Handle open_dataset(hid_t f, const char* name, hid_t dapl) {
-  if (H5Lexists(f, name, H5P_DEFAULT) <= 0) throw FormatError(std::string("missing dataset '") + name + "'");
-  return H5Handle(check_id(H5Dopen2(f, name, dapl), std::string("opening dataset '") + name + "'"), H5Dclose);
+  if (H5Lexists(f, name, H5P_DEFAULT) <= 0) throw H5FormatError(std::string("missing dataset '") + name + "'");
+  return H5Handle(h5_check_id(H5Dopen2(f, name, dapl), std::string("opening dataset '") + name + "'"), H5Dclose);
 }
 
 std::vector<hsize_t> dims_of(hid_t dset) {
@@ -399,18 +315,18 @@ std::vector<hsize_t> check_images_dataset(hid_t f, hid_t images) {
     H5Handle type(H5Dget_type(images), H5Tclose);
     if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 ||
         H5Tget_sign(type.get()) != H5T_SGN_NONE) {
-      throw FormatError("dataset 'images' must hold uint8 pixels");
+      throw H5FormatError("dataset 'images' must hold uint8 pixels");
     }
   }
   const auto idims = dims_of(images);
   if (idims.size() != 4) {
-    throw FormatError("dataset 'images' has rank " + std::to_string(idims.size()) + " " + shape_str(idims) +
+    throw H5FormatError("dataset 'images' has rank " + std::to_string(idims.size()) + " " + shape_str(idims) +
                       ", expected rank 4 (N, C, H, W)");
   }
   for (size_t d = 1; d < 4; ++d) {
-    if (idims[d] == 0) throw FormatError("dataset 'images' has an empty sample shape " + shape_str(idims));
+    if (idims[d] == 0) throw H5FormatError("dataset 'images' has an empty sample shape " + shape_str(idims));
   }
-  if (auto problem = dataset_size_problem(f, images, "images"); !problem.empty()) throw FormatError(problem);
+  if (auto problem = dataset_size_problem(f, images, "images"); !problem.empty()) throw H5FormatError(problem);
   return idims;
 }
 
@@ -418,18 +334,18 @@ std::vector<hsize_t> check_images_dataset(hid_t f, hid_t images) {
 void check_labels_dataset(hid_t f, hid_t labels, int64_t n) {
   {
     H5Handle type(H5Dget_type(labels), H5Tclose);
-    if (H5Tget_class(type.get()) != H5T_INTEGER) throw FormatError("dataset 'labels' must hold integers");
+    if (H5Tget_class(type.get()) != H5T_INTEGER) throw H5FormatError("dataset 'labels' must hold integers");
   }
   const auto ldims = dims_of(labels);
   if (ldims.size() != 1) {
-    throw FormatError("dataset 'labels' has rank " + std::to_string(ldims.size()) + " " + shape_str(ldims) +
+    throw H5FormatError("dataset 'labels' has rank " + std::to_string(ldims.size()) + " " + shape_str(ldims) +
                       ", expected rank 1 (N)");
   }
   if (static_cast<int64_t>(ldims[0]) != n) {
-    throw FormatError("dataset 'images' has " + std::to_string(n) + " samples but 'labels' has " +
+    throw H5FormatError("dataset 'images' has " + std::to_string(n) + " samples but 'labels' has " +
                       std::to_string(ldims[0]));
   }
-  if (auto problem = dataset_size_problem(f, labels, "labels"); !problem.empty()) throw FormatError(problem);
+  if (auto problem = dataset_size_problem(f, labels, "labels"); !problem.empty()) throw H5FormatError(problem);
 }
 
 // What the size checks cannot bound (filters other than deflate) may still not fit.
@@ -438,7 +354,7 @@ void allocate(V& v, int64_t count, int64_t n, const char* what) {
   try {
     v.resize(static_cast<size_t>(count));
   } catch (const std::bad_alloc&) {
-    throw FormatError("cannot hold the " + std::to_string(n) + " samples' " + what + " in memory (" +
+    throw H5FormatError("cannot hold the " + std::to_string(n) + " samples' " + what + " in memory (" +
                       std::to_string(count * static_cast<int64_t>(sizeof(v[0]))) + " bytes)");
   }
 }
@@ -446,10 +362,10 @@ void allocate(V& v, int64_t count, int64_t n, const char* what) {
 std::vector<int64_t> read_labels(hid_t labels, int64_t n, int64_t num_classes) {
   std::vector<int64_t> out;
   allocate(out, n, n, "labels");
-  if (n > 0) check(H5Dread(labels, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), "reading 'labels'");
+  if (n > 0) h5_check(H5Dread(labels, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), "reading 'labels'");
   for (int64_t i = 0; i < n; ++i) {
     if (out[i] < 0 || out[i] >= num_classes) {
-      throw FormatError("label " + std::to_string(out[i]) + " of sample " + std::to_string(i) +
+      throw H5FormatError("label " + std::to_string(out[i]) + " of sample " + std::to_string(i) +
                         " is outside [0, num_classes = " + std::to_string(num_classes) + ")");
     }
   }
@@ -488,9 +404,9 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
   H5Quiet quiet;
   try {
     if (H5Fis_hdf5(path_.c_str()) <= 0) {
-      throw FormatError("not an HDF5 file (make one with `trainer convert-idx`, or as docs/DATA.md describes)");
+      throw H5FormatError("not an HDF5 file (make one with `trainer convert-idx`, or as docs/DATA.md describes)");
     }
-    H5Handle file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
+    H5Handle file(h5_check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
     const hid_t f = file.get();
     check_image_format(f);
 
@@ -502,18 +418,18 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     check_labels_dataset(f, labels.get(), n);
 
     meta_.num_classes = read_int_scalar(f, "num_classes");
-    if (has_attr(f, "class_names")) meta_.class_names = read_strings_attr(f, "class_names");
+    if (has_attr(f, "class_names")) meta_.class_names = h5_read_strings(f, "class_names");
     meta_.mean = read_floats_attr(f, "mean");
     meta_.std = read_floats_attr(f, "std");
     const std::string problem = meta_problem(meta_, shape_[0], -1);
-    if (!problem.empty()) throw FormatError(problem);
+    if (!problem.empty()) throw H5FormatError(problem);
     labels_ = read_labels(labels.get(), n, meta_.num_classes);
     std::tie(chunk_samples_, gzip_level_) = storage_layout(images.get());
 
     if (in_memory_) {
       allocate(images_, n * sample_bytes(), n, "images");
-      if (n > 0) check(H5Dread(images.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images_.data()),
-                       "reading 'images'");
+      if (n > 0) h5_check(H5Dread(images.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images_.data()),
+                          "reading 'images'");
     } else {
       // Random reads of an uncompressed file go straight to the requested bytes when the chunk cache is
       // off; with the cache on, HDF5 would pull whole chunks (256 samples) into it for one sample each.
@@ -521,12 +437,12 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
       images.reset();
       H5Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
       const size_t cache = gzip_level_ > 0 ? (size_t{64} << 20) : 0;
-      check(H5Pset_chunk_cache(dapl.get(), gzip_level_ > 0 ? 12421 : 0, cache, 1.0), "chunk cache");
+      h5_check(H5Pset_chunk_cache(dapl.get(), gzip_level_ > 0 ? 12421 : 0, cache, 1.0), "chunk cache");
       H5Handle reopened = open_dataset(f, "images", dapl.get());
       dset_ = reopened.release();
       file_ = file.release();
     }
-  } catch (const FormatError& e) {
+  } catch (const H5FormatError& e) {
     fail(e.what());
   }
 }
@@ -565,7 +481,7 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
     std::lock_guard<std::mutex> lock(hdf5_lock());
     H5Quiet quiet;
     try {
-      H5Handle fspace(check_id(H5Dget_space(dset_), "dataspace of 'images'"), H5Sclose);
+      H5Handle fspace(h5_check_id(H5Dget_space(dset_), "dataspace of 'images'"), H5Sclose);
       hsize_t start[4] = {0, 0, 0, 0};
       hsize_t count[4] = {0, static_cast<hsize_t>(shape_[0]), static_cast<hsize_t>(shape_[1]),
                           static_cast<hsize_t>(shape_[2])};
@@ -574,13 +490,13 @@ void ImageH5Dataset::read(const std::vector<int64_t>& indices, uint8_t* images_o
         while (b < sorted.size() && sorted[b] == sorted[b - 1] + 1) ++b;
         start[0] = static_cast<hsize_t>(sorted[a]);
         count[0] = static_cast<hsize_t>(b - a);
-        check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selecting samples");
+        h5_check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), "selecting samples");
         H5Handle mspace(H5Screate_simple(4, count, nullptr), H5Sclose);
-        check(H5Dread(dset_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, dst + a * bytes),
-              "reading samples " + std::to_string(sorted[a]) + ".." + std::to_string(sorted[b - 1]) + " of 'images'");
+        h5_check(H5Dread(dset_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, dst + a * bytes),
+                 "reading samples " + std::to_string(sorted[a]) + ".." + std::to_string(sorted[b - 1]) + " of 'images'");
         a = b;
       }
-    } catch (const FormatError& e) {
+    } catch (const H5FormatError& e) {
       fail(e.what());
     }
   }

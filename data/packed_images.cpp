@@ -18,134 +18,64 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct FormatError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::string h5_error() {
-  std::string msg;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_UPWARD,
-      [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
-        if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
-        return 0;
-      },
-      &msg);
-  H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? "unknown HDF5 error" : msg;
-}
-
-void check(herr_t status, const std::string& what) {
-  if (status < 0) throw FormatError(what + ": " + h5_error());
-}
-hid_t check_id(hid_t id, const std::string& what) {
-  if (id < 0) throw FormatError(what + ": " + h5_error());
-  return id;
-}
-
 // ---- writing -----------------------------------------------------------------------------------------
 
 void write_attr(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, const void* data, hsize_t n, bool scalar) {
   H5Handle space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr), H5Sclose);
-  H5Handle attr(check_id(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                         std::string("creating attribute '") + name + "'"),
+  H5Handle attr(h5_check_id(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                            std::string("creating attribute '") + name + "'"),
                 H5Aclose);
-  check(H5Awrite(attr.get(), mem_type, data), std::string("writing attribute '") + name + "'");
-}
-
-void write_strings(hid_t loc, const char* name, const std::vector<std::string>& values, bool scalar) {
-  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  check(H5Tset_size(type.get(), H5T_VARIABLE), "string type");
-  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "string type");
-  std::vector<const char*> ptrs;
-  for (const auto& v : values) ptrs.push_back(v.c_str());
-  write_attr(loc, name, type.get(), type.get(), ptrs.data(), values.size(), scalar);
+  h5_check(H5Awrite(attr.get(), mem_type, data), std::string("writing attribute '") + name + "'");
 }
 
 // A whole 1-D or 2-D dataset, contiguous, written once.
 void write_dataset(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const void* data,
                    std::vector<hsize_t> dims) {
   H5Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-  H5Handle d(check_id(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                      std::string("creating dataset '") + name + "'"),
+  H5Handle d(h5_check_id(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                         std::string("creating dataset '") + name + "'"),
              H5Dclose);
-  if (dims[0] > 0) check(H5Dwrite(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), std::string("writing '") + name + "'");
+  if (dims[0] > 0) h5_check(H5Dwrite(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), std::string("writing '") + name + "'");
 }
 
 // ---- reading -----------------------------------------------------------------------------------------
 
-H5Handle open_attr(hid_t loc, const char* name) {
-  if (H5Aexists(loc, name) <= 0) throw FormatError(std::string("missing root attribute '") + name + "'");
-  return H5Handle(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
-}
-
-int64_t attr_points(hid_t attr) {
-  H5Handle space(H5Aget_space(attr), H5Sclose);
-  return static_cast<int64_t>(H5Sget_simple_extent_npoints(space.get()));
-}
-
-std::vector<std::string> read_strings(hid_t loc, const char* name) {
-  H5Handle attr = open_attr(loc, name);
-  H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
-  if (H5Tget_class(ftype.get()) != H5T_STRING) throw FormatError(std::string("root attribute '") + name + "' is not a string");
-  const int64_t n = attr_points(attr.get());
-  std::vector<std::string> out;
-  const std::string what = std::string("reading attribute '") + name + "'";
-  if (H5Tis_variable_str(ftype.get()) > 0) {
-    H5Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
-    check(H5Tset_size(mtype.get(), H5T_VARIABLE), what);
-    check(H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get())), what);
-    std::vector<char*> ptrs(static_cast<size_t>(n), nullptr);
-    check(H5Aread(attr.get(), mtype.get(), ptrs.data()), what);
-    for (char* p : ptrs) {
-      out.emplace_back(p ? p : "");
-      if (p) H5free_memory(p);
-    }
-  } else {
-    const size_t len = H5Tget_size(ftype.get());
-    std::vector<char> buf(static_cast<size_t>(n) * len);
-    check(H5Aread(attr.get(), ftype.get(), buf.data()), what);
-    for (int64_t i = 0; i < n; ++i) out.emplace_back(buf.data() + i * len, strnlen(buf.data() + i * len, len));
-  }
-  return out;
-}
-
 template <typename T>
 std::vector<T> read_numbers(hid_t loc, const char* name, hid_t mem_type) {
-  H5Handle attr = open_attr(loc, name);
+  H5Handle attr = h5_open_attr(loc, name);
   H5Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   const auto cls = H5Tget_class(ftype.get());
-  if (cls != H5T_INTEGER && cls != H5T_FLOAT) throw FormatError(std::string("root attribute '") + name + "' is not numeric");
-  std::vector<T> out(static_cast<size_t>(attr_points(attr.get())));
-  check(H5Aread(attr.get(), mem_type, out.data()), std::string("reading attribute '") + name + "'");
+  if (cls != H5T_INTEGER && cls != H5T_FLOAT) throw H5FormatError(std::string("root attribute '") + name + "' is not numeric");
+  std::vector<T> out(static_cast<size_t>(h5_attr_points(attr.get())));
+  h5_check(H5Aread(attr.get(), mem_type, out.data()), std::string("reading attribute '") + name + "'");
   return out;
 }
 
 int64_t read_scalar(hid_t loc, const char* name) {
   const auto v = read_numbers<int64_t>(loc, name, H5T_NATIVE_INT64);
-  if (v.size() != 1) throw FormatError(std::string("root attribute '") + name + "' must hold one value");
+  if (v.size() != 1) throw H5FormatError(std::string("root attribute '") + name + "' must hold one value");
   return v[0];
 }
 
 // Opens dataset `name`, checks its rank, integer class and stored size; returns it with its dims.
 hid_t open_dataset(hid_t file, const char* name, int rank, std::vector<hsize_t>& dims) {
-  if (H5Lexists(file, name, H5P_DEFAULT) <= 0) throw FormatError(std::string("missing dataset '") + name + "'");
-  H5Handle d(check_id(H5Dopen2(file, name, H5P_DEFAULT), std::string("opening dataset '") + name + "'"), H5Dclose);
+  if (H5Lexists(file, name, H5P_DEFAULT) <= 0) throw H5FormatError(std::string("missing dataset '") + name + "'");
+  H5Handle d(h5_check_id(H5Dopen2(file, name, H5P_DEFAULT), std::string("opening dataset '") + name + "'"), H5Dclose);
   H5Handle space(H5Dget_space(d.get()), H5Sclose);
   H5Handle type(H5Dget_type(d.get()), H5Tclose);
   if (H5Sget_simple_extent_ndims(space.get()) != rank || H5Tget_class(type.get()) != H5T_INTEGER)
-    throw FormatError(std::string("dataset '") + name + "' must be integers of rank " + std::to_string(rank));
+    throw H5FormatError(std::string("dataset '") + name + "' must be integers of rank " + std::to_string(rank));
   dims.assign(static_cast<size_t>(rank), 0);
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   const std::string problem = dataset_size_problem(file, d.get(), name);
-  if (!problem.empty()) throw FormatError(problem);
+  if (!problem.empty()) throw H5FormatError(problem);
   return d.release();
 }
 
 template <typename T>
 std::vector<T> read_whole(hid_t d, hid_t mem_type, size_t count, const char* name) {
   std::vector<T> out(count);
-  if (count > 0) check(H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), std::string("reading '") + name + "'");
+  if (count > 0) h5_check(H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), std::string("reading '") + name + "'");
   return out;
 }
 
@@ -157,20 +87,20 @@ PackedImageWriter::PackedImageWriter(std::string path) : path_(std::move(path)),
   std::lock_guard<std::mutex> lock(hdf5_lock());
   H5Quiet quiet;
   try {
-    H5Handle file(check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                           "cannot create " + tmp_path_ + " (does the folder exist and is it writable?)"),
+    H5Handle file(h5_check_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                              "cannot create " + tmp_path_ + " (does the folder exist and is it writable?)"),
                   H5Fclose);
     hsize_t dims = 0, maxdims = H5S_UNLIMITED, chunk = hsize_t{1} << 20;
     H5Handle space(H5Screate_simple(1, &dims, &maxdims), H5Sclose);
     H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    check(H5Pset_chunk(dcpl.get(), 1, &chunk), "chunking 'bytes'");
-    check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time");
-    H5Handle bytes(check_id(H5Dcreate2(file.get(), "bytes", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                            "creating dataset 'bytes'"),
+    h5_check(H5Pset_chunk(dcpl.get(), 1, &chunk), "chunking 'bytes'");
+    h5_check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "fill time");
+    H5Handle bytes(h5_check_id(H5Dcreate2(file.get(), "bytes", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                               "creating dataset 'bytes'"),
                    H5Dclose);
     file_ = file.release();
     bytes_ = bytes.release();
-  } catch (const FormatError& e) {
+  } catch (const H5FormatError& e) {
     throw std::runtime_error("packed image file '" + path_ + "': " + e.what());
   }
 }
@@ -201,12 +131,12 @@ void PackedImageWriter::append(const uint8_t* data, size_t size, int64_t label, 
     H5Quiet quiet;
     try {
       const hsize_t start = static_cast<hsize_t>(offsets_.back()), count = size, total = start + size;
-      check(H5Dset_extent(bytes_, &total), "growing 'bytes'");
+      h5_check(H5Dset_extent(bytes_, &total), "growing 'bytes'");
       H5Handle fspace(H5Dget_space(bytes_), H5Sclose);
-      check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "selecting");
+      h5_check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "selecting");
       H5Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
-      check(H5Dwrite(bytes_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, data), "writing 'bytes'");
-    } catch (const FormatError& e) {
+      h5_check(H5Dwrite(bytes_, H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, data), "writing 'bytes'");
+    } catch (const H5FormatError& e) {
       throw std::runtime_error(where + e.what());
     }
   }
@@ -234,18 +164,18 @@ void PackedImageWriter::finish(const ImageMeta& meta, int64_t mean_std_images) {
       write_dataset(file_, "offsets", H5T_STD_I64LE, H5T_NATIVE_INT64, offsets_.data(), {n + 1});
       write_dataset(file_, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, labels_.data(), {n});
       write_dataset(file_, "sizes", H5T_STD_I32LE, H5T_NATIVE_INT32, sizes_.data(), {n, 2});
-      write_strings(file_, "format", {kPackedImagesFormat}, /*scalar=*/true);
+      h5_write_strings(file_, "format", {kPackedImagesFormat}, /*scalar=*/true);
       write_attr(file_, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &kPackedImagesVersion, 1, true);
       write_attr(file_, "num_classes", H5T_STD_I64LE, H5T_NATIVE_INT64, &meta.num_classes, 1, true);
-      write_strings(file_, "class_names", meta.class_names, /*scalar=*/false);
+      h5_write_strings(file_, "class_names", meta.class_names, /*scalar=*/false);
       write_attr(file_, "mean", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, meta.mean.data(), 3, false);
       write_attr(file_, "std", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, meta.std.data(), 3, false);
       write_attr(file_, "mean_std_images", H5T_STD_I64LE, H5T_NATIVE_INT64, &mean_std_images, 1, true);
-      check(H5Dclose(bytes_), "closing 'bytes'");
+      h5_check(H5Dclose(bytes_), "closing 'bytes'");
       bytes_ = -1;
-      check(H5Fclose(file_), "closing the file");
+      h5_check(H5Fclose(file_), "closing the file");
       file_ = -1;
-    } catch (const FormatError& e) {
+    } catch (const H5FormatError& e) {
       throw std::runtime_error(where + e.what());
     }
   }
@@ -269,28 +199,28 @@ PackedImageDataset::PackedImageDataset(std::string path, ImageTransform transfor
   std::lock_guard<std::mutex> lock(hdf5_lock());
   H5Quiet quiet;
   try {
-    if (H5Fis_hdf5(path_.c_str()) <= 0) throw FormatError("not an HDF5 file");
-    H5Handle file(check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
-    const auto format = read_strings(file.get(), "format");
+    if (H5Fis_hdf5(path_.c_str()) <= 0) throw H5FormatError("not an HDF5 file");
+    H5Handle file(h5_check_id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"), H5Fclose);
+    const auto format = h5_read_strings(file.get(), "format");
     if (format.size() != 1 || format[0] != kPackedImagesFormat)
-      throw FormatError("format is '" + (format.empty() ? std::string() : format[0]) + "', expected '" +
+      throw H5FormatError("format is '" + (format.empty() ? std::string() : format[0]) + "', expected '" +
                         kPackedImagesFormat + "' (a file of trainer convert-images)");
     const int64_t version = read_scalar(file.get(), "format_version");
     if (version != kPackedImagesVersion)
-      throw FormatError("format_version " + std::to_string(version) + " is not supported (this build reads " +
+      throw H5FormatError("format_version " + std::to_string(version) + " is not supported (this build reads " +
                         std::to_string(kPackedImagesVersion) + ")");
     meta_.num_classes = read_scalar(file.get(), "num_classes");
-    meta_.class_names = read_strings(file.get(), "class_names");
+    meta_.class_names = h5_read_strings(file.get(), "class_names");
     meta_.mean = read_numbers<float>(file.get(), "mean", H5T_NATIVE_FLOAT);
     meta_.std = read_numbers<float>(file.get(), "std", H5T_NATIVE_FLOAT);
     mean_std_images_ = read_scalar(file.get(), "mean_std_images");
-    if (meta_.num_classes < 1) throw FormatError("num_classes must be positive");
+    if (meta_.num_classes < 1) throw H5FormatError("num_classes must be positive");
     if (static_cast<int64_t>(meta_.class_names.size()) != meta_.num_classes)
-      throw FormatError("class_names has " + std::to_string(meta_.class_names.size()) + " names for " +
+      throw H5FormatError("class_names has " + std::to_string(meta_.class_names.size()) + " names for " +
                         std::to_string(meta_.num_classes) + " classes");
-    if (meta_.mean.size() != 3 || meta_.std.size() != 3) throw FormatError("mean and std need 3 values (RGB)");
+    if (meta_.mean.size() != 3 || meta_.std.size() != 3) throw H5FormatError("mean and std need 3 values (RGB)");
     for (float s : meta_.std)
-      if (!(s > 0)) throw FormatError("std must be positive per channel");
+      if (!(s > 0)) throw H5FormatError("std must be positive per channel");
 
     std::vector<hsize_t> dl, doff, ds, db;
     H5Handle labels(open_dataset(file.get(), "labels", 1, dl), H5Dclose);
@@ -299,18 +229,18 @@ PackedImageDataset::PackedImageDataset(std::string path, ImageTransform transfor
     H5Handle bytes(open_dataset(file.get(), "bytes", 1, db), H5Dclose);
     const hsize_t n = dl[0];
     if (doff[0] != n + 1 || ds[0] != n || ds[1] != 2)
-      throw FormatError("offsets must have N + 1 entries and sizes (N, 2) for N = " + std::to_string(n) + " labels");
+      throw H5FormatError("offsets must have N + 1 entries and sizes (N, 2) for N = " + std::to_string(n) + " labels");
     labels_ = read_whole<int64_t>(labels.get(), H5T_NATIVE_INT64, n, "labels");
     offsets_ = read_whole<int64_t>(offsets.get(), H5T_NATIVE_INT64, n + 1, "offsets");
     sizes_ = read_whole<int32_t>(sizes.get(), H5T_NATIVE_INT32, 2 * n, "sizes");
     if (offsets_[0] != 0 || offsets_[n] != static_cast<int64_t>(db[0]))
-      throw FormatError("offsets must start at 0 and end at the " + std::to_string(db[0]) + " bytes of 'bytes'");
+      throw H5FormatError("offsets must start at 0 and end at the " + std::to_string(db[0]) + " bytes of 'bytes'");
     for (hsize_t i = 0; i < n; ++i) {
-      if (offsets_[i + 1] < offsets_[i]) throw FormatError("offsets decrease at image " + std::to_string(i));
+      if (offsets_[i + 1] < offsets_[i]) throw H5FormatError("offsets decrease at image " + std::to_string(i));
       if (labels_[i] < 0 || labels_[i] >= meta_.num_classes)
-        throw FormatError("label " + std::to_string(labels_[i]) + " of image " + std::to_string(i) +
+        throw H5FormatError("label " + std::to_string(labels_[i]) + " of image " + std::to_string(i) +
                           " is outside [0, num_classes = " + std::to_string(meta_.num_classes) + ")");
-      if (sizes_[2 * i] <= 0 || sizes_[2 * i + 1] <= 0) throw FormatError("image " + std::to_string(i) + " has a size <= 0");
+      if (sizes_[2 * i] <= 0 || sizes_[2 * i + 1] <= 0) throw H5FormatError("image " + std::to_string(i) + " has a size <= 0");
     }
     if (in_memory_) {
       bytes_ = read_whole<uint8_t>(bytes.get(), H5T_NATIVE_UINT8, db[0], "bytes");
@@ -318,7 +248,7 @@ PackedImageDataset::PackedImageDataset(std::string path, ImageTransform transfor
       dset_ = bytes.release();
       file_ = file.release();
     }
-  } catch (const FormatError& e) {
+  } catch (const H5FormatError& e) {
     fail(e.what());
   }
 }
