@@ -1,6 +1,7 @@
 // The readers (and through them torch) first: c10/util/variant.h calls an unqualified data(), which
 // does not compile once namespace data is declared.
 #include "data/image_h5.h"
+#include "data/packed_images.h"
 #include "data/tokens.h"
 
 #include "data/h5_check.h"
@@ -98,6 +99,25 @@ void check_images(const std::string& path, bool in_memory, uint64_t file_bytes) 
   ImageH5Dataset all(path, /*in_memory=*/true);
 }
 
+// A packed JPEG file: the reader's open-time checks (offsets, labels, sizes, the stored size of /bytes),
+// then the first and last images' bytes as stored (decoding is the training step's, per sample); with
+// in_memory the whole /bytes as well.
+void check_packed(const std::string& path, bool in_memory, uint64_t file_bytes) {
+  say("phase metadata");
+  limit_address_space(kGiB + 8 * file_bytes);  // offsets, labels and sizes as int64: at most 8 per stored byte
+  {
+    PackedImageDataset ds(path, ImageTransform{}, /*in_memory=*/false);
+    if (ds.size() > 0) {
+      ds.encoded(0);
+      ds.encoded(ds.size() - 1);
+    }
+  }
+  if (!in_memory) return;
+  say("phase data");
+  limit_address_space(kGiB + 2 * file_bytes);
+  PackedImageDataset all(path, ImageTransform{}, /*in_memory=*/true);
+}
+
 void check_tokens(const std::string& path, bool in_memory, uint64_t file_bytes) {
   say("phase metadata");
   limit_address_space(kGiB + file_bytes);
@@ -117,14 +137,14 @@ void check_tokens(const std::string& path, bool in_memory, uint64_t file_bytes) 
   TokenDataset all(path, /*in_memory=*/true);
 }
 
-// The child's whole life: argv = exe, kH5CheckCommand, images|tokens, memory|file, parent pid, path.
+// The child's whole life: argv = exe, kH5CheckCommand, images|packed|tokens, memory|file, parent pid, path.
 int run_child(int argc, char** argv) {
   if (argc != 6) {
-    say("refused usage: trainer " + std::string(kH5CheckCommand) + " images|tokens memory|file PARENT_PID PATH");
+    say("refused usage: trainer " + std::string(kH5CheckCommand) + " images|packed|tokens memory|file PARENT_PID PATH");
     return kExitRefused;
   }
   const std::string kind = argv[2], mode = argv[3], path = argv[5];
-  if ((kind != "images" && kind != "tokens") || (mode != "memory" && mode != "file")) {
+  if ((kind != "images" && kind != "packed" && kind != "tokens") || (mode != "memory" && mode != "file")) {
     say("refused " + std::string(kH5CheckCommand) + ": unknown kind '" + kind + "' or mode '" + mode + "'");
     return kExitRefused;
   }
@@ -136,6 +156,7 @@ int run_child(int argc, char** argv) {
   const uint64_t bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
   try {
     if (kind == "tokens") check_tokens(path, mode == "memory", bytes);
+    else if (kind == "packed") check_packed(path, mode == "memory", bytes);
     else check_images(path, mode == "memory", bytes);
   } catch (const std::bad_alloc&) {
     say("out of memory");
@@ -352,7 +373,10 @@ H5CheckResult check_h5_file(const std::string& path, const H5CheckOptions& optio
   const auto t0 = Clock::now();
   Ended ended;
   try {
-    ChildGuard child{spawn_self({kH5CheckCommand, options.kind == H5FileKind::tokens ? "tokens" : "images",
+    const char* kind = options.kind == H5FileKind::tokens          ? "tokens"
+                       : options.kind == H5FileKind::packed_images ? "packed"
+                                                                   : "images";
+    ChildGuard child{spawn_self({kH5CheckCommand, kind,
                                  options.in_memory ? "memory" : "file", std::to_string(getpid()), path},
                                 fds[1])};
     close(fds[1]);

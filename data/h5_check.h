@@ -2,7 +2,8 @@
 //
 // Debian's libhdf5 1.10.8 crashes, aborts or loops forever on some corrupt files (fuzz/known/image_h5/,
 // docs/FUZZING.md), inside the library, where no check of ours can come first. So the trainer first
-// lets a child process open the file with the same reader (ImageH5Dataset or TokenDataset), under a
+// lets a child process open the file with the same reader (ImageH5Dataset, PackedImageDataset or
+// TokenDataset), under a
 // timeout and an address-space limit. A crash, a hang or an out-of-memory there becomes one error line
 // naming the file; only a file the child read cleanly is opened here.
 //
@@ -17,19 +18,21 @@
 
 namespace data {
 
-/// The hidden subcommand: `<exe> __check-h5 images|tokens memory|file <parent pid> <path>`.
+/// The hidden subcommand: `<exe> __check-h5 images|packed|tokens memory|file <parent pid> <path>`.
 inline constexpr const char* kH5CheckCommand = "__check-h5";
 
 /// Seconds added to H5CheckOptions::timeout_s per GiB of the file (reading from a disk at 50 MiB/s).
 inline constexpr double kH5CheckSecondsPerGiB = 20;
 
-enum class H5FileKind { images, tokens };
+enum class H5FileKind { images, packed_images, tokens };
 
 struct H5CheckOptions {
-  /// Which reader opens the file: ImageH5Dataset (images) or TokenDataset (tokens).
+  /// Which reader opens the file: ImageH5Dataset (images), PackedImageDataset (packed_images) or
+  /// TokenDataset (tokens).
   H5FileKind kind = H5FileKind::images;
   /// The reads the parent will make: with in_memory every sample (or token) is read and checked, as the
-  /// in-memory reader does; without, the metadata, the labels and the first and last samples (or tokens).
+  /// in-memory reader does; without, the metadata, the labels and the first and last samples (a packed
+  /// file's first and last encoded images, undecoded; or tokens).
   bool in_memory = true;
   /// The child is killed timeout_s + kH5CheckSecondsPerGiB per GiB of the file after it began reading
   /// (its own process start is allowed 60 s more, and counts for nothing here).

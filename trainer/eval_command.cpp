@@ -78,12 +78,14 @@ void open_encoded_split(EvalTarget& t) {
   const int threads = t.cfg.data.workers > 0 ? static_cast<int>(t.cfg.data.workers) : at::get_num_threads();
   std::shared_ptr<data::ImageDataset> train;
   std::error_code ec;
-  if (t.split_path == t.cfg.data.train || (!t.cfg.data.train.empty() && fs::exists(t.cfg.data.train, ec)))
+  if (t.split_path == t.cfg.data.train || (!t.cfg.data.train.empty() && fs::exists(t.cfg.data.train, ec))) {
     train = encoded_image_dataset(t.cfg, t.cfg.data.train, /*train=*/true, nullptr, threads);
-  else
+    t.split.images = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, &train->meta(), threads);
+  } else {  // the split opens first: a split that is not there is the one line, with no warning before it
+    t.split.images = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, nullptr, threads);
     spdlog::warn("eval: data.train ({}) is not at hand; normalizing with the mean and std of {} itself",
                  t.cfg.data.train.empty() ? "empty" : t.cfg.data.train, t.split_path);
-  t.split.images = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, train ? &train->meta() : nullptr, threads);
+  }
   t.input_stats = train ? train->meta() : t.split.images->meta();
 }
 

@@ -8,6 +8,8 @@
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -42,7 +44,9 @@ torch::Device resolve_device(const std::string& spec, std::optional<int64_t> loc
 
 data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, bool in_memory) {
   data::H5CheckOptions o;
-  o.kind = token_job(cfg) ? data::H5FileKind::tokens : data::H5FileKind::images;
+  o.kind = token_job(cfg)                         ? data::H5FileKind::tokens
+           : cfg.data.kind == "packed_images" ? data::H5FileKind::packed_images
+                                              : data::H5FileKind::images;
   o.in_memory = in_memory;
   o.timeout_s = cfg.data.check_timeout_s;
   o.timeout_hint = " (then raise data.check_timeout_s)";
@@ -73,7 +77,11 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   t.hflip = cfg.data.hflip;
   t.seed = cfg.seed;
   t.limits.max_pixels = cfg.data.max_image_pixels;
-  if (cfg.data.kind == "packed_images") return std::make_shared<data::PackedImageDataset>(path, t, cfg.data.in_memory);
+  if (cfg.data.kind == "packed_images") {
+    const data::H5CheckResult r = check_data_file(cfg, path, cfg.data.in_memory);
+    if (r.ran) spdlog::info("data: {} read cleanly by a separate process in {:.0f} ms", path, r.seconds * 1e3);
+    return std::make_shared<data::PackedImageDataset>(path, t, cfg.data.in_memory);
+  }
   if (stats) return std::make_shared<data::ImageFolderDataset>(path, t, stats->mean, stats->std, threads);
   return std::make_shared<data::ImageFolderDataset>(path, t, std::vector<float>{}, std::vector<float>{}, threads);
 }
