@@ -1,5 +1,6 @@
 #include "data/image_sample.h"
 
+#include "data/loader.h"
 #include "data/transforms.h"
 
 #include <algorithm>
@@ -20,6 +21,9 @@ void check_transform(const ImageTransform& t) {
         std::to_string(t.scale_hi) + "]");
   if (!(t.ratio_lo > 0 && t.ratio_lo <= t.ratio_hi))
     bad("ratio must satisfy 0 < lo <= hi, got [" + std::to_string(t.ratio_lo) + ", " + std::to_string(t.ratio_hi) + "]");
+  if (!(t.crop_pct > 0 && t.crop_pct <= 1)) bad("crop_pct must be in (0, 1], got " + std::to_string(t.crop_pct));
+  if (t.crop_padding < 0 || t.crop_padding > t.size)
+    bad("crop_padding must be in [0, size], got " + std::to_string(t.crop_padding));
   if (t.limits.max_pixels < 1) bad("max_pixels must be >= 1, got " + std::to_string(t.limits.max_pixels));
 }
 
@@ -31,10 +35,21 @@ std::string decode_sample(const uint8_t* bytes, size_t size, int width, int heig
       width = h.width;
       height = h.height;
     }
+    if (t.train && t.crop_padding > 0) {
+      thread_local std::vector<uint8_t> view;
+      view.resize(static_cast<size_t>(t.size) * t.size * 3);
+      decode_crop_resize(bytes, size, eval_center_crop(width, height, t.size, t.crop_pct), t.size, t.size,
+                         /*hflip=*/false, view.data(), t.limits);
+      AugmentOptions a;
+      a.random_crop_padding = t.crop_padding;
+      a.hflip = t.hflip;
+      augment_image_hwc(view.data(), t.size, t.size, 3, draw_augment(t.seed, epoch, index, a), t.crop_padding, out);
+      return "";
+    }
     bool flip = false;
     const CropBox box = t.train ? random_resized_crop(width, height, t.scale_lo, t.scale_hi, t.ratio_lo, t.ratio_hi,
                                                       t.seed, epoch, index, &flip)
-                                : eval_center_crop(width, height, t.size);
+                                : eval_center_crop(width, height, t.size, t.crop_pct);
     decode_crop_resize(bytes, size, box, t.size, t.size, t.train && t.hflip && flip, out, t.limits);
     return "";
   } catch (const std::exception& e) {  // DecodeError, or a size the transforms refuse

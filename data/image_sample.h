@@ -5,7 +5,11 @@
 // A sample is decoded straight to the network's input: RGB, uint8, (size, size, 3), channels last.
 //   train: RandomResizedCrop(size, scale, ratio) + a horizontal flip with probability 1/2, box and flip
 //          from (seed, epoch, index) alone (data/transforms.h);
-//   eval:  resize the shorter side to round(size / 0.875), center crop size x size.
+//          or, with crop_padding > 0, the stored-pixel recipe (CIFAR's): the eval view below, padded
+//          with crop_padding zero pixels and cropped back at a random offset, then the flip, drawn by
+//          data/loader.h's draw_augment from (seed, epoch, index) exactly as the HDF5 path draws it;
+//   eval:  resize the shorter side to round(size / crop_pct) (crop_pct 0.875: 256 for 224), center crop
+//          size x size.
 // A sample that cannot be decoded becomes a zero image with label kIgnoreLabel (data/dataset.h): it keeps
 // its place in the batch, adds nothing to the loss, and is reported as a SampleFailure.
 #pragma once
@@ -30,6 +34,11 @@ struct ImageTransform {
   double ratio_lo = 3.0 / 4.0, ratio_hi = 4.0 / 3.0;
   /// Mirror left-right with probability 1/2 (train only).
   bool hflip = true;
+  /// The eval view's crop fraction: the shorter side is resized to round(size / crop_pct).
+  double crop_pct = 0.875;
+  /// > 0: train with the stored-pixel recipe (pad, random crop, flip) on the eval view instead of
+  /// RandomResizedCrop.
+  int crop_padding = 0;
   /// Seeds the crop boxes and flips.
   uint64_t seed = 0;
   /// Largest width * height of an image accepted; bigger headers are refused before any allocation.
@@ -37,7 +46,8 @@ struct ImageTransform {
 };
 
 /// Checks the transform (size in [1, 65536], 0 < scale_lo <= scale_hi <= 1, 0 < ratio_lo <= ratio_hi,
-/// max_pixels >= 1); throws std::invalid_argument naming the field.
+/// 0 < crop_pct <= 1, crop_padding in [0, size], max_pixels >= 1); throws std::invalid_argument naming
+/// the field.
 void check_transform(const ImageTransform& t);
 
 /// Decodes sample `index` of epoch `epoch` from its encoded bytes into `out` (size * size * 3 bytes).

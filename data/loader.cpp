@@ -76,6 +76,29 @@ void augment_image(const uint8_t* src, const std::array<int64_t, 3>& shape, cons
   }
 }
 
+void augment_image_hwc(const uint8_t* src, int64_t H, int64_t W, int64_t C, const AugmentParams& params,
+                       int64_t padding, uint8_t* dst) {
+  // As augment_image: output column x reads source column (flip ? W-1-x : x) + shift, inside [x0, x1).
+  const int64_t shift = params.dx - padding;
+  const int64_t x0 = params.flip ? std::max<int64_t>(0, shift) : std::max<int64_t>(0, -shift);
+  const int64_t x1 = params.flip ? std::min<int64_t>(W, W + shift) : std::min<int64_t>(W, W - shift);
+  for (int64_t y = 0; y < H; ++y) {
+    uint8_t* out = dst + y * W * C;
+    const int64_t sy = y + params.dy - padding;
+    if (sy < 0 || sy >= H || x0 >= x1) {
+      std::fill(out, out + W * C, uint8_t{0});
+      continue;
+    }
+    const uint8_t* row = src + sy * W * C;
+    std::fill(out, out + x0 * C, uint8_t{0});
+    for (int64_t x = x0; x < x1; ++x) {
+      const int64_t sx = (params.flip ? W - 1 - x : x) + shift;
+      std::copy(row + sx * C, row + (sx + 1) * C, out + x * C);
+    }
+    std::fill(out + x1 * C, out + W * C, uint8_t{0});
+  }
+}
+
 // ---- loader ----------------------------------------------------------------------------------------
 
 struct Loader::Job {

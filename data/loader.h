@@ -91,6 +91,13 @@ std::vector<float> pixel_table(const std::vector<float>& mean, const std::vector
 void augment_image(const uint8_t* src, const std::array<int64_t, 3>& shape, const AugmentParams& params,
                    int64_t padding, const float* table, float* dst);
 
+/// The same crop and flip on a decoded image, uint8 (H, W, C) to uint8 (H, W, C), padding with 0:
+///   dst[y][x][c] = padded[y + dy][sx + dx][c], sx = flip ? W-1-x : x.
+/// The datasets that decode (data/image_sample.h) use it for the stored-pixel recipe (data.crop_padding),
+/// so a sample gets the very crop and flip the float path above gives it.
+void augment_image_hwc(const uint8_t* src, int64_t H, int64_t W, int64_t C, const AugmentParams& params,
+                       int64_t padding, uint8_t* dst);
+
 /// The training loader. Call its methods from one thread; the workers are internal.
 class Loader {
  public:

@@ -278,6 +278,48 @@ TEST(ImageDatasets, SampleIsTheTransformOfItsFileFromSeedEpochIndex) {
   }
 }
 
+TEST(ImageDatasets, CropPaddingGivesTheStoredPixelPathsCropAndFlip) {
+  // data.crop_padding on an encoded image: the eval view (crop_pct), then the HDF5 path's own padded
+  // crop and flip (data/loader.h's draw_augment and augment_image), as uint8 HWC.
+  data::ImageTransform t = transform(true, 24);
+  t.crop_padding = 3;
+  t.crop_pct = 0.875;
+  data::AugmentOptions a;
+  a.random_crop_padding = 3;
+  a.hflip = true;
+  const std::vector<float> table = data::pixel_table({0, 0, 0}, {1, 1, 1}, /*normalize=*/false);
+  std::set<std::pair<int64_t, bool>> seen;  // (dx, flip) pairs drawn: the draws do vary
+  for (int64_t i = 0; i < 12; ++i)
+    for (int64_t epoch : {0, 3}) {
+      const int w = 30 + 3 * static_cast<int>(i), h = 26 + static_cast<int>(i);
+      const auto bytes = jpeg(w, h, static_cast<uint32_t>(i));
+      std::vector<uint8_t> got(24 * 24 * 3), view(24 * 24 * 3);
+      ASSERT_EQ(data::decode_sample(bytes.data(), bytes.size(), 0, 0, i, epoch, t, got.data()), "");
+      data::decode_crop_resize(bytes.data(), bytes.size(), data::eval_center_crop(w, h, 24, 0.875), 24, 24, false,
+                               view.data());
+      const auto chw = torch::from_blob(view.data(), {24, 24, 3}, torch::kUInt8).permute({2, 0, 1}).contiguous();
+      const data::AugmentParams p = data::draw_augment(7, epoch, i, a);
+      seen.insert({p.dx, p.flip});
+      std::vector<float> want(3 * 24 * 24);
+      data::augment_image(chw.data_ptr<uint8_t>(), {3, 24, 24}, p, 3, table.data(), want.data());
+      for (int c = 0; c < 3; ++c)
+        for (int y = 0; y < 24; ++y)
+          for (int x = 0; x < 24; ++x)
+            ASSERT_EQ(static_cast<float>(got[(y * 24 + x) * 3 + c]) / 255.0f, want[(c * 24 + y) * 24 + x])
+                << "sample " << i << " epoch " << epoch << " at (" << c << ", " << y << ", " << x << ")";
+    }
+  EXPECT_GT(seen.size(), 4u);
+  // At crop_pct 1 the eval view of a size x size image is the image itself: Fashion-MNIST's 28 x 28
+  // PNGs train on their own pixels, as in the HDF5 file.
+  const auto px = photo(24, 24, 9);
+  const auto png = data::encode_png(px.data(), 24, 24, 3);
+  t.crop_pct = 1.0;
+  t.train = false;
+  std::vector<uint8_t> same(px.size());
+  ASSERT_EQ(data::decode_sample(png.data(), png.size(), 0, 0, 0, 0, t, same.data()), "");
+  EXPECT_EQ(same, px);
+}
+
 TEST(ImageDatasets, ResumedStreamGivesTheSameCrops) {
   Converted c;
   data::Loader whole(c.packed(true), loader_options());
@@ -411,6 +453,9 @@ TEST(ImageRecipe, NewKeysAreValidatedWithOneLine) {
            {"data.ratio=[1]", "key 'data.ratio': must be two numbers [lo, hi] with 0 < lo <= hi"},
            {"data.size=0", "key 'data.size': must be in [1, 4096]"},
            {"data.max_image_pixels=0", "key 'data.max_image_pixels': must be at least 1"},
+           {"data.crop_pct=0", "key 'data.crop_pct': must be in (0, 1]"},
+           {"data.crop_pct=1.5", "key 'data.crop_pct': must be in (0, 1]"},
+           {"data.crop_padding=225", "key 'data.crop_padding': must be at most data.size (224)"},
            {"data.scale=[a,1]", "key 'data.scale': expected a list of numbers"}}) {
     const CommandResult r = run(trainer_bin() + " --config " + source_dir() + "/configs/resnet50_imagefolder.yaml --set " +
                                 set + " --dry-run");

@@ -75,15 +75,8 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
     check_data_file(cfg, cfg.data.train, cfg.data.in_memory);
     ds = std::make_shared<data::ImageH5Dataset>(cfg.data.train, cfg.data.in_memory);
   }
-  // The same options as the training loop's loader (trainer/run.cpp).
-  data::LoaderOptions lo;
-  lo.global_batch = cfg.train.global_batch;
-  lo.seed = cfg.seed;
-  lo.workers = workers;
-  lo.prefetch = cfg.data.prefetch;
-  lo.augment.random_crop_padding = cfg.data.crop_padding;
-  lo.augment.hflip = cfg.data.hflip && !encoded;  // decoded datasets flip in their own transform
-  lo.augment.normalize = cfg.data.normalize;
+  // The same options as the training loop's loader (trainer/setup.cpp).
+  data::LoaderOptions lo = image_loader_options(cfg, workers);
   lo.pin_memory = pin_memory;
   data::Loader loader(ds, lo);
   for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
@@ -105,7 +98,8 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
   j["batch_dtype"] = dtype;
   if (encoded) {
     j["eval_samples_per_s"] = eval_sps;
-    j["transform"] = {{"size", cfg.data.size}, {"scale", cfg.data.scale}, {"ratio", cfg.data.ratio}, {"hflip", cfg.data.hflip}};
+    j["transform"] = {{"size", cfg.data.size}, {"scale", cfg.data.scale}, {"ratio", cfg.data.ratio}, {"hflip", cfg.data.hflip},
+                      {"crop_pct", cfg.data.crop_pct}, {"crop_padding", cfg.data.crop_padding}};
   }
   return j;
 }

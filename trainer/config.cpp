@@ -56,6 +56,7 @@ std::vector<Field> fields(Config& c) {
       {"data.size", &c.data.size, false},
       {"data.scale", &c.data.scale, false},
       {"data.ratio", &c.data.ratio, false},
+      {"data.crop_pct", &c.data.crop_pct, false},
       {"data.max_image_pixels", &c.data.max_image_pixels, false},
       {"optim.name", &c.optim.name, false},
       {"optim.lr", &c.optim.lr, false},
@@ -335,9 +336,9 @@ struct Checks {
     if (c.data.ratio.size() != 2 || !(c.data.ratio[0] > 0 && c.data.ratio[0] <= c.data.ratio[1]))
       bad("data.ratio", "must be two numbers [lo, hi] with 0 < lo <= hi");
     if (c.data.max_image_pixels < 1) bad("data.max_image_pixels", "must be at least 1");
-    if (encoded_images && c.data.crop_padding > 0)
-      bad("data.crop_padding", "applies to stored pixels (hdf5, synthetic); " + c.data.kind +
-                                   " crops with RandomResizedCrop (data.size, data.scale, data.ratio)");
+    if (!(c.data.crop_pct > 0 && c.data.crop_pct <= 1)) bad("data.crop_pct", "must be in (0, 1]");
+    if (encoded_images && c.data.crop_padding > c.data.size)
+      bad("data.crop_padding", "must be at most data.size (" + std::to_string(c.data.size) + ")");
   }
 
   // Sizes no job asks for, refused before anything is allocated: beyond these LibTorch fails inside an

@@ -38,12 +38,13 @@ struct DataConfig {
   int64_t synthetic_size = 10000;                    ///< synthetic: samples (images, or windows of context tokens) per epoch
   int64_t workers = 0;                               ///< loader threads (0 = usable CPUs)
   int64_t prefetch = 2;                              ///< global batches prepared ahead
-  int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off)
+  int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off; packed_images, image_folder: instead of RandomResizedCrop)
   bool hflip = false;                                ///< random horizontal flip
   bool normalize = true;                             ///< subtract mean, divide by std
   int64_t size = 224;                                ///< packed_images, image_folder: side of a decoded sample
   std::vector<double> scale = {0.08, 1.0};           ///< packed_images, image_folder: RandomResizedCrop's area range
   std::vector<double> ratio = {3.0 / 4.0, 4.0 / 3.0};  ///< packed_images, image_folder: RandomResizedCrop's aspect range
+  double crop_pct = 0.875;                           ///< packed_images, image_folder: eval view = shorter side to size / crop_pct, center crop
   int64_t max_image_pixels = 100000000;              ///< refuse an image whose header claims more width * height
 };
 

@@ -75,6 +75,8 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   t.ratio_lo = cfg.data.ratio.at(0);
   t.ratio_hi = cfg.data.ratio.at(1);
   t.hflip = cfg.data.hflip;
+  t.crop_pct = cfg.data.crop_pct;
+  t.crop_padding = static_cast<int>(cfg.data.crop_padding);
   t.seed = cfg.seed;
   t.limits.max_pixels = cfg.data.max_image_pixels;
   if (cfg.data.kind == "packed_images") {
@@ -84,6 +86,20 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   }
   if (stats) return std::make_shared<data::ImageFolderDataset>(path, t, stats->mean, stats->std, threads);
   return std::make_shared<data::ImageFolderDataset>(path, t, std::vector<float>{}, std::vector<float>{}, threads);
+}
+
+data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers) {
+  data::LoaderOptions lo;
+  lo.global_batch = cfg.train.global_batch;
+  lo.seed = cfg.seed;
+  lo.workers = workers;
+  lo.prefetch = cfg.data.prefetch;
+  if (!encoded_image_job(cfg)) {
+    lo.augment.random_crop_padding = cfg.data.crop_padding;
+    lo.augment.hflip = cfg.data.hflip;
+  }
+  lo.augment.normalize = cfg.data.normalize;
+  return lo;
 }
 
 void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,

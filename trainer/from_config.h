@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/h5_check.h"
+#include "data/loader.h"
 #include "data/tokens.h"
 #include "models/model.h"
 #include "trainer/config.h"
@@ -45,11 +46,17 @@ bool encoded_image_job(const Config& cfg);
 
 /// The training (`train`) or evaluation split at `path` of an encoded-image job: a PackedImageDataset
 /// (packed_images) or an ImageFolderDataset (image_folder) decoding with the train transform
-/// (RandomResizedCrop(data.size, data.scale, data.ratio), flip when data.hflip, seed) or the eval one.
+/// (RandomResizedCrop(data.size, data.scale, data.ratio), or with data.crop_padding the padded random
+/// crop of the eval view; flip when data.hflip; seed) or the eval one (data.crop_pct).
 /// `stats` (the training split's meta) gives an image_folder evaluation split the training mean/std;
 /// `threads` compute an image_folder training split's mean/std at open time.
 std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
                                                           const data::ImageMeta* stats, int threads);
+
+/// The image loader's options from the configuration (batch, seed, workers, prefetch, augmentation),
+/// as the run and `trainer bench --loader-only` share them; the caller sets rank, world size and pinning.
+/// Encoded-image datasets crop and flip in their own transform, so the loader's augmentation is off.
+data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers);
 
 /// Decoded (uint8) images are normalized on the device: x = (pixel / 255 - mean[c]) / std[c] with the
 /// training split's `stats`, or pixel / 255 alone when data.normalize is off.

@@ -156,6 +156,12 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
   same("data.shape", cfg_.data.shape, saved.data.shape);
   if (cfg_.data.kind == "synthetic") same("data.synthetic_size", cfg_.data.synthetic_size, saved.data.synthetic_size);
   same("data.crop_padding", cfg_.data.crop_padding, saved.data.crop_padding);
+  if (encoded_image_job(cfg_)) {  // the decoded view and its random crops
+    same("data.size", cfg_.data.size, saved.data.size);
+    same("data.scale", cfg_.data.scale, saved.data.scale);
+    same("data.ratio", cfg_.data.ratio, saved.data.ratio);
+    same("data.crop_pct", cfg_.data.crop_pct, saved.data.crop_pct);
+  }
   same("data.hflip", cfg_.data.hflip, saved.data.hflip);
   same("data.normalize", cfg_.data.normalize, saved.data.normalize);
   same("train.global_batch", cfg_.train.global_batch, saved.train.global_batch);

@@ -181,16 +181,9 @@ void TrainingRun::setup_data() {
     if (train_images_->size() < cfg_.train.global_batch)
       throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
                         std::to_string(train_images_->size()) + " samples of the training split");
-    data::LoaderOptions lo;
-    lo.global_batch = cfg_.train.global_batch;
-    lo.seed = cfg_.seed;
+    data::LoaderOptions lo = image_loader_options(cfg_, workers);
     lo.rank = env_.rank;
     lo.world_size = env_.world_size;
-    lo.workers = workers;
-    lo.prefetch = cfg_.data.prefetch;
-    lo.augment.random_crop_padding = cfg_.data.crop_padding;
-    lo.augment.hflip = cfg_.data.hflip && !encoded_image_job(cfg_);  // those flip in their own transform
-    lo.augment.normalize = cfg_.data.normalize;
     lo.pin_memory = device_.is_cuda();
     if (encoded_image_job(cfg_)) set_input_normalization(forward_, train_images_->meta(), cfg_.data.normalize, device_);
     loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
