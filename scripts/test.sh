@@ -16,7 +16,7 @@
 #      image made here by debootstrap, a job in the image stopped with SIGTERM and resumed to the weights
 #      of an uninterrupted run, the endpoint probed from the host, the Kubernetes manifests validated.
 #      About 7 min with its caches warm (the base image, the Dockerfile's wheelhouse and ccache mounts
-#      under ~/.cache/trainer/container); about 25 min cold.
+#      under ~/.cache/trainer/container); about 12 min cold.
 #
 # First, in under a second: scripts/check-docs.py (the figures README.md and docs/ cite against their
 # JSON under bench/results/, and the docs' voice).
