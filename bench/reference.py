@@ -68,7 +68,8 @@ DEFAULTS = {
              "in_memory": True, "check_timeout_s": 30.0, "shape": [3, 224, 224], "synthetic_size": 10000,
              "workers": 0, "prefetch": 2, "crop_padding": 0, "hflip": False, "normalize": True,
              # the JPEG kinds (packed_images, image_folder); the reference runs synthetic images only
-             "size": 224, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "max_image_pixels": 100000000},
+             "size": 224, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "crop_pct": 0.875,
+             "max_image_pixels": 100000000},
     "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
               "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0},
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0, "min_lr": 0.0, "milestones": [],
