@@ -1,5 +1,7 @@
 #include "data/jpeg.h"
 
+#include "data/resize.h"
+
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE
 #include <algorithm>
@@ -34,119 +36,6 @@ void check_size(int64_t width, int64_t height, const DecodeLimits& limits) {
   size_t pos = 0;
   for (size_t i = 0; i < std::min<size_t>(n, 4); ++i) pos += std::snprintf(hex + pos, sizeof hex - pos, "%s%02x", i ? " " : "", b[i]);
   throw DecodeError(std::string("not a JPEG or PNG image (starts with bytes ") + hex + ")");
-}
-
-// ---- resize: Pillow's BILINEAR resampling (libImaging/Resample.c), reimplemented -------------------------
-//
-// Why this filter: it is the one torchvision applies to PIL images (Resize, RandomResizedCrop), so the
-// trainer's inputs have the statistics a torchvision-trained model expects, and the eval transform can be
-// compared with torchvision pixel for pixel. Its support widens with the reduction (antialiasing). A
-// separable pass in 32-bit integers costs about 0.3 ms for a 224x224 output from a 400x300 crop on one
-// core here, against 2-4 ms for decoding the JPEG, so a faster library filter would save little.
-
-constexpr int kPrecisionBits = 32 - 8 - 2;
-
-/// Weights of one pass: output sample i reads `count[i]` inputs from `first[i]` with weights
-/// `w[i * ksize ...]` in fixed point.
-struct Coeffs {
-  int ksize = 0;
-  std::vector<int> first, count;
-  std::vector<int32_t> w;
-};
-
-/// Pillow's precompute_coeffs for the triangle filter (support 1), box [in0, in1) of an input of
-/// in_size samples, out_size outputs, then normalize_coeffs_8bpc.
-Coeffs bilinear_coeffs(int in_size, double in0, double in1, int out_size) {
-  const double scale = (in1 - in0) / out_size;
-  const double filterscale = std::max(scale, 1.0);
-  const double support = 1.0 * filterscale;
-  Coeffs c;
-  c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
-  c.first.resize(out_size);
-  c.count.resize(out_size);
-  c.w.assign(static_cast<size_t>(out_size) * c.ksize, 0);
-  std::vector<double> k(c.ksize);
-  const double ss = 1.0 / filterscale;
-  for (int xx = 0; xx < out_size; ++xx) {
-    const double center = in0 + (xx + 0.5) * scale;
-    int xmin = static_cast<int>(center - support + 0.5);
-    if (xmin < 0) xmin = 0;
-    int xmax = static_cast<int>(center + support + 0.5);
-    if (xmax > in_size) xmax = in_size;
-    xmax -= xmin;
-    double ww = 0.0;
-    for (int x = 0; x < xmax; ++x) {
-      double t = (x + xmin - center + 0.5) * ss;
-      t = t < 0 ? -t : t;
-      const double w = t < 1.0 ? 1.0 - t : 0.0;
-      k[x] = w;
-      ww += w;
-    }
-    for (int x = 0; x < xmax; ++x) {
-      const double w = ww != 0.0 ? k[x] / ww : k[x];
-      c.w[static_cast<size_t>(xx) * c.ksize + x] =
-          static_cast<int32_t>(w < 0 ? w * (1 << kPrecisionBits) - 0.5 : w * (1 << kPrecisionBits) + 0.5);
-    }
-    c.first[xx] = xmin;
-    c.count[xx] = std::max(xmax, 0);
-  }
-  return c;
-}
-
-inline uint8_t clip8(int32_t v) {
-  v >>= kPrecisionBits;
-  return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
-}
-
-/// The input rows [row0, row0 + rows) and columns [col0, col0 + cols) of an image are in `src`
-/// (`stride` bytes a row, RGB); the weights index the whole image. Writes out_h x out_w RGB to `out`.
-/// Both passes run like Pillow's: horizontal first into 8-bit rows (only the rows the vertical pass
-/// reads), then vertical.
-void resample(const uint8_t* src, size_t stride, int col0, int row0, const Coeffs& cx, const Coeffs& cy, int out_w,
-              int out_h, bool hflip, uint8_t* out) {
-  int ylo = std::numeric_limits<int>::max(), yhi = 0;
-  for (int i = 0; i < out_h; ++i) {
-    ylo = std::min(ylo, cy.first[i]);
-    yhi = std::max(yhi, cy.first[i] + cy.count[i]);
-  }
-  if (yhi <= ylo) ylo = yhi = 0;
-  const int mid_rows = yhi - ylo;
-  std::vector<uint8_t> mid(static_cast<size_t>(mid_rows) * out_w * 3);
-  for (int r = 0; r < mid_rows; ++r) {
-    const uint8_t* in = src + static_cast<size_t>(ylo + r - row0) * stride;
-    uint8_t* o = mid.data() + static_cast<size_t>(r) * out_w * 3;
-    for (int xx = 0; xx < out_w; ++xx) {
-      const int32_t* k = cx.w.data() + static_cast<size_t>(xx) * cx.ksize;
-      const uint8_t* p = in + static_cast<size_t>(cx.first[xx] - col0) * 3;
-      int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-      for (int x = 0; x < cx.count[xx]; ++x) {
-        s0 += p[3 * x] * k[x];
-        s1 += p[3 * x + 1] * k[x];
-        s2 += p[3 * x + 2] * k[x];
-      }
-      o[3 * xx] = clip8(s0);
-      o[3 * xx + 1] = clip8(s1);
-      o[3 * xx + 2] = clip8(s2);
-    }
-  }
-  const size_t row_bytes = static_cast<size_t>(out_w) * 3;
-  std::vector<int32_t> acc(row_bytes);
-  for (int yy = 0; yy < out_h; ++yy) {
-    const int32_t* k = cy.w.data() + static_cast<size_t>(yy) * cy.ksize;
-    std::fill(acc.begin(), acc.end(), 1 << (kPrecisionBits - 1));
-    for (int y = 0; y < cy.count[yy]; ++y) {
-      const uint8_t* m = mid.data() + static_cast<size_t>(cy.first[yy] + y - ylo) * row_bytes;
-      const int32_t ky = k[y];
-      for (size_t i = 0; i < row_bytes; ++i) acc[i] += m[i] * ky;
-    }
-    uint8_t* o = out + static_cast<size_t>(yy) * row_bytes;
-    if (!hflip) {
-      for (size_t i = 0; i < row_bytes; ++i) o[i] = clip8(acc[i]);
-    } else {
-      for (int xx = 0; xx < out_w; ++xx)
-        for (int ch = 0; ch < 3; ++ch) o[3 * (out_w - 1 - xx) + ch] = clip8(acc[3 * xx + ch]);
-    }
-  }
 }
 
 /// The box clipped to a width x height image; a box with no area inside is a DecodeError.
@@ -271,7 +160,7 @@ void jpeg_crop_resize(const uint8_t* bytes, size_t size, const CropBox& box_in, 
   JpegDecoder dec;
   std::vector<uint8_t> region;
   std::vector<JSAMPROW> rows;
-  Coeffs cx, cy;
+  ResizeCoeffs cx, cy;
   if (setjmp(dec.err.jump)) throw DecodeError(dec.err.message);
   dec.start(bytes, size, limits);
   check_size(dec.cinfo.image_width, dec.cinfo.image_height, limits);
@@ -318,7 +207,8 @@ void jpeg_crop_resize(const uint8_t* bytes, size_t size, const CropBox& box_in, 
   jpeg_abort_decompress(&dec.cinfo);
   if (cmyk)
     for (int r = 0; r < y1 - y0; ++r) cmyk_to_rgb(rows[r], static_cast<int>(cols));
-  resample(region.data(), stride, static_cast<int>(col0), y0, cx, cy, out_w, out_h, hflip, out);
+  resample(region.data(), stride, region.data() + region.size(), static_cast<int>(col0), y0, cx, cy, out_w, out_h, hflip,
+           out);
 }
 
 std::vector<uint8_t> jpeg_decode_rgb(const uint8_t* bytes, size_t size, const DecodeLimits& limits, ImageHeader* header) {
@@ -416,9 +306,10 @@ void decode_crop_resize(const uint8_t* bytes, size_t size, const CropBox& box, i
   ImageHeader h;
   const std::vector<uint8_t> rgb = png_decode_rgb(bytes, size, limits, &h);
   const CropBox b = clip_box(box, h.width, h.height);
-  const Coeffs cx = bilinear_coeffs(h.width, b.x, b.x + b.w, out_w);
-  const Coeffs cy = bilinear_coeffs(h.height, b.y, b.y + b.h, out_h);
-  resample(rgb.data(), static_cast<size_t>(h.width) * 3, 0, 0, cx, cy, out_w, out_h, hflip, out_hwc_rgb);
+  const ResizeCoeffs cx = bilinear_coeffs(h.width, b.x, b.x + b.w, out_w);
+  const ResizeCoeffs cy = bilinear_coeffs(h.height, b.y, b.y + b.h, out_h);
+  resample(rgb.data(), static_cast<size_t>(h.width) * 3, rgb.data() + rgb.size(), 0, 0, cx, cy, out_w, out_h, hflip,
+           out_hwc_rgb);
 }
 
 std::vector<uint8_t> resize_rgb(const uint8_t* rgb_hwc, int width, int height, const CropBox& box, int out_w, int out_h,
@@ -426,10 +317,11 @@ std::vector<uint8_t> resize_rgb(const uint8_t* rgb_hwc, int width, int height, c
   check_out(out_w, out_h);
   if (width <= 0 || height <= 0) throw DecodeError("image has no pixels");
   const CropBox b = clip_box(box, width, height);
-  const Coeffs cx = bilinear_coeffs(width, b.x, b.x + b.w, out_w);
-  const Coeffs cy = bilinear_coeffs(height, b.y, b.y + b.h, out_h);
+  const ResizeCoeffs cx = bilinear_coeffs(width, b.x, b.x + b.w, out_w);
+  const ResizeCoeffs cy = bilinear_coeffs(height, b.y, b.y + b.h, out_h);
   std::vector<uint8_t> out(static_cast<size_t>(out_w) * out_h * 3);
-  resample(rgb_hwc, static_cast<size_t>(width) * 3, 0, 0, cx, cy, out_w, out_h, hflip, out.data());
+  resample(rgb_hwc, static_cast<size_t>(width) * 3, rgb_hwc + static_cast<size_t>(width) * height * 3, 0, 0, cx, cy,
+           out_w, out_h, hflip, out.data());
   return out;
 }
 

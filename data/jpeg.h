@@ -10,7 +10,8 @@
 //
 // The resize is an antialiasing triangle (bilinear) filter whose support widens with the reduction,
 // computed like Pillow's Image.resize(..., BILINEAR) (the filter torchvision applies to PIL images):
-// a horizontal pass into 8-bit rows, then a vertical pass, both with 22-bit fixed-point weights. A box
+// a horizontal pass into 8-bit rows, then a vertical pass, both with 22-bit fixed-point weights
+// (data/resize.h, where an AVX2 kernel computes the same bytes as the plain one). A box
 // with fractional coordinates is resized as if the whole image were resized so that the box maps onto
 // the output; the filter reads pixels around the box where the image has them.
 //

@@ -1,6 +1,7 @@
 // data/jpeg.h: the crop decoder against a full decode done the plain way, the resize filter against
 // Pillow's, the eval transform against torchvision's, and every kind of bad input.
 #include "data/jpeg.h"
+#include "data/resize.h"
 #include "data/transforms.h"
 #include "test_util.h"
 
@@ -199,6 +200,50 @@ TEST(Jpeg, ResizeEqualsPillow) {
     EXPECT_EQ(max_abs_diff(ours, ref), 0) << "box " << c.box.x << "," << c.box.y << " " << c.box.w << "x" << c.box.h
                                           << " -> " << c.w << "x" << c.h;
   }
+}
+
+// The AVX2 resize kernel against the plain one (Pillow's loops, checked against Pillow above): the same
+// bytes on random images, boxes (fractional, reductions up to 9x, enlargements), output sizes whose rows
+// are not a multiple of the vector width, both mirrors, and source buffers that end right after the
+// last pixel the filter reads (where the kernel must not read past it): the whole image, and the region
+// of it the JPEG decoder hands over.
+TEST(Jpeg, ResizeKernelsGiveTheSameBytes) {
+  if (data::resize_kernel_auto() != data::ResizeKernel::Avx2) GTEST_SKIP() << "this CPU has no AVX2";
+  std::mt19937 rng(7);
+  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int64_t compared = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int W = pick(1, 600), H = pick(1, 400);
+    const auto rgb = picture(W, H, static_cast<uint32_t>(trial));
+    const double bw = uniform(0.2, 1.0) * W, bh = uniform(0.2, 1.0) * H;
+    const CropBox box{uniform(0, W - bw), uniform(0, H - bh), bw, bh};
+    const int ow = trial % 3 == 0 ? pick(1, 40) : pick(1, 300), oh = pick(1, 300);
+    const bool flip = trial % 2 == 1;
+    const auto cx = data::bilinear_coeffs(W, box.x, box.x + box.w, ow);
+    const auto cy = data::bilinear_coeffs(H, box.y, box.y + box.h, oh);
+    std::vector<uint8_t> plain(static_cast<size_t>(ow) * oh * 3), avx2(plain.size());
+    data::resample(rgb.data(), static_cast<size_t>(W) * 3, rgb.data() + rgb.size(), 0, 0, cx, cy, ow, oh, flip,
+                   plain.data(), data::ResizeKernel::Plain);
+    data::resample(rgb.data(), static_cast<size_t>(W) * 3, rgb.data() + rgb.size(), 0, 0, cx, cy, ow, oh, flip,
+                   avx2.data(), data::ResizeKernel::Avx2);
+    ASSERT_EQ(max_abs_diff(plain, avx2), 0) << W << "x" << H << " box " << box.x << "," << box.y << " " << box.w << "x"
+                                            << box.h << " -> " << ow << "x" << oh << (flip ? " mirrored" : "");
+    // As the JPEG decoder calls it: only the rows and columns the filter reads, in a buffer that ends there.
+    int x0 = W, x1 = 0, y0 = H, y1 = 0;
+    for (int i = 0; i < ow; ++i) x0 = std::min(x0, cx.first[i]), x1 = std::max(x1, cx.first[i] + cx.count[i]);
+    for (int i = 0; i < oh; ++i) y0 = std::min(y0, cy.first[i]), y1 = std::max(y1, cy.first[i] + cy.count[i]);
+    std::vector<uint8_t> region(static_cast<size_t>(x1 - x0) * (y1 - y0) * 3);
+    for (int y = y0; y < y1; ++y)
+      std::memcpy(region.data() + static_cast<size_t>(y - y0) * (x1 - x0) * 3,
+                  rgb.data() + (static_cast<size_t>(y) * W + x0) * 3, static_cast<size_t>(x1 - x0) * 3);
+    std::vector<uint8_t> part(plain.size());
+    data::resample(region.data(), static_cast<size_t>(x1 - x0) * 3, region.data() + region.size(), x0, y0, cx, cy, ow,
+                   oh, flip, part.data(), data::ResizeKernel::Avx2);
+    ASSERT_EQ(max_abs_diff(plain, part), 0) << "region " << x0 << ".." << x1 << " x " << y0 << ".." << y1;
+    compared += static_cast<int64_t>(plain.size()) * 2;
+  }
+  EXPECT_GT(compared, 10'000'000);
 }
 
 // The eval transform (eval_center_crop + decode_crop_resize) against torchvision's Resize(256) +

@@ -1,6 +1,7 @@
 #include "tools/bench_decode.h"
 
 #include "data/jpeg.h"
+#include "data/resize.h"
 #include "data/transforms.h"
 
 #include <cxxopts.hpp>
@@ -96,6 +97,8 @@ int bench_decode_main(int argc, char** argv) {
       "passes", "timed passes over all files", cxxopts::value<int>()->default_value("1"))(
       "limit", "use only the first N files (0: all)", cxxopts::value<int64_t>()->default_value("0"))(
       "seed", "seed of the train boxes", cxxopts::value<uint64_t>()->default_value("0"))(
+      "resize-kernel", "auto (the CPU's best), plain or avx2 (data/resize.h)",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
       "h,help", "this help");
   cxxopts::ParseResult a;
@@ -132,6 +135,15 @@ int bench_decode_main(int argc, char** argv) {
   if (limit > 0 && static_cast<int64_t>(files.size()) > limit) files.resize(static_cast<size_t>(limit));
   if (files.empty()) throw std::runtime_error(src + ": no files to decode");
   const uint64_t seed = a["seed"].as<uint64_t>();
+  const std::string kernel = a["resize-kernel"].as<std::string>();
+  if (kernel == "plain") {
+    data::force_resize_kernel(data::ResizeKernel::Plain);
+  } else if (kernel == "avx2") {
+    if (data::resize_kernel_auto() != data::ResizeKernel::Avx2)
+      throw std::runtime_error("command line: --resize-kernel avx2: this CPU has no AVX2");
+  } else if (kernel != "auto") {
+    throw std::runtime_error("command line: --resize-kernel must be auto, plain or avx2, got '" + kernel + "'");
+  }
 
   // Warm-up: the page cache, the allocator, the threads' first pages (not timed).
   run_pass(files, std::min<int64_t>(static_cast<int64_t>(files.size()), 64 * threads), threads, train, size, seed, -1);
@@ -149,6 +161,7 @@ int bench_decode_main(int argc, char** argv) {
   j["src"] = src;
   j["files"] = files.size();
   j["size"] = size;
+  j["resize_kernel"] = data::resize_kernel_name(data::ResizeKernel::Auto);
   j["threads"] = threads;
   j["cores_available"] = cores;
   j["passes"] = passes;
@@ -173,7 +186,7 @@ int bench_decode_main(int argc, char** argv) {
   }
   std::cerr << "bench --decode-only: " << (train ? "train" : "eval") << " " << j["images_per_s"].get<double>()
             << " images/s on " << threads << " threads (" << j["images_per_s_per_thread"].get<double>()
-            << " per thread), peak RSS " << (peak_rss_bytes() >> 20) << " MiB"
+            << " per thread, resize " << data::resize_kernel_name(data::ResizeKernel::Auto) << "), peak RSS " << (peak_rss_bytes() >> 20) << " MiB"
             << (out.empty() ? "" : " -> " + out) << std::endl;
   return 0;
 }
