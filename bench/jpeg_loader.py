@@ -1,12 +1,19 @@
 """The input-pipeline benchmark of docs/BENCHMARKS.md ("Input pipeline: JPEG decoding"): the same JPEG
-folder, the same cores, one run, three pipelines, train and eval transforms, JSON out.
+folder, the same cores, one run, three pipelines (and the trainer's two resize kernels), train and eval
+transforms, JSON out.
 
     python3 bench/jpeg_loader.py --src DIR/train --out bench/results/jpeg_decode \
         [--trainer build/trainer] [--torch-python /usr/bin/python3] \
         [--dali-python ~/.cache/trainer/jpeg-bench-venv/bin/python] [--cores N] [--epochs 2]
 
 - trainer:     `trainer bench --decode-only --src DIR --train|--eval --threads N` (data/jpeg.h): read,
-               decode only the crop (DCT scaling, partial decoding), resize, flip; uint8 HWC out.
+               decode only the crop (DCT scaling, partial decoding), resize, flip; uint8 HWC out. The
+               CPU's best resize kernel (data/resize.h: avx2 on x86-64 with AVX2).
+- trainer_plain: the same with `--resize-kernel plain` (Pillow's loops; the same bytes), to measure the
+               kernel's share.
+- trainer_loader: the whole loader as training runs it, `trainer bench --loader-only` with
+               configs/resnet50_imagefolder.yaml on the folder (data.kind image_folder, batch 64,
+               data.workers N): workers decoding into uint8 NHWC batches, collation, the prefetch queue.
 - torchvision: ImageFolder + DataLoader(num_workers=N, batch 64) with PIL: RandomResizedCrop(224) +
                RandomHorizontalFlip + ToTensor + Normalize (train), Resize(256) + CenterCrop(224) +
                ToTensor + Normalize (eval); float NCHW out.
@@ -180,7 +187,7 @@ def main():
     ap.add_argument("--dali-python", default=os.path.expanduser("~/.cache/trainer/jpeg-bench-venv/bin/python"))
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs after one warm-up epoch")
-    ap.add_argument("--pipelines", default="trainer,torchvision,dali")
+    ap.add_argument("--pipelines", default="trainer,trainer_plain,trainer_loader,torchvision,dali")
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--transform", default="train", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -195,9 +202,20 @@ def main():
     results = []
     for transform in ("train", "eval"):
         for name in a.pipelines.split(","):
-            if name == "trainer":
+            if name == "trainer_loader":
+                classes = sum(1 for e in os.scandir(a.src) if e.is_dir())
+                batch = 64
+                cmd = [a.trainer, "bench", "--loader-only", "--config",
+                       os.path.join(HERE, "..", "configs", "resnet50_imagefolder.yaml"),
+                       "--set", "data.kind=image_folder", "--set", "data.train=" + a.src, "--set", "data.test=" + a.src,
+                       "--set", "train.device=cpu", "--set", "train.global_batch=%d" % batch,
+                       "--set", "train.micro_batch=%d" % batch, "--set", "model.num_classes=%d" % classes,
+                       "--set", "data.workers=%d" % a.cores,
+                       "--warmup", str(-(-files // batch)), "--steps", str(a.epochs * files // batch)]
+            elif name in ("trainer", "trainer_plain"):
                 cmd = [a.trainer, "bench", "--decode-only", "--src", a.src, "--" + transform, "--threads",
-                       str(a.cores), "--passes", str(a.epochs)]
+                       str(a.cores), "--passes", str(a.epochs), "--resize-kernel",
+                       "plain" if name == "trainer_plain" else "auto"]
             else:
                 py = a.torch_python if name == "torchvision" else a.dali_python
                 cmd = [py, os.path.abspath(__file__), "--run", name, "--transform", transform, "--src", a.src,
@@ -211,10 +229,18 @@ def main():
                 r["error"] = (err.strip().splitlines() or ["exit %d" % rc])[-1]
                 r["stderr_tail"] = err[-4000:]
             else:
-                j = json.loads(out.strip().splitlines()[-1] if name != "trainer" else out)
-                if name == "trainer":
+                ours = name.startswith("trainer")
+                j = json.loads(out.strip().splitlines()[-1] if not ours else out)
+                if name == "trainer_loader":
+                    sps = j["samples_per_s"] if transform == "train" else j["eval_samples_per_s"]
+                    images = j["batches"] * j["global_batch"]
+                    j = {"images": images, "seconds": images / sps,
+                         "cpu_seconds": j["cpu_seconds"] if transform == "train" else j["eval_cpu_seconds"],
+                         "workers": j["workers"], "batch_dtype": j["batch_dtype"]}
+                elif ours:
                     j = {"images": j["images"], "seconds": j["seconds"], "cpu_seconds": j["cpu_seconds"],
-                         "decode_failures": j["decode_failures"], "rss_peak_bytes_self": j["rss_peak_bytes"]}
+                         "decode_failures": j["decode_failures"], "rss_peak_bytes_self": j["rss_peak_bytes"],
+                         "resize_kernel": j["resize_kernel"]}
                 r.update(j)
                 r["images_per_s"] = r["images"] / r["seconds"]
                 r["images_per_s_per_core"] = r["images_per_s"] / a.cores
@@ -223,7 +249,7 @@ def main():
             with open(os.path.join(a.out, "%s_%s.json" % (name, transform)), "w") as f:
                 json.dump(r, f, indent=2)
             results.append(r)
-            print("%-12s %-5s %s" % (name, transform, "%.1f images/s, %.1f per core, %.1f per CPU second, peak RSS %.0f MiB"
+            print("%-14s %-5s %s" % (name, transform, "%.1f images/s, %.1f per core, %.1f per CPU second, peak RSS %.0f MiB"
                                      % (r["images_per_s"], r["images_per_s_per_core"], r["images_per_cpu_s"], rss / 2**20)
                                      if "error" not in r else "failed: " + r["error"]), flush=True)
 
@@ -232,12 +258,13 @@ def main():
                "files": files, "epochs_timed": a.epochs, "results": results, "ratios": {}}
     by = {(r["pipeline"], r["transform"]): r for r in results if "error" not in r}
     for t in ("train", "eval"):
-        for other in ("torchvision", "dali"):
-            if ("trainer", t) in by and (other, t) in by:
-                summary["ratios"]["trainer_over_%s_%s" % (other, t)] = (by[("trainer", t)]["images_per_s"] /
-                                                                       by[(other, t)]["images_per_s"])
-                summary["ratios"]["trainer_over_%s_%s_per_cpu_s" % (other, t)] = (
-                    by[("trainer", t)]["images_per_cpu_s"] / by[(other, t)]["images_per_cpu_s"])
+        for ours, other in (("trainer", "torchvision"), ("trainer", "dali"), ("trainer", "trainer_plain"),
+                            ("trainer_loader", "torchvision"), ("trainer_loader", "dali")):
+            if (ours, t) in by and (other, t) in by:
+                summary["ratios"]["%s_over_%s_%s" % (ours, other, t)] = (by[(ours, t)]["images_per_s"] /
+                                                                         by[(other, t)]["images_per_s"])
+                summary["ratios"]["%s_over_%s_%s_per_cpu_s" % (ours, other, t)] = (
+                    by[(ours, t)]["images_per_cpu_s"] / by[(other, t)]["images_per_cpu_s"])
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     for k, v in summary["ratios"].items():

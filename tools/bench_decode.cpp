@@ -1,4 +1,5 @@
 #include "tools/bench_decode.h"
+#include "tools/host_info.h"
 
 #include "data/jpeg.h"
 #include "data/resize.h"
@@ -36,13 +37,6 @@ int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
-}
-
-/// User + system CPU seconds of this process (all threads).
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 struct Pass {
@@ -148,7 +142,7 @@ int bench_decode_main(int argc, char** argv) {
   // Warm-up: the page cache, the allocator, the threads' first pages (not timed).
   run_pass(files, std::min<int64_t>(static_cast<int64_t>(files.size()), 64 * threads), threads, train, size, seed, -1);
   Pass total;
-  const double cpu0 = cpu_seconds();
+  const double cpu0 = process_cpu_seconds();
   for (int p = 0; p < passes; ++p) {
     const Pass r = run_pass(files, static_cast<int64_t>(files.size()), threads, train, size, seed, p);
     total.images += r.images;
@@ -168,7 +162,7 @@ int bench_decode_main(int argc, char** argv) {
   j["images"] = total.images;
   j["decode_failures"] = total.failures;
   j["seconds"] = total.seconds;
-  j["cpu_seconds"] = cpu_seconds() - cpu0;  // all threads, user + system
+  j["cpu_seconds"] = process_cpu_seconds() - cpu0;  // all threads, user + system
   j["images_per_cpu_s"] = total.images / j["cpu_seconds"].get<double>();
   j["images_per_s"] = total.images / total.seconds;
   j["images_per_s_per_thread"] = total.images / total.seconds / threads;

@@ -9,6 +9,7 @@
 #include "data/loader.h"
 #include "data/tokens.h"
 #include "tools/bench_job.h"
+#include "tools/host_info.h"
 #include "trainer/memory/backend.h"
 #include "trainer/from_config.h"
 #include "trainer/memory/resources.h"
@@ -80,14 +81,20 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
   lo.pin_memory = pin_memory;
   data::Loader loader(ds, lo);
   for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
+  // CPU seconds of the whole process (the workers are its threads) over the timed batches, plus the one
+  // batch measure_loader_throughput takes first: a slight overstatement, never an understatement.
+  double cpu0 = process_cpu_seconds();
   const double sps = data::measure_loader_throughput(loader, static_cast<int>(opts.steps));
+  const double cpu_seconds = process_cpu_seconds() - cpu0;
   const std::string dtype = loader.next().images.scalar_type() == torch::kUInt8 ? "uint8 NHWC" : "float32 NCHW";
-  double eval_sps = 0;
+  double eval_sps = 0, eval_cpu_seconds = 0;
   if (encoded) {
     // The eval transform (resize + center crop) on the same files, in the same loader.
     data::Loader eval_loader(encoded_image_dataset(cfg, cfg.data.train, /*train=*/false, &ds->meta(), 1), lo);
     for (int64_t i = 0; i < opts.warmup; ++i) eval_loader.next();
+    cpu0 = process_cpu_seconds();
     eval_sps = data::measure_loader_throughput(eval_loader, static_cast<int>(opts.steps));
+    eval_cpu_seconds = process_cpu_seconds() - cpu0;
   }
 
   json j = loader_result(cfg, opts, sps, lo.workers, lo.prefetch, threads);
@@ -96,8 +103,10 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
                   {"normalize", lo.augment.normalize},
                   {"pin_memory", loader.pinned()}};
   j["batch_dtype"] = dtype;
+  j["cpu_seconds"] = cpu_seconds;
   if (encoded) {
     j["eval_samples_per_s"] = eval_sps;
+    j["eval_cpu_seconds"] = eval_cpu_seconds;
     j["transform"] = {{"size", cfg.data.size}, {"scale", cfg.data.scale}, {"ratio", cfg.data.ratio}, {"hflip", cfg.data.hflip},
                       {"crop_pct", cfg.data.crop_pct}, {"crop_padding", cfg.data.crop_padding}};
   }

@@ -73,6 +73,13 @@ int64_t minor_page_faults() {
   return static_cast<int64_t>(ru.ru_minflt);
 }
 
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 namespace {
 
 struct CudaInfo {

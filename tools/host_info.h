@@ -20,4 +20,7 @@ std::vector<double> load_avg();
 /// The minor page faults of this process so far.
 int64_t minor_page_faults();
 
+/// The CPU seconds of this process so far, user + system, all its threads.
+double process_cpu_seconds();
+
 }  // namespace trainer::bench
