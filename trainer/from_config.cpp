@@ -63,6 +63,10 @@ bool token_job(const Config& cfg) {
   return language;
 }
 
+void log_data_check(const std::string& path, const data::H5CheckResult& r) {
+  if (r.ran) spdlog::info("data: {} read cleanly by a separate process in {:.0f} ms", path, r.seconds * 1e3);
+}
+
 bool encoded_image_job(const Config& cfg) { return cfg.data.kind == "packed_images" || cfg.data.kind == "image_folder"; }
 
 std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
@@ -80,8 +84,7 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   t.seed = cfg.seed;
   t.limits.max_pixels = cfg.data.max_image_pixels;
   if (cfg.data.kind == "packed_images") {
-    const data::H5CheckResult r = check_data_file(cfg, path, cfg.data.in_memory);
-    if (r.ran) spdlog::info("data: {} read cleanly by a separate process in {:.0f} ms", path, r.seconds * 1e3);
+    log_data_check(path, check_data_file(cfg, path, cfg.data.in_memory));
     return std::make_shared<data::PackedImageDataset>(path, t, cfg.data.in_memory);
   }
   if (stats) return std::make_shared<data::ImageFolderDataset>(path, t, stats->mean, stats->std, threads);

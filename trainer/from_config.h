@@ -37,6 +37,10 @@ bool token_job(const Config& cfg);
 /// Throws one line naming the file when the child crashed, hung, ran out of memory or refused it.
 data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, bool in_memory);
 
+/// Logs how long check_data_file's child took for `path` (nothing when no child ran), so a slow start
+/// of the child can be told apart from a slow file.
+void log_data_check(const std::string& path, const data::H5CheckResult& r);
+
 /// One sample's shape: (C, H, W) for images, (T) for tokens; what the model is built for and
 /// forward_flops takes. data.kind hdf5 reads the training file's header (checked first).
 std::vector<int64_t> sample_shape(const Config& cfg);

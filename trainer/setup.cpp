@@ -125,10 +125,7 @@ void check_before_opening(const Config& cfg) {
   std::vector<std::future<data::H5CheckResult>> checks;
   for (const auto& path : paths)
     checks.push_back(std::async(std::launch::async, [&cfg, path] { return check_data_file(cfg, path, cfg.data.in_memory); }));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const data::H5CheckResult r = checks[i].get();
-    if (r.ran) spdlog::info("data: {} read cleanly by a separate process in {:.0f} ms", paths[i], r.seconds * 1e3);
-  }
+  for (size_t i = 0; i < paths.size(); ++i) log_data_check(paths[i], checks[i].get());
 }
 
 }  // namespace
