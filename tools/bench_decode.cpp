@@ -180,7 +180,8 @@ int bench_decode_main(int argc, char** argv) {
   }
   std::cerr << "bench --decode-only: " << (train ? "train" : "eval") << " " << j["images_per_s"].get<double>()
             << " images/s on " << threads << " threads (" << j["images_per_s_per_thread"].get<double>()
-            << " per thread, resize " << data::resize_kernel_name(data::ResizeKernel::Auto) << "), peak RSS " << (peak_rss_bytes() >> 20) << " MiB"
+            << " per thread, resize " << data::resize_kernel_name(data::ResizeKernel::Auto) << "), peak RSS "
+            << (peak_rss_bytes() >> 20) << " MiB"
             << (out.empty() ? "" : " -> " + out) << std::endl;
   return 0;
 }
