@@ -3,6 +3,7 @@
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -244,6 +245,9 @@ int cli_main(int argc, char** argv) {
       "run-dir", "run folder (default: runs/<config name>)", cxxopts::value<std::string>()->default_value(""))(
       "resume", "resume from this checkpoint folder (no fallback)", cxxopts::value<std::string>()->default_value(""))(
       "no-resume", "start fresh; refuse a run folder that already has checkpoints")(
+      "wait-for-run-dir", "when another trainer holds the run folder, wait up to this many seconds for it to let go "
+      "(then resume from what it saved); default: refuse at once, exit 2",
+      cxxopts::value<double>()->default_value("0"))(
       "dry-run", "print the resolved config and a model summary, then exit")(
       "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
   std::vector<std::string> sets;
@@ -284,6 +288,11 @@ int cli_main(int argc, char** argv) {
     ro.run_dir = "runs/" + (config_path.empty() ? std::string("default") : fs::path(config_path).stem().string());
   ro.resume_from = a["resume"].as<std::string>();
   ro.no_resume = a.count("no-resume") > 0;
+  ro.config_file = config_path;
+  ro.wait_for_run_dir_s = a["wait-for-run-dir"].as<double>();
+  if (!(ro.wait_for_run_dir_s >= 0) || !std::isfinite(ro.wait_for_run_dir_s))
+    throw std::runtime_error("command line: --wait-for-run-dir must be a number of seconds >= 0, got " +
+                             std::to_string(ro.wait_for_run_dir_s));
   return train(cfg, ro);
 }
 

@@ -44,10 +44,16 @@ json describe_run(const Config& cfg, const std::string& config_path, const std::
   return j;
 }
 
+void RunFolder::check_not_held(const std::string& dir) {
+  if (dir.empty()) return;
+  if (auto holder = RunFolderLock::held_by_other(dir)) throw RunFolderBusy(RunFolderLock::busy_message(dir, *holder, 0));
+}
+
 RunFolder RunFolder::make(const std::string& dir, const std::string& prefix) {
   if (!dir.empty()) {
-    fs::create_directories(dir);
-    return {dir, false};
+    RunLockOptions lo;
+    lo.command = prefix;
+    return {dir, false, RunFolderLock::acquire(dir, lo)};
   }
   std::string tmpl = (fs::temp_directory_path() / (prefix + "-XXXXXX")).string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error(tmpl + ": cannot create a temporary run folder");

@@ -80,6 +80,7 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   for (const auto& o : overrides) apply_override(cfg, o);
   validate(cfg);
   const fs::path metrics = fs::path(opts.run_dir) / "metrics.jsonl";
+  RunFolder::check_not_held(opts.run_dir);
   if (!opts.run_dir.empty() && fs::exists(metrics))
     throw std::runtime_error("bench: " + metrics.string() +
                              " exists; give --run-dir a new folder (the bench reads back every step line)");

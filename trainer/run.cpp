@@ -19,6 +19,8 @@ TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg),
 
 TrainingRun::~TrainingRun() {
   if (store_) store_->wait();  // a failure nobody collected is logged by the store
+  // Let go of train.log before the run folder's lock: the next owner's lines never mix with ours.
+  if (run_lock_) setup_logging("", cfg_.log.level);
 }
 
 int TrainingRun::run() {

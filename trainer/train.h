@@ -12,6 +12,10 @@ struct RunOptions {
   std::string run_dir;      ///< where config, logs, metrics and checkpoints go
   std::string resume_from;  ///< --resume PATH: this checkpoint (no fallback)
   bool no_resume = false;   ///< --no-resume: start fresh; refuse a run folder that has checkpoints
+  std::string config_file;  ///< the --config file ("" = the built-in job): named in the run folder's lock file
+  /// --wait-for-run-dir: when another process holds the run folder (common/run_lock.h), wait up to this
+  /// many seconds for it to let go, then resume from what it saved; 0 refuses at once (exit 2).
+  double wait_for_run_dir_s = 0;
 };
 
 /// Trains `cfg` into `opts.run_dir`. Returns the process exit code (see trainer/signals.h).
