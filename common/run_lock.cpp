@@ -1,5 +1,7 @@
 #include "common/run_lock.h"
 
+#include "common/clock.h"
+
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -11,7 +13,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -31,15 +32,6 @@ std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<RunFolderLock>>& table() {
 }
 
 std::string lock_path(const std::string& dir) { return (fs::path(dir) / kRunLockFile).string(); }
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 std::string host_name() {
   char buf[256] = {};
@@ -63,7 +55,7 @@ bool no_lock_support(int err) { return err == ENOLCK || err == EOPNOTSUPP || err
 
 void write_holder(int fd, const RunLockOptions& opts) {
   const nlohmann::json j = {{"host", host_name()},         {"pid", static_cast<int64_t>(getpid())},
-                            {"started", utc_now()},        {"config", opts.config},
+                            {"started", utc_now_iso()},        {"config", opts.config},
                             {"command", opts.command}};
   const std::string text = j.dump() + "\n";
   // Best effort: the lock is what excludes; the text only names the holder to the next process.
@@ -178,7 +170,7 @@ std::shared_ptr<RunFolderLock> RunFolderLock::acquire(const std::string& dir, co
   if (auto lock = try_acquire(dir, opts, &holder)) return lock;
   if (opts.wait_s <= 0) throw RunFolderBusy(busy_message(dir, holder, 0));
   const auto t0 = std::chrono::steady_clock::now();
-  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto waited = [&] { return seconds_since(t0); };
   double next_report = 0;
   for (;;) {
     const double w = waited();
