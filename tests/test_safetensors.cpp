@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
 
 #include "models/registry.h"
@@ -194,7 +195,7 @@ TEST(Safetensors, HostileFilesAreRefusedWithOneLineNamingTheRule) {
       {raw_file("{,}", ""), "the header is not valid JSON: parse error at line 1, column 2: syntax error while parsing "
                             "object key - unexpected ','; expected string literal"},
       {raw_file("{} x", ""), "the header is not valid JSON: parse error at line 1, column 4: syntax error while parsing "
-                             "value - invalid literal; last read: '} x'; expected end of input"},
+                             "value - invalid literal; last read: '{} x'; expected end of input"},
       {raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "abcd"),
        "tensor 'a' has data_offsets [0, 4] spanning 4 bytes, but F32 [2] takes 8"},
       {raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,0]}})", ""), "tensor 'a': shape holds the negative number -2"},
@@ -424,8 +425,11 @@ torch::Tensor logits_of(models::Model& m, const torch::Tensor& x) {
   return m->forward(x);
 }
 
+// Largest |a - b|, also printed with the scale of b: the figures docs/MODELS.md cites.
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+  const double d = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+  std::cout << "measured: maxdiff " << d << " scale " << b.abs().max().item<double>() << "\n";
+  return d;
 }
 
 }  // namespace
@@ -518,6 +522,7 @@ void write_ours(const TempDir& dir, models::Model model, const std::string& run_
 double python_maxdiff(const TempDir& dir, const std::string& line) {
   auto c = testutil::run(testutil::python() + " " + ref_script() + " check-line " + dir.str() + " \"" + line + "\"");
   if (c.exit_code != 0 || c.output.find("maxdiff ") == std::string::npos) throw std::runtime_error("check failed: " + c.output);
+  std::cout << "measured: " << c.output.substr(c.output.find("maxdiff "));  // the figure docs/MODELS.md cites
   return std::stod(c.output.substr(c.output.find("maxdiff ") + 8));
 }
 
@@ -537,6 +542,10 @@ TEST(SafetensorsLibraries, ExportedGptLoadsIntoTransformersAndBackThroughInitFro
   const auto x = torch::randint(96, {2, 32}, torch::kLong);
   write_ours(dir, models::create_model("gpt_tiny", models::ModelOptions().vocab_size(96).context(32)), e.run_dir, x);
   EXPECT_LT(python_maxdiff(dir, e.how_to_load), 1e-4);
+  // transformers found every weight where it expected it.
+  auto c = testutil::run(testutil::python() + " " + ref_script() + " gpt-check " + dir.str());
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("loading missing=[] unexpected=[] mismatched=[]"), std::string::npos) << c.output;
 
   // Back: a new run starts from the exported file (init_from, the Hugging Face layout recognised); with a
   // learning rate of 1e-30 its one step leaves the weights those of the first run.

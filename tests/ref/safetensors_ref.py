@@ -13,22 +13,19 @@ trainer's export is loaded by the library with no code of ours and run on the tr
                                        lm_head.weight, written with safetensors.torch.save_file
                      DIR/io.safetensors   x (2, 12) int64 tokens; logits (fp32 model); logits_bf16 (the bf16
                                        model computing in bf16); logits_bf16_weights (the bf16 weights in fp32)
-  gpt-check DIR    GPT2LMHeadModel.from_pretrained(DIR/export) (the trainer's export: model.safetensors +
-                   config.json); prints "loading missing=[...] unexpected=[...]" and "maxdiff D" against
-                   DIR/ours.safetensors's logits on its x
+  gpt-check DIR    GPT2LMHeadModel.from_pretrained(DIR/hf) (the trainer's export: model.safetensors +
+                   config.json); prints "loading missing=[...] unexpected=[...] mismatched=[...]" and
+                   "maxdiff D" against DIR/ours.safetensors's y (logits) on its x
   resnet-write DIR timm resnet18 (10 classes) with random BatchNorm statistics:
                      DIR/timm/         timm's save_for_hf: model.safetensors + config.json
                      DIR/tv.safetensors   torchvision resnet18 (the same weights), without num_batches_tracked
                                        (as torchvision's published weights)
                      DIR/io.safetensors   x (2, 3, 64, 64), y (eval-mode logits)
-  resnet-check DIR timm.create_model("resnet18", num_classes=10, checkpoint_path=DIR/export.safetensors);
-                   prints "maxdiff D" against DIR/ours.safetensors's y on its x
   vit-write DIR    timm VisionTransformer in this project's ViT structure (32x32 RGB, patch 8, 2 blocks, 2
                    heads, 32 wide, 5 classes, tanh GELU, LayerNorm eps 1e-5):
                      DIR/timm.safetensors (its state dict), DIR/io.safetensors (x, y); also
                      DIR/timm_default.safetensors and y_default: the same weights in timm's own numerics
                      (exact GELU, eps 1e-6), the documented difference
-  vit-check DIR    the same timm model built with checkpoint_path=DIR/export.safetensors; "maxdiff D"
   check-line DIR LINE  evaluates LINE, the Python that `trainer export` printed to load its file (with
                    torch, functools, safetensors, transformers and timm imported), runs the model in eval mode
                    on DIR/ours.safetensors's x and prints "maxdiff D" against its y (logits for a GPT)
@@ -107,14 +104,14 @@ def gpt_write(d):
 
 def gpt_check(d):
     from transformers import GPT2LMHeadModel
-    model, info = GPT2LMHeadModel.from_pretrained(f"{d}/export", output_loading_info=True)
+    model, info = GPT2LMHeadModel.from_pretrained(f"{d}/hf", output_loading_info=True)
     model.eval()
     print(f"loading missing={sorted(info['missing_keys'])} unexpected={sorted(info['unexpected_keys'])} "
           f"mismatched={sorted(str(m) for m in info['mismatched_keys'])}")
     ours = load(f"{d}/ours.safetensors")
     with torch.no_grad():
         logits = model(ours["x"]).logits
-    print(f"maxdiff {(logits - ours['logits']).abs().max().item():.3e}")
+    print(f"maxdiff {(logits - ours['y']).abs().max().item():.3e}")
 
 
 # ---- ResNet ----------------------------------------------------------------------------------------------
@@ -132,14 +129,6 @@ def resnet_write(d):
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         save(f"{d}/io.safetensors", {"x": x, "y": model(x)})
-
-
-def resnet_check(d):
-    import timm
-    model = timm.create_model("resnet18", num_classes=10, checkpoint_path=f"{d}/export.safetensors").eval()
-    ours = load(f"{d}/ours.safetensors")
-    with torch.no_grad():
-        print(f"maxdiff {(model(ours['x']) - ours['y']).abs().max().item():.3e}")
 
 
 # ---- ViT -------------------------------------------------------------------------------------------------
@@ -163,13 +152,6 @@ def vit_write(d):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         save(f"{d}/io.safetensors", {"x": x, "y": model(x), "y_default": default(x)})
-
-
-def vit_check(d):
-    model = vit(checkpoint_path=f"{d}/export.safetensors").eval()
-    ours = load(f"{d}/ours.safetensors")
-    with torch.no_grad():
-        print(f"maxdiff {(model(ours['x']) - ours['y']).abs().max().item():.3e}")
 
 
 def check_line(d, line):
@@ -229,7 +211,7 @@ def modules(_):
 
 
 if __name__ == "__main__":
-    {"gpt-write": gpt_write, "gpt-check": gpt_check, "resnet-write": resnet_write, "resnet-check": resnet_check,
-     "vit-write": vit_write, "vit-check": vit_check, "modules": modules, "dtypes-write": dtypes_write,
+    {"gpt-write": gpt_write, "gpt-check": gpt_check, "resnet-write": resnet_write, "vit-write": vit_write,
+     "modules": modules, "dtypes-write": dtypes_write,
      "dtypes-check": dtypes_check, "check-line": lambda d: check_line(d, sys.argv[3])}[sys.argv[1]](
         sys.argv[2] if len(sys.argv) > 2 else "")

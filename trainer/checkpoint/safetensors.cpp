@@ -61,7 +61,7 @@ std::string printable(const std::string& s, size_t max = 120) {
   std::string out;
   for (size_t i = 0; i < s.size() && out.size() < max; ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'') {
+    if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
     } else {
       char buf[8];

@@ -18,12 +18,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // "transformer.h.3.attn.c_attn.weight" -> the part after "h.3." (or "" when it is not a block's name).
 std::string block_rest(const std::string& name, const std::string& blocks_prefix) {
   if (!starts_with(name, blocks_prefix)) return "";
