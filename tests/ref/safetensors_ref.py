@@ -42,14 +42,18 @@ import torch
 
 
 def randomize(model, scale=0.05):
-    """Every parameter and float buffer random: a default 1/0 LayerNorm or a zero bias would hide a mix-up."""
+    """Every parameter and float buffer random: a default 1/0 LayerNorm or a zero bias would hide a mix-up.
+    scale=None keeps the library's own initialization of the matrices and convolutions (a ResNet's
+    activations would grow with depth under a fixed scale)."""
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("weight") and ("ln" in name or "norm" in name or "bn" in name):
                 p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, scale if p.dim() > 1 else 0.1)
+            elif p.dim() <= 1:
+                p.normal_(0.0, 0.1)
+            elif scale is not None:
+                p.normal_(0.0, scale)
         for name, b in model.named_buffers():
             if name.endswith("running_mean"):
                 b.uniform_(-0.1, 0.1)
@@ -120,7 +124,7 @@ def resnet_write(d):
     import timm
     import torchvision
     from timm.models import save_for_hf
-    model = randomize(timm.create_model("resnet18", num_classes=10))
+    model = randomize(timm.create_model("resnet18", num_classes=10), scale=None)
     save_for_hf(model, f"{d}/timm", safe_serialization=True)
     tv = torchvision.models.resnet18(num_classes=10)
     tv.load_state_dict(model.state_dict())
