@@ -26,6 +26,7 @@
 #include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/eval_command.h"
+#include "trainer/export.h"
 #include "trainer/memory/backend.h"
 #include "trainer/train.h"
 
@@ -186,19 +187,27 @@ int eval_main(int argc, char** argv) {
 }
 
 int export_main(int argc, char** argv) {
-  cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a state dict "
-                                       "that Python's torch.load reads");
+  cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a file Python loads: a "
+                                       "torch.save state dict or safetensors, with our names or those of transformers or timm");
   o.add_options()("run-dir", "run folder", cxxopts::value<std::string>())(
       "checkpoint", "a checkpoint folder (default: the run's latest)", cxxopts::value<std::string>()->default_value(""))(
-      "out", "output file", cxxopts::value<std::string>())("h,help", "this help");
+      "out", "output file, or an existing folder (model.safetensors / model.pt in it)", cxxopts::value<std::string>())(
+      "format", "pt (torch.save) | safetensors (default: safetensors for an --out ending in .safetensors, else pt)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "layout", "ours | hf (GPT: transformers' GPT2LMHeadModel, with config.json beside the file) | timm (ResNet-18..152, ViT)",
+      cxxopts::value<std::string>()->default_value("ours"))("h,help", "this help");
   auto a = o.parse(argc, argv);
   if (a.count("help") || !a.count("out") || (!a.count("run-dir") && a["checkpoint"].as<std::string>().empty())) {
     std::cout << o.help() << std::endl;
     return a.count("help") ? kExitOk : kExitBadInput;
   }
   std::string run_dir = a.count("run-dir") ? a["run-dir"].as<std::string>() : "";
-  std::string path = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>());
-  std::cout << "wrote " << a["out"].as<std::string>() << " from " << path << std::endl;
+  ExportOptions options;
+  options.format = a["format"].as<std::string>();
+  options.layout = a["layout"].as<std::string>();
+  const ExportResult r = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>(), options);
+  std::cout << "wrote " << r.weights << (r.config.empty() ? "" : " and " + r.config) << " from " << r.checkpoint << "\n"
+            << "load it in Python with: " << r.how_to_load << std::endl;
   return kExitOk;
 }
 

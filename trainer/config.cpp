@@ -23,7 +23,7 @@ namespace {
 
 // A typed pointer into a Config: the one table below drives parsing, overrides and the dump.
 using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
-                              std::vector<double>*>;
+                              std::vector<double>*, std::vector<std::string>*>;
 
 struct Field {
   std::string key;    // dotted: "train.global_batch"
@@ -38,6 +38,7 @@ std::vector<Field> fields(Config& c) {
       {"model.zero_init_residual", &c.model.zero_init_residual, false},
       {"model.channels_last", &c.model.channels_last, false},
       {"model.init_from", &c.model.init_from, false},
+      {"model.init_skip", &c.model.init_skip, false},
       {"model.context", &c.model.context, false},
       {"model.vocab_size", &c.model.vocab_size, false},
       {"model.dropout", &c.model.dropout, false},
@@ -167,6 +168,11 @@ void assign(Field& f, const YAML::Node& n, const std::string& source) {
             v.push_back(scalar_as<double>(e, source, f.key, "a list of numbers"));
             if (!std::isfinite(v.back())) fail(source, f.key, "expected finite numbers, got " + describe(e));
           }
+          *p = std::move(v);
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          if (!n.IsSequence()) fail(source, f.key, "expected a list of strings, got " + describe(n));
+          std::vector<std::string> v;
+          for (const auto& e : n) v.push_back(scalar_as<std::string>(e, source, f.key, "a list of strings"));
           *p = std::move(v);
         } else {  // std::vector<int64_t>
           if (!n.IsSequence()) fail(source, f.key, "expected a list of integers, got " + describe(n));
@@ -317,6 +323,10 @@ struct Checks {
     if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
     if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
+    if (!c.model.init_skip.empty() && c.model.init_from.empty())
+      bad("model.init_skip", "names keys to leave out of model.init_from, which is not set");
+    for (const auto& pattern : c.model.init_skip)
+      if (pattern.empty()) bad("model.init_skip", "holds an empty pattern");
     if (c.data.kind == "synthetic" && !language_model) {
       if (c.data.shape.size() != 3 ||
           std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1 || d > kMaxSide; }))
@@ -492,6 +502,10 @@ std::string to_yaml(const Config& cfg) {
           } else if constexpr (std::is_same_v<T, std::vector<double>>) {
             out << YAML::Flow << YAML::BeginSeq;
             for (auto v : *p) out << shortest(v);
+            out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (const auto& v : *p) out << YAML::DoubleQuoted << v;
             out << YAML::EndSeq;
           } else if constexpr (std::is_same_v<T, int64_t>) {
             if (f.allow_auto && *p == -1) out << "auto";

@@ -22,7 +22,8 @@ struct ModelConfig {
   int64_t num_classes = 10;       ///< classifier outputs
   bool zero_init_residual = false;  ///< last BN of each residual branch starts at 0
   bool channels_last = false;     ///< NHWC memory format for weights and inputs
-  std::string init_from;          ///< a state dict saved by Python's torch.save, matched by name
+  std::string init_from;          ///< weights to start from: safetensors or torch.save, our names or Hugging Face's (GPT-2), timm's or torchvision's (docs/MODELS.md)
+  std::vector<std::string> init_skip;  ///< with init_from: glob patterns of our names that keep their initialization (`[fc.*]`: a classifier of another size)
   int64_t context = 0;            ///< language models: tokens per sample (0 = the model's own)
   int64_t vocab_size = 0;         ///< language models: 0 = the token file's, or for synthetic tokens the model's own
   double dropout = 0.0;           ///< Transformers: dropout probability

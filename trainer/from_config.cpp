@@ -5,6 +5,7 @@
 #include "data/packed_images.h"
 #include "data/tokens.h"
 #include "models/registry.h"
+#include "trainer/checkpoint/weights.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 
@@ -151,6 +152,17 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
   if (token_job(cfg)) mo.vocab_size(vocab);
   else mo.in_channels(shape.at(0));
   return models::create_model(cfg.model.name, mo);
+}
+
+void load_init_weights(torch::nn::Module& model, const Config& cfg) {
+  const LoadedWeights w = load_weights(model, cfg.model.init_from, cfg.model.init_skip);
+  spdlog::info("model: weights from {} ({}, {} layout)", cfg.model.init_from, w.format, w.layout);
+  for (const auto& note : w.notes) spdlog::info("model: {}", note);
+  if (!w.skipped_keys.empty()) {
+    std::string keys;
+    for (const auto& k : w.skipped_keys) keys += (keys.empty() ? "" : ", ") + k;
+    spdlog::info("model: {} keys keep their initialization (model.init_skip): {}", w.skipped_keys.size(), keys);
+  }
 }
 
 std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }

@@ -22,9 +22,4 @@ struct RunOptions {
 /// Throws std::runtime_error (or ConfigError) with a one-line message for bad input.
 int train(const Config& cfg, const RunOptions& opts);
 
-/// Writes the model weights of a checkpoint (`checkpoint`, or the latest valid one of `run_dir`) to `out`
-/// as a state dict that Python's torch.load reads (names as torchvision / GPT-2). Returns the checkpoint
-/// folder used. Throws std::runtime_error naming the path on failure.
-std::string export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out);
-
 }  // namespace trainer
