@@ -217,15 +217,16 @@ def analyze(path):
 
     res = {"trace": path, "format": fmt, "steps": n, "step_names": [s["name"] for s in steps],
            "step_ms": sum(s["dur"] for s in steps) / n / 1e3}
-    counts = defaultdict(float)
+    # Counts are summed as integers and divided once: adding 1/n thousands of times drifts off whole numbers.
+    counts = defaultdict(int)
     for e in ops:
-        counts[e["name"]] += 1.0 / n
-    res["op_counts_per_step"] = dict(sorted(counts.items()))
+        counts[e["name"]] += 1
+    res["op_counts_per_step"] = {k: v / n for k, v in sorted(counts.items())}
 
     gpu = [e for e in events if e["kind"] == "gpu" and e["end"] >= w0 and e["ts"] <= w1]
     res["kind"] = "gpu" if gpu else "cpu"
     per_class = defaultdict(float)
-    launches = defaultdict(float)
+    launches = defaultdict(int)
     names = {}  # what the other side is compared by: kernels (GPU) or ops (CPU)
     if gpu:
         layout = 0
@@ -243,10 +244,10 @@ def analyze(path):
                 cls = (classify_op(op) if op else None) or classify_kernel(e["name"])
             e["class"], e["op"] = cls, op
             per_class[cls] += e["dur"] / n / 1e3
-            launches[cls] += 1.0 / n
+            launches[cls] += 1
             key = short_kernel(e["name"]) if e["cat"] == "kernel" else e["name"]
-            d = names.setdefault(key, {"count_per_step": 0.0, "ms_per_step": 0.0, "class": cls})
-            d["count_per_step"] += 1.0 / n
+            d = names.setdefault(key, {"count_per_step": 0, "ms_per_step": 0.0, "class": cls})
+            d["count_per_step"] += 1
             d["ms_per_step"] += e["dur"] / n / 1e3
         res["layout_conversions_per_step"] = layout / n
         # Busy: the union of every activity's interval within the steps; idle: the rest of the steps' time.
@@ -289,25 +290,27 @@ def analyze(path):
                     syncs.append(e)
         res["syncs_per_step"] = len(syncs) / n
         res["sync_wait_ms_per_step"] = sum(e["dur"] for e in syncs) / n / 1e3
-        calls, callers = defaultdict(float), defaultdict(float)
+        calls, callers = defaultdict(int), defaultdict(int)
         for e in syncs:
-            calls[e["name"]] += 1.0 / n
-            callers[e["caller"] or "(no op)"] += 1.0 / n
-        res["sync_calls_per_step"] = dict(sorted(calls.items()))
-        res["sync_callers_per_step"] = dict(sorted(callers.items(), key=lambda kv: -kv[1]))
+            calls[e["name"]] += 1
+            callers[e["caller"] or "(no op)"] += 1
+        res["sync_calls_per_step"] = {k: v / n for k, v in sorted(calls.items())}
+        res["sync_callers_per_step"] = {k: v / n for k, v in sorted(callers.items(), key=lambda kv: -kv[1])}
         res["d2h_copies_per_step"] = sum(1 for e in gpu if e["cat"] == "gpu_memcpy" and "DtoH" in e["name"]) / n
     else:
         for e in ops:
             cls = "optimizer" if e["optimizer"] else (classify_op(e["name"]) or "other")
             per_class[cls] += e["self"] / n / 1e3
-            launches[cls] += 1.0 / n
+            launches[cls] += 1
             if e["name"].startswith("aten::"):
-                d = names.setdefault(e["name"], {"count_per_step": 0.0, "ms_per_step": 0.0, "class": cls})
-                d["count_per_step"] += 1.0 / n
+                d = names.setdefault(e["name"], {"count_per_step": 0, "ms_per_step": 0.0, "class": cls})
+                d["count_per_step"] += 1
                 d["ms_per_step"] += e["dur"] / n / 1e3
         res["host_outside_ops_ms_per_step"] = sum(s["self"] for s in steps) / n / 1e3
+    for d in names.values():
+        d["count_per_step"] /= n
     res["time_ms_per_step"] = {c: per_class.get(c, 0.0) for c in CLASSES}
-    res["launches_per_step"] = {c: launches.get(c, 0.0) for c in CLASSES}
+    res["launches_per_step"] = {c: launches.get(c, 0) / n for c in CLASSES}
     res["total_class_ms_per_step"] = sum(per_class.values())
     res["names"] = names
     return res
