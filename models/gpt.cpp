@@ -19,7 +19,10 @@ const GPTOptions& checked(const GPTOptions& o) {
   return o;
 }
 
-int64_t padded(const GPTOptions& o) { return (o.vocab_size() + o.vocab_multiple() - 1) / o.vocab_multiple() * o.vocab_multiple(); }
+int64_t padded(const GPTOptions& o) {
+  const int64_t m = o.vocab_multiple();
+  return (o.vocab_size() + m - 1) / m * m;
+}
 
 }  // namespace
 

@@ -233,7 +233,7 @@ TEST(GptVocabPadding, TrainerTrainsTheSameLossesPaddedAndNot) {
                            " --set model.name=gpt_tiny --set model.context=32 --set model.vocab_size=300 --set "
                            "data.kind=synthetic --set data.synthetic_size=16 --set data.test= --set optim.name=adamw "
                            "--set optim.lr=0.01 --set train.global_batch=4 --set train.steps=4 --set train.device=cpu "
-                           "--set train.epochs=0 --set train.threads=1 --set model.vocab_multiple=" + std::string(multiple) +
+                           "--set train.epochs=0 --set train.threads=1 --set model.vocab_multiple=" + multiple +
                            " --run-dir " + run);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(run + "/metrics.jsonl");

@@ -249,3 +249,38 @@ TEST(GpuCheck, ProfilePhaseInCpuModeWritesBothTables) {
   EXPECT_EQ(count(read_json(out + "/profile_resnet50.json")["sides"]["trainer"], "aten::convolution"), 20)
       << "CPU mode profiles ResNet-18";
 }
+
+// The fixes phase in CPU mode: every switch measured off and on through bench/ab.py, each side's runs
+// made with the setting it names (read back from the run's own resolved config).
+TEST(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
+  TempDir dir;
+  const std::string out = (dir / "out").string();
+  const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
+  auto r = testutil::run("env TMPDIR=" + dir.path.string() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" +
+                         (dir / "no-bundle").string() + " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" +
+                         testutil::python() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + out +
+                         " fixes");
+  ASSERT_EQ(r.exit_code, 0) << r.output << testutil::read_file(out + "/fixes.log");
+  struct Case {
+    const char* file;
+    const char* a;
+    const char* b;
+  };
+  for (const Case& c : {Case{"resnet50_snapshot", "snapshot: \"per_buffer\"", "snapshot: \"batched\""},
+                        Case{"resnet50_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
+                        Case{"gpt2_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
+                        Case{"gpt2_vocab", "vocab_multiple: 1\n", "vocab_multiple: 64\n"}}) {
+    const json j = read_json(out + "/fixes_" + c.file + ".json");
+    EXPECT_EQ(j["schema"], "trainer-bench-ab/1");
+    ASSERT_EQ(j["rounds"].size(), 1u) << c.file;
+    EXPECT_GT(j["median_speedup_b"].get<double>(), 0.0) << c.file;
+    const json& round = j["rounds"][0];
+    auto config_of = [&](const char* side) {
+      return read_json(round[side]["file"].get<std::string>())["config_yaml"].get<std::string>();
+    };
+    EXPECT_NE(config_of("a").find(c.a), std::string::npos) << c.file;
+    EXPECT_NE(config_of("b").find(c.b), std::string::npos) << c.file;
+    EXPECT_DOUBLE_EQ(round["speedup_b"].get<double>(),
+                     round["a"]["step_time_s_p50"].get<double>() / round["b"]["step_time_s_p50"].get<double>());
+  }
+}

@@ -34,7 +34,8 @@ Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std:
   else if (impl == "plain") impl_ = Impl::plain;
   else if (impl == "foreach") impl_ = Impl::foreach;
   else if (impl == "fused") impl_ = Impl::fused;
-  else throw std::invalid_argument("optim.implementation: unknown value '" + impl + "'; use auto, plain, foreach or fused");
+  else
+    throw std::invalid_argument("optim.implementation: unknown value '" + impl + "'; use auto, plain, foreach or fused");
   if (impl_ == Impl::fused && !compat::kHasFusedOptimizers)
     throw std::invalid_argument("optim.implementation: fused needs LibTorch 2.4 or later (this is " +
                                 compat::torch_version() + "); use auto, plain or foreach");
