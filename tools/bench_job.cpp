@@ -88,7 +88,8 @@ int64_t Job::step_line(int64_t step) const {
   return -1;
 }
 
-Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir, const LineHook& hook) {
+Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir, const LineHook& hook,
+            StepObserver* observer) {
   Config cfg = base;
   for (const auto& s : sets) apply_override(cfg, s);
   validate(cfg);
@@ -98,6 +99,7 @@ Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::
   RunOptions ro;
   ro.run_dir = dir.string();
   ro.no_resume = true;
+  ro.observer = observer;
   {
     // `job` is written on the watcher's thread only until stop() joins it.
     MetricsWatcher watcher(dir, "metrics.jsonl", [&](const json& line, double unix_s, double elapsed_s) {

@@ -14,6 +14,7 @@
 #include "common/run_lock.h"
 #include "tools/bench.h"
 #include "trainer/config.h"
+#include "trainer/train.h"
 
 namespace trainer::bench {
 
@@ -71,9 +72,10 @@ struct Job {
 using LineHook = std::function<void(const nlohmann::json& line)>;
 
 /// Runs the job with `sets` on top of `base` into the folder `dir` (created), through trainer::train()
-/// (the real loop, no resume), calling `hook` with every metrics line as it appears. Logging goes back
-/// to the console at `base`'s level afterwards.
+/// (the real loop, no resume), calling `hook` with every metrics line as it appears and telling
+/// `observer` (optional) of every step on the training thread. Logging goes back to the console at
+/// `base`'s level afterwards.
 Job run_job(const Config& base, const std::vector<std::string>& sets, const std::filesystem::path& dir,
-            const LineHook& hook = nullptr);
+            const LineHook& hook = nullptr, StepObserver* observer = nullptr);
 
 }  // namespace trainer::bench

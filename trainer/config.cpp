@@ -1,6 +1,7 @@
 #include "trainer/config.h"
 
 #include "trainer/default_config.h"
+#include "common/compat.h"
 #include "models/registry.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
@@ -41,6 +42,8 @@ std::vector<Field> fields(Config& c) {
       {"model.init_skip", &c.model.init_skip, false},
       {"model.context", &c.model.context, false},
       {"model.vocab_size", &c.model.vocab_size, false},
+      {"model.vocab_multiple", &c.model.vocab_multiple, false},
+      {"model.fused_bias", &c.model.fused_bias, false},
       {"model.dropout", &c.model.dropout, false},
       {"data.kind", &c.data.kind, false},
       {"data.train", &c.data.train, false},
@@ -69,6 +72,7 @@ std::vector<Field> fields(Config& c) {
       {"optim.beta2", &c.optim.beta2, false},
       {"optim.eps", &c.optim.eps, false},
       {"optim.grad_clip", &c.optim.grad_clip, false},
+      {"optim.implementation", &c.optim.implementation, false},
       {"schedule.name", &c.schedule.name, false},
       {"schedule.warmup_steps", &c.schedule.warmup_steps, false},
       {"schedule.warmup_epochs", &c.schedule.warmup_epochs, false},
@@ -86,6 +90,7 @@ std::vector<Field> fields(Config& c) {
       {"train.device", &c.train.device, false},
       {"train.threads", &c.train.threads, false},
       {"train.deterministic", &c.train.deterministic, false},
+      {"train.snapshot", &c.train.snapshot, false},
       {"amp.enabled", &c.amp.enabled, false},
       {"amp.dtype", &c.amp.dtype, false},
       {"amp.scaler", &c.amp.scaler, false},
@@ -321,6 +326,8 @@ struct Checks {
     if (c.model.context < 0 || c.model.context > kMaxContext)
       bad("model.context", "must be in [0, " + std::to_string(kMaxContext) + "] (0 = the model's own)");
     if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
+    if (c.model.vocab_multiple < 1 || c.model.vocab_multiple > 4096)
+      bad("model.vocab_multiple", "must be in [1, 4096] (1 = no padding), got " + std::to_string(c.model.vocab_multiple));
     if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
     if (!c.model.init_skip.empty() && c.model.init_from.empty())
@@ -388,6 +395,10 @@ struct Checks {
     if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
     if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
     if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
+    one_of("optim.implementation", c.optim.implementation, {"auto", "plain", "foreach", "fused"});
+    if (c.optim.implementation == "fused" && !compat::kHasFusedOptimizers)
+      bad("optim.implementation", "fused needs LibTorch 2.4 or later (this is " + compat::torch_version() +
+                                      "); use auto, plain or foreach");
     one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
     if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
     if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");
@@ -412,6 +423,7 @@ struct Checks {
     if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
+    one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
     const std::string& d = c.train.device;
     const bool cuda_n = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
                         std::all_of(d.begin() + 5, d.end(), [](char ch) { return ch >= '0' && ch <= '9'; });

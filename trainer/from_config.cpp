@@ -149,7 +149,7 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
                 .zero_init_residual(cfg.model.zero_init_residual)
                 .context(cfg.model.context)
                 .dropout(cfg.model.dropout);
-  if (token_job(cfg)) mo.vocab_size(vocab);
+  if (token_job(cfg)) mo.vocab_size(vocab).vocab_multiple(cfg.model.vocab_multiple).fused_bias(cfg.model.fused_bias);
   else mo.in_channels(shape.at(0));
   return models::create_model(cfg.model.name, mo);
 }
@@ -236,6 +236,7 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.grad_clip = cfg.optim.grad_clip;
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
+  o.batched_snapshot = cfg.train.snapshot == "batched";
   return o;
 }
 

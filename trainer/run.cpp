@@ -34,6 +34,7 @@ int TrainingRun::run() {
   start(resumed);
   try {
     while (step_ < total_steps_) {
+      if (opts_.observer) opts_.observer->before_step(step_ + 1);
       std::optional<data::Batch> batch = fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
       if (need_micro_batch_search_) search_micro_batch(*batch);
@@ -43,6 +44,7 @@ int TrainingRun::run() {
                                        agreed_limit_);
       record(r, *batch, seconds_since(t0));
       maybe_evaluate();
+      if (opts_.observer) opts_.observer->after_step(step_);
       if (auto code = agree_on_save_and_stop()) return *code;
     }
   } catch (const OomGaveUp& e) {
