@@ -630,3 +630,40 @@ TEST(SafetensorsExport, LayoutsThatDoNotFitTheModelAreOneLine) {
   EXPECT_EQ(meta.at("trainer.model"), "plain_cnn");
   EXPECT_EQ(meta.at("trainer.step"), "1");
 }
+
+// A GPT padded by model.vocab_multiple (96 tokens in 128 rows) leaves in the Hugging Face layout with its
+// real 96 rows (transformers would otherwise score the padding rows as tokens), and a file of the real
+// vocabulary fills a padded model with zero padding rows: our layout keeps them all.
+TEST(SafetensorsExport, VocabularyPaddingLeavesAndReturnsAsZeroRows) {
+  TempDir dir;
+  testutil::fs::create_directories(dir / "hf");
+  const std::string model = "--set model.name=gpt_tiny --set model.context=32 --set model.vocab_size=96 --set model.vocab_multiple=64";
+  auto e = train_and_export(dir, "run", model, "--format safetensors --layout hf --out " + (dir / "hf").string());
+  const auto hf = by_name(trainer::read_weights((dir / "hf" / "model.safetensors").string()).tensors);
+  ASSERT_EQ(hf.at("transformer.wte.weight").size(0), 96);
+  const auto config = nlohmann::json::parse(testutil::read_file(dir / "hf" / "config.json"));
+  EXPECT_EQ(config["vocab_size"], 96);
+  const auto trained = testutil::final_weights(e.run_dir);
+  const auto& wte = trained.at("transformer.wte.weight");
+  ASSERT_EQ(wte.size(0), 128);
+  EXPECT_TRUE(same_bits(wte.narrow(0, 0, 96).contiguous(), hf.at("transformer.wte.weight")));
+
+  // Back into a padded model: the padding rows are zeros, the rest is the file.
+  const std::string run2 = (dir / "again").string();
+  auto r = testutil::run(testutil::trainer_cmd(run2, model + kOneStep + "--set optim.lr=1e-30 --set model.init_from=" +
+                                                         (dir / "hf" / "model.safetensors").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("transformer.wte.weight: 96 rows, padded with zero rows to 128 (model.vocab_multiple)"),
+            std::string::npos) << r.output;
+  const auto again = testutil::final_weights(run2).at("transformer.wte.weight");
+  ASSERT_EQ(again.size(0), 128);
+  EXPECT_EQ(again.narrow(0, 96, 32).count_nonzero().item<int64_t>(), 0);
+  EXPECT_LT((again.narrow(0, 0, 96) - wte.narrow(0, 0, 96)).abs().max().item<double>(), 1e-20);
+  // Unpadded into padded without the file being the real vocabulary is still a shape error that names it.
+  r = testutil::run(testutil::trainer_cmd((dir / "other").string(),
+                                          "--set model.name=gpt_tiny --set model.context=32 --set model.vocab_size=90 "
+                                          "--set model.vocab_multiple=64" + kOneStep + "--set model.init_from=" +
+                                              (dir / "hf" / "model.safetensors").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("transformer.wte.weight (module [128, "), std::string::npos) << r.output;
+}

@@ -102,7 +102,7 @@ void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck
   torch::manual_seed(t.cfg.seed);
   t.model = build_model(t.cfg, shape, t.vocab_size);
   if (ck) load_state_dict_bytes(*t.model, ck->file("model.pt"), /*strict=*/true, t.weights + "/model.pt");
-  else load_init_weights(*t.model, t.cfg);
+  else load_init_weights(*t.model, t.cfg, t.vocab_size);
   t.model->to(t.device);
   if (t.cfg.model.channels_last && !t.tokens) models::to_channels_last(*t.model);
   t.model->eval();

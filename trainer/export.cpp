@@ -143,7 +143,14 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
 
   Config cfg;
   if (ck->files.count("config.yaml")) apply_yaml_text(cfg, ck->files.at("config.yaml"), ck->path + "/config.yaml");
-  const NamedTensors ours = tensors_from_bytes(ck->file("model.pt"), ck->path + "/model.pt");
+  NamedTensors ours = tensors_from_bytes(ck->file("model.pt"), ck->path + "/model.pt");
+  // Transformers knows only the real vocabulary: a GPT padded by model.vocab_multiple loses its padding
+  // rows (zeros, never a token) in the hf layout; in ours it keeps them, to resume or fine-tune as it was.
+  if (layout == Layout::hf && ck->files.count("state.json")) {
+    const auto state = nlohmann::json::parse(ck->file("state.json"), nullptr, /*allow_exceptions=*/false);
+    if (state.is_object() && state.contains("vocab_size") && state["vocab_size"].is_number_integer())
+      ours = without_vocab_padding(std::move(ours), state["vocab_size"].get<int64_t>());
+  }
   const std::string& model = cfg.model.name;
   NamedTensors mapped;
   try {

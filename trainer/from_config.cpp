@@ -154,8 +154,8 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
   return models::create_model(cfg.model.name, mo);
 }
 
-void load_init_weights(torch::nn::Module& model, const Config& cfg) {
-  const LoadedWeights w = load_weights(model, cfg.model.init_from, cfg.model.init_skip);
+void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t vocab) {
+  const LoadedWeights w = load_weights(model, cfg.model.init_from, cfg.model.init_skip, vocab);
   spdlog::info("model: weights from {} ({}, {} layout)", cfg.model.init_from, w.format, w.layout);
   for (const auto& note : w.notes) spdlog::info("model: {}", note);
   if (!w.skipped_keys.empty()) {

@@ -71,8 +71,9 @@ void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& sta
 /// state dict, in our layout or Hugging Face's / timm's / torchvision's (trainer/checkpoint/weights.h),
 /// keeping the initialization of the keys that match model.init_skip. Logs the format, the layout
 /// recognised and what was dropped, filled in or skipped. Throws std::runtime_error naming the file and
-/// the keys for weights that do not fit.
-void load_init_weights(torch::nn::Module& model, const Config& cfg);
+/// the keys for weights that do not fit. `vocab`: a language model's vocabulary (build_model's), so that
+/// a file of the real vocabulary fills a model padded by model.vocab_multiple; 0 for image models.
+void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t vocab = 0);
 
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);

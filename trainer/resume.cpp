@@ -60,6 +60,7 @@ nlohmann::json TrainingRun::state_json() const {
   j["eval_micro_batch"] = eval_micro_batch_;
   j["limit_spec"] = limit_spec_;
   j["world_size"] = env_.world_size;
+  if (vocab_ > 0) j["vocab_size"] = vocab_;  // the real vocabulary: `trainer export --layout hf` drops wte's padding rows
   return j;
 }
 

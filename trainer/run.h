@@ -155,6 +155,7 @@ class TrainingRun {
   std::unique_ptr<BatchStream> loader_;
   std::vector<int64_t> sample_shape_;  // (C, H, W) or (T)
   double flops_per_sample_ = 0;        // forward
+  int64_t vocab_ = 0;                  // a language model's vocabulary (wte may have more rows: model.vocab_multiple)
   models::Model model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradScaler> scaler_;

@@ -286,8 +286,9 @@ void TrainingRun::check_test_split() const {
 
 void TrainingRun::setup_model() {
   torch::manual_seed(cfg_.seed);
-  model_ = build_model(cfg_, sample_shape_, tokens_ ? vocab_size(cfg_) : 0);
-  if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_);
+  vocab_ = tokens_ ? vocab_size(cfg_) : 0;
+  model_ = build_model(cfg_, sample_shape_, vocab_);
+  if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_, vocab_);
   model_->to(device_);
   if (cfg_.model.channels_last && !tokens_) models::to_channels_last(*model_);
   optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);

@@ -234,9 +234,39 @@ NamedTensors from_our_layout(const NamedTensors& own, Layout layout) {
   return out;
 }
 
-LoadedWeights load_weights(torch::nn::Module& module, const std::string& path, const std::vector<std::string>& skip) {
+namespace {
+
+constexpr const char* kWte = "transformer.wte.weight";
+
+torch::Tensor* find_tensor(NamedTensors& tensors, const std::string& name) {
+  for (auto& [k, t] : tensors)
+    if (k == name) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+NamedTensors without_vocab_padding(NamedTensors tensors, int64_t vocab) {
+  if (torch::Tensor* wte = find_tensor(tensors, kWte); wte != nullptr && vocab > 0 && wte->size(0) > vocab)
+    *wte = wte->narrow(0, 0, vocab).contiguous();
+  return tensors;
+}
+
+LoadedWeights load_weights(torch::nn::Module& module, const std::string& path, const std::vector<std::string>& skip,
+                           int64_t vocab) {
   WeightsFile file = read_weights(path);
-  Translated t = to_our_layout(file.tensors, named_state(module), path);
+  NamedTensors own = named_state(module);
+  Translated t = to_our_layout(file.tensors, own, path);
+  // A padded model (model.vocab_multiple) from a file of the real vocabulary: the padding rows are zeros.
+  torch::Tensor* mine = find_tensor(own, kWte);
+  torch::Tensor* theirs = find_tensor(t.tensors, kWte);
+  if (vocab > 0 && mine != nullptr && theirs != nullptr && theirs->dim() == 2 && theirs->size(0) == vocab &&
+      mine->size(0) > vocab && theirs->size(1) == mine->size(1)) {
+    const int64_t rows = mine->size(0);
+    *theirs = torch::cat({*theirs, torch::zeros({rows - vocab, theirs->size(1)}, theirs->options())});
+    t.notes.push_back(std::string(kWte) + ": " + std::to_string(vocab) + " rows, padded with zero rows to " +
+                      std::to_string(rows) + " (model.vocab_multiple)");
+  }
   LoadedWeights r;
   r.format = file.format;
   r.layout = t.layout;

@@ -96,6 +96,15 @@ struct LoadedWeights {
 /// (model.init_skip, e.g. "fc.*" for a classifier of another size), which keep their initialization,
 /// and the file's keys of the same names, which are ignored. Throws std::runtime_error naming `path`
 /// and the keys; nothing is copied then.
-LoadedWeights load_weights(torch::nn::Module& module, const std::string& path, const std::vector<std::string>& skip = {});
+/// `vocab`: a GPT's vocabulary when its embedding is padded to more rows (model.vocab_multiple, as
+/// nanoGPT pads 50257 to 50304): a file's transformer.wte.weight of exactly `vocab` rows gets the
+/// padding rows as zeros, as the padded model keeps them. 0: no padding is added.
+LoadedWeights load_weights(torch::nn::Module& module, const std::string& path, const std::vector<std::string>& skip = {},
+                           int64_t vocab = 0);
+
+/// `tensors` (our names) with transformer.wte.weight cut to its first `vocab` rows (the padding rows of
+/// model.vocab_multiple dropped), for a library that knows only the real vocabulary. Unchanged when
+/// there is no such tensor or it has `vocab` rows or fewer.
+NamedTensors without_vocab_padding(NamedTensors tensors, int64_t vocab);
 
 }  // namespace trainer
