@@ -13,6 +13,9 @@
 //                              1.13 and a c10::DeviceIndex in 2.x; both accept a DeviceIndex argument.
 //   multi-tensor ops           _foreach_{add,mul,addcmul,addcdiv,      also _foreach_copy_ and _foreach_mul_ by
 //                              sqrt,div,norm} (scalar and list forms)  a 0-dim tensor (2.1+)
+//   cuDNN tuning               setBenchmarkCuDNN, setBenchmarkLimitCuDNN in both; the switch that stops the
+//                              caching allocator's cache being emptied after each benchmark timing
+//                              (at::native::_cudnn_set_conv_benchmark_empty_cache) only in 2.x
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,6 +27,10 @@
 
 #define TRAINER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if TRAINER_TORCH_AT_LEAST(2, 1)
+#include <ATen/native/ConvUtils.h>  // _cudnn_set_conv_benchmark_empty_cache
+#endif
 
 namespace c10d {
 class ProcessGroup;
@@ -135,6 +142,22 @@ inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
   at::_foreach_mul_(tensors, factor);
 #else
   for (const auto& t : tensors) t.mul_(factor.to(t.dtype()));
+#endif
+}
+
+// ---- cuDNN ------------------------------------------------------------------------------------------
+
+/// Whether cuDNN's benchmark timing empties the CUDA caching allocator's cache after each timing
+/// (LibTorch's default: yes). Returns false where this LibTorch has no such switch (1.13, whose v7 path
+/// always empties it; seen absent in 1.13's headers, present in 2.11's ConvUtils.h; torch._inductor has
+/// called it since 2.1, read).
+inline bool set_cudnn_benchmark_empty_cache(bool on) {
+#if TRAINER_TORCH_AT_LEAST(2, 1)
+  at::native::_cudnn_set_conv_benchmark_empty_cache(on);
+  return true;
+#else
+  (void)on;
+  return false;
 #endif
 }
 
