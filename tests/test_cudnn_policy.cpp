@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include "trainer/config.h"
+#include "trainer/from_config.h"
 #include "trainer/memory/cudnn_policy.h"
 
 using trainer::CudnnAttempt;
@@ -197,3 +199,38 @@ TEST(CudnnPolicy, NamesAndBadOptions) {
   EXPECT_EQ(trainer::distinct_sizes({4, 8, 4, 2}), V({8, 4, 2}));
 }
 
+// The keys of the policy and of the search in the config: defaults, values taken, and bad values named
+// with the key (exit 2 through the command line, as every config error).
+TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
+  const trainer::Config d = trainer::load_config("", {"train.steps=1", "train.epochs=0"});
+  EXPECT_EQ(d.memory.cudnn_policy, "start");
+  EXPECT_EQ(d.memory.auto_search, "curve");
+  EXPECT_EQ(d.memory.ladder_sizes, "any");
+  EXPECT_EQ(d.memory.cudnn_benchmark_limit, 0);
+  EXPECT_TRUE(d.memory.cudnn_empty_cache);
+  const trainer::Config c = trainer::load_config(
+      "", {"train.steps=1", "train.epochs=0", "memory.cudnn_policy=pretune", "memory.auto_search=doubling", "memory.ladder_sizes=halvings",
+           "memory.cudnn_benchmark_limit=3", "memory.cudnn_empty_cache=false"});
+  EXPECT_EQ(c.memory.cudnn_policy, "pretune");
+  EXPECT_EQ(c.memory.cudnn_benchmark_limit, 3);
+  EXPECT_FALSE(c.memory.cudnn_empty_cache);
+  const auto o = trainer::step_options(c, torch::Device(torch::kCPU));
+  EXPECT_EQ(o.cudnn.mode, CudnnMode::kPretune);
+  EXPECT_FALSE(o.cudnn.retry_tuning_oom) << "no timing on the CPU";
+  EXPECT_EQ(o.auto_search, "doubling");
+  EXPECT_TRUE(trainer::micro_batch_options(c, 8).halvings_only);
+  // A deterministic run never times (timing may choose other algorithms from run to run).
+  EXPECT_EQ(trainer::step_options(trainer::load_config("", {"train.steps=1", "train.epochs=0", "train.deterministic=true"}),
+                                  torch::Device(torch::kCPU))
+                .cudnn.mode,
+            CudnnMode::kOff);
+  auto error = [](const std::string& set) {
+    return testutil::error_text([&] { trainer::load_config("", {"train.steps=1", "train.epochs=0", set}); });
+  };
+  EXPECT_EQ(error("memory.cudnn_policy=fast"),
+            "config: key 'memory.cudnn_policy': 'fast' is not one of: always, off, start, pretune, settle");
+  EXPECT_EQ(error("memory.auto_search=bisect"), "config: key 'memory.auto_search': 'bisect' is not one of: curve, doubling");
+  EXPECT_EQ(error("memory.ladder_sizes=powers"), "config: key 'memory.ladder_sizes': 'powers' is not one of: any, halvings");
+  EXPECT_EQ(error("memory.cudnn_benchmark_limit=-1"),
+            "config: key 'memory.cudnn_benchmark_limit': must be in [0, 10000] (0 = LibTorch's default, 10)");
+}

@@ -184,12 +184,19 @@ TEST(MemoryCurveAuto, StartsAtThePredictionAndPicksTheSameSize) {
     EXPECT_EQ(ev.size(), 1u);
     return ev.empty() ? json() : ev[0];
   };
-  const json plain = auto_run("plain", "");
+  // Doubling from the floor and galloping from the curve file's prediction are both exact: the same
+  // pick. The search from the probes' own curve (the default) lands within 90% of it.
+  const json plain = auto_run("plain", " --set memory.auto_search=doubling");
   const json started = auto_run("started", " --set memory.curve=" + curve);
+  const json probed = auto_run("probed", "");
   EXPECT_EQ(plain["start"], 0);
+  EXPECT_EQ(plain["method"], "doubling");
+  EXPECT_EQ(started["method"], "start");
+  EXPECT_EQ(probed["method"], "curve");
   EXPECT_EQ(started["start"].get<int64_t>(), std::max<int64_t>(1, predicted));
   EXPECT_EQ(started["micro_batch"], plain["micro_batch"]);
   EXPECT_GE(plain["micro_batch"].get<int64_t>(), 4);
+  EXPECT_GE(probed["micro_batch"].get<double>(), 0.9 * plain["micro_batch"].get<double>()) << probed.dump();
   EXPECT_GT(started["probes"].get<int64_t>(), 0);
   EXPECT_GT(plain["probes"].get<int64_t>(), 0);
   EXPECT_GE(started["search_s"].get<double>(), 0.0);
