@@ -473,6 +473,13 @@ def main():
         ap.error("--grow-after must be at least --low-steps + 3 (no grow-back probe under the cut before the raise)")
     check = Check(args)
     check.result["global_batch"] = global_batch_of(args)
+    if args.mode == "cuda":
+        try:
+            names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                   text=True, timeout=30).stdout.strip().splitlines()
+            check.result["device_name"] = names[0] if names else None
+        except (OSError, subprocess.SubprocessError):
+            check.result["device_name"] = None
     policies = [p for p in args.policies.split(",") if p]
     if not check.stage("calibrate", check.calibrate):
         check.targets()

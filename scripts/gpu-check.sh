@@ -209,7 +209,8 @@ c = load("cap.json")
 if c:
     pol = ("recovery_s", "oom_step_time_s", "normal_step_s", "recovery_over_normal", "micro_batch_after",
            "grow_back_step_s_max", "throughput_ratio", "first_step_s", "step_before_cut_s", "tuned_sizes")
-    s["cap"] = {"device": c.get("device"), "global_batch": c.get("global_batch"), "wall_s": c.get("wall_s"),
+    s["cap"] = {"device": c.get("device"), "device_name": c.get("device_name"), "global_batch": c.get("global_batch"),
+                "wall_s": c.get("wall_s"),
                 "budget_s": c.get("budget_s"), "limits_bytes": c.get("calibration", {}).get("limits_bytes"),
                 "policies": {p: {k: v.get(k) for k in pol} for p, v in c.get("policies", {}).items()},
                 "auto": {cap: {m: ({k: a[m].get(k) for k in ("micro_batch", "probes", "search_s", "ended",
