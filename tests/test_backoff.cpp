@@ -338,9 +338,14 @@ TEST(AutoSearch, TheCurveFindsNinetyPercentOfTheExhaustiveAnswerInFewProbes) {
     EXPECT_LE(curve.probes, 5) << curve.trace.dump();
     EXPECT_LT(curve.probes, doubling.probes);
     EXPECT_EQ(static_cast<int64_t>(curve.trace.size()), curve.probes);
-    // Every probe's peak is what the plain way measured at its size.
+    // Every probe's peak is what the plain way measured at its size, and every probe, failed or not,
+    // leaves the memory as it found it (a backward that ran out of memory left its graph's remaining
+    // autograd tasks, and their saved activations, held until the next backward).
     for (const auto& t : curve.trace)
       if (t["fits"].get<bool>()) EXPECT_EQ(t["peak_bytes"].get<int64_t>(), need[t["micro_batch"].get<int64_t>()]) << t;
+    for (const auto* s : {&curve, &doubling})
+      for (const auto& t : s->trace)
+        EXPECT_EQ(t["held_after_bytes"], s->trace[0]["held_after_bytes"]) << s->method << " " << t;
     RecordProperty("target" + std::to_string(target),
                    "curve " + std::to_string(curve.micro_batch) + " in " + std::to_string(curve.probes) +
                        " probes, doubling " + std::to_string(doubling.micro_batch) + " in " +
@@ -502,4 +507,50 @@ TEST(BackoffCuda, TimingUnderACapDoesNotTurnAFittingSizeIntoAnOom) {
   EXPECT_LE(res.mem_peak_bytes, cap);
   r.memory->set_limit(0);
   r.memory->empty_cache();
+}
+
+// An out-of-memory error inside backward: the failed graph's remaining autograd tasks stay in the ready
+// queue of the thread that ran it, each holding its node and, through it, saved activations, until the
+// next backward on that thread pops them. Under a cap between the bytes held after the forward and the
+// peak (so the OOM comes in backward), a failed probe must leave nothing held: the search returns with
+// the memory as it found it (Step::drop_failed_attempt, which a failed step attempt goes through too).
+// ResNet-50 (its downsample branches leave tasks queued; ResNet-20's option-A shortcuts did not), on
+// 3x12x12 images so that it takes seconds. Before the queue was drained after an OOM, the failed probe
+// left 5.5 MB held (and the previous rig's tensors with it).
+TEST(AutoSearch, AnOomInBackwardLeavesNothingHeldForTheNextAttempt) {
+  const int64_t G = 16;
+  auto small_job = [](const std::string& p, int64_t g) {
+    auto c = ::small_job(p, g);
+    c.model.name = "resnet50";
+    return c;
+  };
+  int64_t after_forward = 0, peak = 0, base = 0;
+  {
+    Rig r(small_job("off", G), kSmall);
+    r.run(1, 0);  // the optimizer state exists from here on
+    r.optimizer->zero_grad();  // as every attempt and probe starts
+    base = r.memory->current_bytes();
+    const data::Batch b = r.batch(2);
+    r.memory->reset_peak();
+    auto out = trainer::forward_logits(*r.model, b.images, b.labels, trainer::step_options(r.cfg, r.device).forward);
+    auto loss = torch::nn::functional::cross_entropy(out.logits, out.targets);
+    after_forward = r.memory->current_bytes();
+    loss.backward();
+    peak = r.memory->peak_bytes();
+  }
+  ASSERT_LT(after_forward + (64 << 10), peak) << "the backward must need more than the forward left";
+  const int64_t cap = (after_forward + peak) / 2;
+  {
+    Rig r(small_job("off", G), kSmall);
+    r.run(1, 0);
+    r.optimizer->zero_grad();
+    ASSERT_EQ(r.memory->current_bytes(), base);
+    r.memory->set_limit(cap);
+    const data::Batch b = r.batch(2);
+    const auto held = r.memory->current_bytes();
+    const auto found = r.step->find_micro_batch(b, G, cap);  // the floor is the whole batch: one probe
+    ASSERT_EQ(found.trace.size(), 1u);
+    EXPECT_FALSE(found.trace[0]["fits"].get<bool>());
+    EXPECT_EQ(r.memory->current_bytes(), held) << "the failed probe left tensors held";
+  }
 }

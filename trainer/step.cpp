@@ -159,11 +159,34 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
 
 void Step::drop_failed_attempt() {
   // Everything the failed attempt held: its graph and activations died with attempt()'s locals; the
-  // partial gradients go now; cached autocast casts and the allocator's cached blocks after them.
+  // partial gradients go now; what a failed backward left queued in the autograd engine; cached
+  // autocast casts and the allocator's cached blocks after them.
   p_.optimizer->zero_grad();
   p_.scaler->abandon_step();
+  release_autograd_leftovers();
   at::autocast::clear_cache();
   p_.memory->empty_cache();
+}
+
+void Step::release_autograd_leftovers() {
+  // A backward that throws (out of memory in one branch of a ResNet block) leaves its graph's other
+  // ready tasks in the autograd engine's ready queue of the thread that ran it: the caller's thread for a
+  // graph on the CPU. Each task holds its node, and through the node's edges every node before it with
+  // its saved activations, until the next backward on that thread pops them (a task whose graph is gone
+  // goes first and is dropped). Until then the retry's forward ran beside the failed attempt's
+  // activations and ran out of memory again (ResNet-50 on the CPU: 1.2 GiB still held after a failed
+  // probe). The backward of one element on the device pops them now; the cap is lifted for its few
+  // bytes, since what is still held may be over it.
+  const int64_t cap = p_.memory->limit();
+  p_.memory->set_limit(0);
+  try {
+    torch::Tensor one = torch::zeros({1}, torch::dtype(torch::kFloat).device(o_.forward.device).requires_grad(true));
+    one.sum().backward();
+  } catch (...) {
+    p_.memory->set_limit(cap);
+    throw;
+  }
+  p_.memory->set_limit(cap);
 }
 
 void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r) {
@@ -297,8 +320,10 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
     const double secs = seconds_since(t);
     spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} ({:.1f} s)", found.probes, mb,
                  o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "", secs);
+    // What the probe left behind (its own tensors are gone: this is what the next probe starts from).
     found.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
-                           {"peak_bytes", o.peak_bytes}, {"s", secs}});
+                           {"peak_bytes", o.peak_bytes}, {"held_after_bytes", p_.memory->current_bytes()},
+                           {"s", secs}});
     return o;
   };
   const int64_t size = batch.size();

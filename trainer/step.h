@@ -185,6 +185,8 @@ class Step {
   /// another rank had one; returns the global loss after the last micro-batch.
   double agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum);
   void drop_failed_attempt();
+  /// What a backward that threw left queued in the autograd engine, dropped (see step.cpp).
+  void release_autograd_leftovers();
   /// After a failed attempt was dropped: the ladder's next rung, logged; OomGaveUp when there is none.
   void on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r);
   void log_controller_events(int64_t step);
