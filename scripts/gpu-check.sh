@@ -118,8 +118,12 @@ cap_phase() {
     budget=${TRAINER_CAP_BUDGET_S:-150}
   fi
   rm -rf "$out/cap_runs"
-  "$py" bench/cap_check.py --trainer "$out/bin/trainer" "${cfg[@]}" --mode "$mode" --budget-s "$budget" \
-    --workdir "$out/cap_runs" --out "$out/cap.json"
+  # The bundle's wrapper imports torch to find its libraries, seconds per process: once here for all.
+  local torch_lib=${TRAINER_TORCH_LIB:-}
+  [[ -n $torch_lib || ${trainer[0]} != */run ]] ||
+    torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  TRAINER_TORCH_LIB=$torch_lib "$py" bench/cap_check.py --trainer "$out/bin/trainer" "${cfg[@]}" --mode "$mode" \
+    --budget-s "$budget" --workdir "$out/cap_runs" --out "$out/cap.json"
 }
 
 speed_phase() {
