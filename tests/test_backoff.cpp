@@ -233,7 +233,7 @@ TEST(CudnnStep, ATimingThatRanOutOfMemoryIsRunAgainBeforeTheLadderMoves) {
       if (ev == "cudnn") order.push_back(l["retry"].get<bool>() ? "rerun" : "cudnn " + l["sizes"].dump());
       if (ev == "oom") order.push_back("oom " + l.value("kind", ""));
     }
-    EXPECT_EQ(order, std::vector<std::string>({"cudnn [16]", "rerun", "oom backoff", "cudnn [8]"}));
+    EXPECT_EQ(order, std::vector<std::string>({"cudnn [16]", "oom timing_rerun", "rerun", "oom backoff", "cudnn [8]"}));
   }
   Rig plain(small_job("start"), kSmall);
   const auto p1 = plain.run(1, cap);

@@ -252,6 +252,11 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
         ++r.oom_retries;
         spdlog::warn("out of memory in step {} while cuDNN timed micro-batch {}: again at the same size with its "
                      "heuristics", step, controller_.micro_batch());
+        if (p_.metrics)  // an OOM all the same (the telemetry counts it), answered without the ladder
+          p_.metrics->write({{"event", "oom"}, {"kind", "timing_rerun"}, {"step", step},
+                             {"old_micro_batch", controller_.micro_batch()}, {"new_micro_batch", controller_.micro_batch()},
+                             {"mem_peak_bytes", p_.memory->peak_bytes()}, {"current_bytes", p_.memory->current_bytes()},
+                             {"error", error_message(e).substr(0, 300)}});
       } else {
         on_oom(e, peer, step, limit, r);
       }
