@@ -71,6 +71,10 @@ def write_control(run_dir, limit):
     os.rename(tmp, os.path.join(run_dir, "control.yaml"))
 
 
+class BudgetKilled(Exception):
+    """A run was killed at the time budget: the stage is listed as skipped, not as failed."""
+
+
 class Budget:
     def __init__(self, seconds):
         self.t0 = time.time()
@@ -124,13 +128,15 @@ class Run:
     def events(self, kind):
         return [l for l in self.lines if l.get("event") == kind]
 
-    def failed(self, what):
+    def error(self, what):
+        """The exception for a run that did not end as it should: BudgetKilled if the budget ended it."""
         tail = ""
         path = os.path.join(self.dir, "console.log")
         if os.path.exists(path):
             tail = " | ".join(open(path, errors="replace").read().strip().splitlines()[-3:])
-        why = "killed at the time budget" if self.timed_out else "exit %s" % self.rc
-        return "%s: %s (%s); %s" % (self.name, what, why, tail)
+        if self.timed_out:
+            return BudgetKilled("%s: killed at the time budget after %.0f s" % (self.name, self.wall_s))
+        return RuntimeError("%s: %s (exit %s); %s" % (self.name, what, self.rc, tail))
 
 
 class Check:
@@ -188,6 +194,10 @@ class Check:
         t = time.time()
         try:
             out = fn()
+        except BudgetKilled as e:
+            out = None
+            self.result["skipped"].append({"stage": name, "estimated_s": round(est, 1), "killed": str(e)})
+            print("cap check: %s" % e, flush=True)
         except Exception as e:  # one stage failing must not cost the others their figures
             out = None
             self.result["failed"].append({"stage": name, "error": str(e)})
@@ -213,7 +223,7 @@ class Check:
         r = Run(self, "calibrate", ["train.micro_batch=%d" % h2, "memory.limit=none", "memory.grow_after=2",
                                     "memory.headroom=0", "memory.cudnn_policy=off", "train.steps=8"])
         if r.rc != 0:
-            raise RuntimeError(r.failed("the uncapped run failed"))
+            raise r.error("the uncapped run failed")
         steps = r.steps()
         peaks, times = {}, {}
         for l in steps:
@@ -286,7 +296,7 @@ class Check:
                                     "memory.grow_after=%d" % a.grow_after, "memory.headroom=0.1",
                                     "train.steps=%d" % self.cut_steps()], hook=hook)
         if r.rc != 0:
-            raise RuntimeError(r.failed("the run failed"))
+            raise r.error("the run failed")
         if not st["oom_step"] or not st["raised"]:
             raise RuntimeError("%s: %s; give it more steps" % (name, "the cut caused no OOM" if not st["oom_step"]
                                                                else "the cap was never raised again"))
@@ -367,7 +377,7 @@ class Check:
         r = Run(self, name, ["train.micro_batch=auto", "memory.limit=%d" % cap, "memory.auto_search=%s" % method,
                              "train.steps=3"])
         if r.rc != 0:
-            raise RuntimeError(r.failed("the run failed"))
+            raise r.error("the run failed")
         ev = r.events("auto_micro_batch")
         if not ev:
             raise RuntimeError(name + ": no auto_micro_batch event")
@@ -384,7 +394,7 @@ class Check:
                              "memory.ladder_checkpointing=false", "memory.limit=%d" % cap, "train.steps=2",
                              "memory.cudnn_policy=off", "memory.grow_after=1000000"])
         if r.rc not in (0, 3):
-            raise RuntimeError(r.failed("the pinned run at micro-batch %d failed" % m))
+            raise r.error("the pinned run at micro-batch %d failed" % m)
         return r.rc == 0 and not r.events("oom")
 
     def verify(self, cap_name):
