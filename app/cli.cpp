@@ -3,6 +3,7 @@
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/eval_command.h"
+#include "trainer/export.h"
 #include "trainer/memory/backend.h"
 #include "trainer/train.h"
 
@@ -185,19 +187,27 @@ int eval_main(int argc, char** argv) {
 }
 
 int export_main(int argc, char** argv) {
-  cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a state dict "
-                                       "that Python's torch.load reads");
+  cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a file Python loads: a "
+                                       "torch.save state dict or safetensors, with our names or those of transformers or timm");
   o.add_options()("run-dir", "run folder", cxxopts::value<std::string>())(
       "checkpoint", "a checkpoint folder (default: the run's latest)", cxxopts::value<std::string>()->default_value(""))(
-      "out", "output file", cxxopts::value<std::string>())("h,help", "this help");
+      "out", "output file, or an existing folder (model.safetensors / model.pt in it)", cxxopts::value<std::string>())(
+      "format", "pt (torch.save) | safetensors (default: safetensors for an --out ending in .safetensors, else pt)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "layout", "ours | hf (GPT: transformers' GPT2LMHeadModel, with config.json beside the file) | timm (ResNet-18..152, ViT)",
+      cxxopts::value<std::string>()->default_value("ours"))("h,help", "this help");
   auto a = o.parse(argc, argv);
   if (a.count("help") || !a.count("out") || (!a.count("run-dir") && a["checkpoint"].as<std::string>().empty())) {
     std::cout << o.help() << std::endl;
     return a.count("help") ? kExitOk : kExitBadInput;
   }
   std::string run_dir = a.count("run-dir") ? a["run-dir"].as<std::string>() : "";
-  std::string path = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>());
-  std::cout << "wrote " << a["out"].as<std::string>() << " from " << path << std::endl;
+  ExportOptions options;
+  options.format = a["format"].as<std::string>();
+  options.layout = a["layout"].as<std::string>();
+  const ExportResult r = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>(), options);
+  std::cout << "wrote " << r.weights << (r.config.empty() ? "" : " and " + r.config) << " from " << r.checkpoint << "\n"
+            << "load it in Python with: " << r.how_to_load << std::endl;
   return kExitOk;
 }
 
@@ -244,6 +254,9 @@ int cli_main(int argc, char** argv) {
       "run-dir", "run folder (default: runs/<config name>)", cxxopts::value<std::string>()->default_value(""))(
       "resume", "resume from this checkpoint folder (no fallback)", cxxopts::value<std::string>()->default_value(""))(
       "no-resume", "start fresh; refuse a run folder that already has checkpoints")(
+      "wait-for-run-dir", "when another trainer holds the run folder, wait up to this many seconds for it to let go "
+      "(then resume from what it saved); default: refuse at once, exit 2",
+      cxxopts::value<double>()->default_value("0"))(
       "dry-run", "print the resolved config and a model summary, then exit")(
       "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
   std::vector<std::string> sets;
@@ -284,6 +297,11 @@ int cli_main(int argc, char** argv) {
     ro.run_dir = "runs/" + (config_path.empty() ? std::string("default") : fs::path(config_path).stem().string());
   ro.resume_from = a["resume"].as<std::string>();
   ro.no_resume = a.count("no-resume") > 0;
+  ro.config_file = config_path;
+  ro.wait_for_run_dir_s = a["wait-for-run-dir"].as<double>();
+  if (!(ro.wait_for_run_dir_s >= 0) || !std::isfinite(ro.wait_for_run_dir_s))
+    throw std::runtime_error("command line: --wait-for-run-dir must be a number of seconds >= 0, got " +
+                             std::to_string(ro.wait_for_run_dir_s));
   return train(cfg, ro);
 }
 

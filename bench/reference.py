@@ -3,6 +3,7 @@
 
     reference.py --config FILE [--set key=value ...] [--warmup N] [--steps N] [--out FILE.json]
                  [--peak-tflops X]
+    reference.py ... --profile TRACE.json               # also a Chrome trace of the timed steps (torch.profiler)
     reference.py --describe --config FILE [--set ...]   # the model's state shapes and FLOPs, as JSON
     reference.py --print-defaults                       # this script's copy of the trainer's defaults
 
@@ -18,7 +19,9 @@ on speed:
              plain path written out; --attention plain forces the latter), tanh GELU, output tied to transformer.wte.weight,
              GPT-2 init); model.context (0 = the registered one), model.dropout; the vocabulary is
              --vocab-size, else model.vocab_size, else the registered model's (compare.py passes the
-             trainer's, which for data.kind tokens is the token file's).
+             trainer's, which for data.kind tokens is the token file's); model.vocab_multiple pads the
+             token embedding's rows as models/gpt.h does (zero rows, their logits dropped before the loss);
+             model.fused_bias false writes each Linear as the matmul and a separate add.
   data       data.kind synthetic with an image model: a pool of 4 pre-generated batches of data.shape, uint8 noise
              normalized as the trainer's synthetic dataset (mean 0.5, std of uniform bytes), float32
              NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's
@@ -35,9 +38,16 @@ on speed:
              loss.item(): the one host sync per step, as the trainer.
   optimizer  torch.optim.SGD (momentum, nesterov, weight decay) or AdamW, no weight decay on tensors with
              fewer than 2 dims unless optim.decay_norm_and_bias; the trainer's LR schedule per step.
+             optim.implementation as the trainer's: auto = torch.optim's default (foreach on CUDA, a loop
+             over the tensors on the CPU: what the trainer's auto picks), plain = foreach=False, foreach =
+             foreach=True, fused = fused=True (an error where this torch has no fused kernel).
   threads    torch.set_num_threads(train.threads, or the CPUs this process may use: affinity and cgroup
              quota, as trainer/memory/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
 Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
+Not needed here: train.snapshot (Python keeps no snapshot for a retried step).
+--profile: torch.profiler (CPU ops, and CUDA kernels, copies and runtime calls on a GPU) over the timed
+steps, each inside record_function("ProfilerStep#<step>") (1-based, as `trainer bench --profile` names
+them), prepared one step ahead; exported with export_chrome_trace. bench/profile_table.py reads it.
 Token jobs add tokens_per_s_median / tokens_per_s_aggregate (= samples/s x context), context and
 vocab_size to the JSON, as `trainer bench` does.
 
@@ -63,7 +73,8 @@ import yaml
 # copy equals the trainer's, key for key.
 DEFAULTS = {
     "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
-              "init_from": "", "context": 0, "vocab_size": 0, "dropout": 0.0},
+              "init_from": "", "context": 0, "vocab_size": 0, "vocab_multiple": 1, "fused_bias": True,
+              "dropout": 0.0},
     "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
              "in_memory": True, "check_timeout_s": 30.0, "shape": [3, 224, 224], "synthetic_size": 10000,
              "workers": 0, "prefetch": 2, "crop_padding": 0, "hflip": False, "normalize": True,
@@ -71,12 +82,13 @@ DEFAULTS = {
              "size": 224, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "crop_pct": 0.875,
              "max_image_pixels": 100000000},
     "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
-              "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0},
+              "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0,
+              "implementation": "auto"},
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0, "min_lr": 0.0, "milestones": [],
                  "gamma": 0.1},
     "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,
               "eval_batch": 500, "eval_batches": 0, "label_smoothing": 0.0, "device": "auto", "threads": 0,
-              "deterministic": False},
+              "deterministic": False, "snapshot": "batched"},
     "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
             "backoff_factor": 0.5, "growth_interval": 2000},
     "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,
@@ -202,6 +214,8 @@ def gpt_arch(cfg):
     elif cfg["model"]["vocab_size"] > 0:
         a["vocab_size"] = cfg["model"]["vocab_size"]
     a["dropout"] = cfg["model"]["dropout"]
+    a["vocab_multiple"] = cfg["model"]["vocab_multiple"]
+    a["fused_bias"] = cfg["model"]["fused_bias"]
     return a
 
 
@@ -386,6 +400,13 @@ def build_gpt(a, torch, nn, F, device=None):
     device="meta" builds it without memory (for --describe)."""
     fused = ATTENTION == "auto" and hasattr(F, "scaled_dot_product_attention")
 
+    linear = {"fused_bias": a.get("fused_bias", True)}  # forward_flops turns it on: its hooks see nn.Linear calls
+
+    def lin(layer, x):
+        """nn.Linear (the bias inside the matmul), or with model.fused_bias false what LibTorch's nn::Linear
+        runs for (B, T, C): the matmul, then the bias added over the whole output."""
+        return layer(x) if linear["fused_bias"] else torch.matmul(x, layer.weight.t()) + layer.bias
+
     class SelfAttention(nn.Module):
         """models/attention.cpp SelfAttentionImpl: the fused kernel where torch has it (the trainer's
         automatic backend), else the plain path (what LibTorch 1.13 runs)."""
@@ -401,7 +422,7 @@ def build_gpt(a, torch, nn, F, device=None):
         def forward(self, x):
             B, T, C = x.shape
             nh, hs = self.n_head, C // self.n_head
-            q, k, v = self.c_attn(x).split(C, dim=2)            # 3 x (B, T, C)
+            q, k, v = lin(self.c_attn, x).split(C, dim=2)       # 3 x (B, T, C)
             q = q.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
             k = k.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
             v = v.view(B, T, nh, hs).transpose(1, 2)            # (B, nh, T, hs)
@@ -417,7 +438,7 @@ def build_gpt(a, torch, nn, F, device=None):
                 y = torch.matmul(att, v)                        # (B, nh, T, hs)
             self.macs = 2 * T * T * C
             y = y.transpose(1, 2).contiguous().view(B, T, C)    # (B, T, C)
-            return self.resid_dropout(self.c_proj(y))
+            return self.resid_dropout(lin(self.c_proj, y))
 
     class MLP(nn.Module):
         def __init__(self):
@@ -427,7 +448,7 @@ def build_gpt(a, torch, nn, F, device=None):
             self.dropout = nn.Dropout(a["dropout"])
 
         def forward(self, x):
-            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+            return self.dropout(lin(self.c_proj, F.gelu(lin(self.c_fc, x), approximate="tanh")))
 
     class Block(nn.Module):
         def __init__(self):
@@ -441,19 +462,25 @@ def build_gpt(a, torch, nn, F, device=None):
             h = x + self.attn(self.ln_1(x))
             return h + self.mlp(self.ln_2(h))
 
+    V = a["vocab_size"]
+    m = a.get("vocab_multiple", 1)
+    padded = (V + m - 1) // m * m  # models/gpt.h GPTImpl::padded_vocab
+
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
             self.transformer = nn.ModuleDict(dict(
-                wte=nn.Embedding(a["vocab_size"], a["n_embd"], device=device),
+                wte=nn.Embedding(padded, a["n_embd"], device=device),
                 wpe=nn.Embedding(a["context"], a["n_embd"], device=device),
                 drop=nn.Dropout(a["dropout"]), h=nn.ModuleList([Block() for _ in range(a["n_layer"])]),
                 ln_f=nn.LayerNorm(a["n_embd"], device=device)))
             self.head_macs = 0  # the tied output projection of the last forward, per sequence
+            self.linear = linear
             # GPT-2 init (models/gpt.cpp, gpt2_init_block): N(0, 0.02), biases 0, the two c_proj per block
             # N(0, 0.02 / sqrt(2 n_layer)); LayerNorms keep weight 1, bias 0.
             with torch.no_grad():
-                nn.init.normal_(self.transformer.wte.weight, 0.0, 0.02)
+                nn.init.normal_(self.transformer.wte.weight[:V], 0.0, 0.02)
+                nn.init.zeros_(self.transformer.wte.weight[V:])  # padding rows: never looked up, logits dropped
                 nn.init.normal_(self.transformer.wpe.weight, 0.0, 0.02)
                 for b in self.transformer.h:
                     for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj):
@@ -470,7 +497,8 @@ def build_gpt(a, torch, nn, F, device=None):
                 x = b(x)
             x = self.transformer.ln_f(x)
             self.head_macs = T * a["n_embd"] * a["vocab_size"]
-            return F.linear(x, self.transformer.wte.weight)  # (B, T, V): tied to the token embedding
+            logits = F.linear(x, self.transformer.wte.weight)  # (B, T, padded): tied to the token embedding
+            return logits[..., :V] if padded != V else logits  # (B, T, V)
 
         def extra_macs(self):
             """Multiply-adds the Linear hooks do not see: attention matmuls and the tied projection."""
@@ -668,15 +696,25 @@ def forward_flops(model, shape, torch, nn):
             handles.append(m.register_forward_hook(linear_hook))
     was_training = model.training
     model.eval()
+    linear = getattr(model, "linear", {})
+    fused = linear.get("fused_bias")
+    linear["fused_bias"] = True  # the same FLOPs either way; the hooks see nn.Linear calls only
     with torch.no_grad():
         model(torch.zeros(1, *shape, dtype=torch.long if len(shape) == 1 else torch.float,
                           device=next(model.parameters()).device))
+    if fused is not None:
+        linear["fused_bias"] = fused
     model.train(was_training)
     for h in handles:
         h.remove()
     if hasattr(model, "extra_macs"):
         macs[0] += model.extra_macs()
     return 2.0 * macs[0]
+
+
+def optimizer_implementation(name):
+    """torch.optim's keyword arguments for optim.implementation (trainer/optim.h's choice of kernels)."""
+    return {"auto": {}, "plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[name]
 
 
 def learning_rate(cfg, step, total_steps, warmup_steps):
@@ -740,10 +778,16 @@ def run(cfg, args, torch):
     for p in model.parameters():
         (decay if o["decay_norm_and_bias"] or p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    if o["name"] == "sgd":
-        opt = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"] and o["momentum"] > 0)
-    else:
-        opt = torch.optim.AdamW(groups, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+    impl = optimizer_implementation(o["implementation"])
+    try:
+        if o["name"] == "sgd":
+            opt = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"],
+                                  nesterov=o["nesterov"] and o["momentum"] > 0, **impl)
+        else:
+            opt = torch.optim.AdamW(groups, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"], **impl)
+    except (TypeError, RuntimeError) as e:  # a torch without the fused kernel for this optimizer or device
+        raise ConfigError("config: key 'optim.implementation': %s is not available in torch %s for %s: %s"
+                          % (o["implementation"], torch.__version__, o["name"], e))
     if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # 2.3+
         scaler = torch.amp.GradScaler("cuda", init_scale=amp["init_scale"], growth_factor=amp["growth_factor"],
                                       backoff_factor=amp["backoff_factor"], growth_interval=amp["growth_interval"],
@@ -779,7 +823,21 @@ def run(cfg, args, torch):
     warmup_sched = cfg["schedule"]["warmup_steps"]  # warmup_epochs has no meaning for a synthetic pool
     records, t_end = [], {}
     model.train()
+    prof = None
+    if args.profile:
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        prof = torch.profiler.profile(activities=acts)
     for step in range(total):
+        # --profile: prepared a step ahead (as the trainer's StepProfiler), then the timed steps, each in
+        # its "ProfilerStep#<1-based step>" scope.
+        profiled = prof is not None and step >= args.warmup
+        if prof is not None and step == max(0, args.warmup - 1):
+            prof.prepare_trace()
+        if profiled and step == args.warmup:
+            prof.start_trace()
+        scope = torch.autograd.profiler.record_function("ProfilerStep#%d" % (step + 1)) if profiled else None
+        if scope is not None:
+            scope.__enter__()
         t0 = time.perf_counter()
         images, labels = pool[step % POOL_BATCHES]
         t1 = time.perf_counter()
@@ -811,6 +869,11 @@ def run(cfg, args, torch):
         t_end[step + 1] = t2
         records.append({"step": step + 1, "step_time_s": t2 - t1, "data_wait_s": t1 - t0, "loss": loss_value,
                         "mem_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None})
+        if scope is not None:
+            scope.__exit__(None, None, None)
+    if prof is not None:
+        prof.stop_trace()
+        prof.export_chrome_trace(args.profile)
 
     timed = records[args.warmup:]
     step_time = [r["step_time_s"] for r in timed]
@@ -859,6 +922,10 @@ def run(cfg, args, torch):
         "config_yaml": yaml.safe_dump(cfg, sort_keys=False),
     })
     res.update(environment(torch, device, name))
+    if prof is not None:
+        res["profile"] = {"trace": args.profile, "first_step": args.warmup + 1, "last_step": total,
+                          "activities": ["cpu", "cuda"] if cuda else ["cpu"], "writer": "torch.profiler"}
+        res["profiled"] = True  # the timings above include the profiler's overhead
     if tokens:
         fused = ATTENTION == "auto" and hasattr(torch.nn.functional, "scaled_dot_product_attention")
         res["versions"]["models"] = "builtin (models/gpt.cpp's GPT), attention " + ("fused" if fused else "plain")
@@ -928,6 +995,7 @@ def main():
                          "trainer's automatic backend) or plain (written out)")
     ap.add_argument("--vocab-size", type=int, default=0,
                     help="a GPT's vocabulary (default: the registered model's; the trainer takes the token file's)")
+    ap.add_argument("--profile", default="", help="write a Chrome trace of the timed steps (torch.profiler) here")
     ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
     ap.add_argument("--dump-batches", default="",
                     help="data.kind synthetic with a GPT: torch.save the pool {x0, y0, x1, ...} here and exit")

@@ -13,6 +13,11 @@
 //                              1.13 and a c10::DeviceIndex in 2.x; both accept a DeviceIndex argument.
 //   multi-tensor ops           _foreach_{add,mul,addcmul,addcdiv,      also _foreach_copy_ and _foreach_mul_ by
 //                              sqrt,div,norm} (scalar and list forms)  a 0-dim tensor (2.1+)
+//   fused optimizers           _fused_adam_ (CUDA) only                 _fused_adamw_ and _fused_sgd_, CUDA and CPU
+//                                                                       kernels (2.4+; 2.11's headers checked)
+//   profiler events            KinetoEvent::startUs/durationUs          startNs/durationNs (detected, not versioned)
+//   profiler traces            Debian's build has no Kineto: events     ProfilerResult::save writes Kineto's
+//                              are collected, save() throws             Chrome trace (the pip wheels have Kineto)
 //   cuDNN tuning               setBenchmarkCuDNN, setBenchmarkLimitCuDNN in both; the switch that stops the
 //                              caching allocator's cache being emptied after each benchmark timing
 //                              (at::native::_cudnn_set_conv_benchmark_empty_cache) only in 2.x
@@ -24,6 +29,9 @@
 #include <torch/version.h>
 
 #include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #define TRAINER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -143,6 +151,68 @@ inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
 #else
   for (const auto& t : tensors) t.mul_(factor.to(t.dtype()));
 #endif
+}
+
+// ---- fused optimizers ---------------------------------------------------------------------------
+
+/// True where at::_fused_adamw_ and at::_fused_sgd_ exist with CPU and CUDA kernels (2.4+). 1.13 has
+/// only _fused_adam_ (CUDA, no decoupled weight decay).
+constexpr bool kHasFusedOptimizers = TRAINER_TORCH_AT_LEAST(2, 4);
+
+/// at::_fused_adamw_ (no amsgrad, not maximizing, no grad scale): for each i, p[i] *= 1 - lr * weight_decay,
+/// then Adam's update with the bias corrections of step `steps[i]` (float32 0-dim tensors on the
+/// parameters' device, read, not incremented). Every tensor on one device, one dtype per list. Throws
+/// c10::Error where kHasFusedOptimizers is false.
+inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                         at::TensorList steps, double lr, double beta1, double beta2, double weight_decay, double eps) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
+                    eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1, (void)beta2,
+      (void)weight_decay, (void)eps;
+  TORCH_CHECK(false, "the fused AdamW kernel needs LibTorch 2.4 or later, this is ", torch_version());
+#endif
+}
+
+/// at::_fused_sgd_ (no dampening, not maximizing, no grad scale): g += weight_decay * p; with momentum,
+/// buf = momentum * buf + g (`momentum_buffers` empty when momentum is 0) and g = nesterov ? g + momentum *
+/// buf : buf; p -= lr * g. Throws c10::Error where kHasFusedOptimizers is false.
+inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
+                       double momentum, double lr, bool nesterov) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  // is_first_step false: the buffers start at zero, so the first step's momentum * 0 + g is PyTorch's
+  // first-step buf = g.
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
+                  /*maximize=*/false, /*is_first_step=*/false);
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr, (void)nesterov;
+  TORCH_CHECK(false, "the fused SGD kernel needs LibTorch 2.4 or later, this is ", torch_version());
+#endif
+}
+
+// ---- the profiler ---------------------------------------------------------------------------------
+// Templates on the event type, so this header needs no profiler include.
+
+namespace detail {
+template <typename E, typename = void>
+struct HasStartNs : std::false_type {};
+template <typename E>
+struct HasStartNs<E, std::void_t<decltype(std::declval<const E&>().startNs())>> : std::true_type {};
+}  // namespace detail
+
+/// A torch::autograd::profiler::KinetoEvent's start, in microseconds (1.13 counts in us, 2.x in ns).
+template <typename KinetoEvent>
+double profiler_event_start_us(const KinetoEvent& e) {
+  if constexpr (detail::HasStartNs<KinetoEvent>::value) return static_cast<double>(e.startNs()) / 1000.0;
+  else return static_cast<double>(e.startUs());
+}
+
+/// Its duration, in microseconds.
+template <typename KinetoEvent>
+double profiler_event_duration_us(const KinetoEvent& e) {
+  if constexpr (detail::HasStartNs<KinetoEvent>::value) return static_cast<double>(e.durationNs()) / 1000.0;
+  else return static_cast<double>(e.durationUs());
 }
 
 // ---- cuDNN ------------------------------------------------------------------------------------------

@@ -79,6 +79,9 @@ ImageFolderDataset::ImageFolderDataset(std::string dir, ImageTransform transform
     spdlog::warn("data: class folder {}/{} holds no image; class index {} stays reserved for it", printable_name(dir_),
                  printable_name(c),
                  std::find(index_.classes.begin(), index_.classes.end(), c) - index_.classes.begin());
+  for (const auto& f : index_.not_regular)
+    spdlog::warn("data: {}: not a regular file (a link to a device, a FIFO, a socket or a dangling link); passed over",
+                 printable_name(f));
   meta_.num_classes = static_cast<int64_t>(index_.classes.size());
   for (const auto& c : index_.classes) meta_.class_names.push_back(printable_name(c));
   if (mean.size() == 3 && std.size() == 3) {
@@ -111,7 +114,9 @@ void ImageFolderDataset::read_epoch(const std::vector<int64_t>& indices, int64_t
     if (!error.empty()) {
       labels_out[k] = kIgnoreLabel;
       SampleFailure f{i, printable_name(path) + " (sample " + std::to_string(i) + "): " + error};
-      spdlog::warn("data: {}; a zero image with its label ignored takes its place", f.what);
+      // Once per epoch that draws it (the prefetch may read the next epoch's first batches while this
+      // one still trains): the line says which pass over the data it is, counted from 1.
+      spdlog::warn("data: {}, read for epoch {}; a zero image with its label ignored takes its place", f.what, epoch + 1);
       if (failures) failures->push_back(std::move(f));
     }
   }

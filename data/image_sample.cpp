@@ -87,12 +87,16 @@ ImageFolderIndex scan_image_folder(const std::string& dir) {
     const fs::path cdir = fs::path(dir) / idx.classes[k];
     for (auto it = fs::recursive_directory_iterator(cdir, fs::directory_options::follow_directory_symlink, ec);
          !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (!it->is_regular_file(ec)) continue;
-      if (image_extension(it->path())) files.push_back(it->path().string());
-      else ++idx.other_files;
+      std::error_code st;  // a dangling link has no status: it is passed over, not an error of the listing
+      if (it->is_directory(st)) continue;
+      const bool regular = it->is_regular_file(st);
+      if (!image_extension(it->path())) ++idx.other_files;
+      else if (regular) files.push_back(it->path().string());
+      else idx.not_regular.push_back(it->path().string());  // a link to a device, a FIFO, a socket, a dangling link
     }
     if (ec) throw std::runtime_error("image folder '" + printable_name(cdir.string()) + "': cannot list it (" + ec.message() + ")");
     std::sort(files.begin(), files.end());
+    std::sort(idx.not_regular.begin(), idx.not_regular.end());
     if (files.empty()) idx.empty_classes.push_back(idx.classes[k]);
     for (auto& f : files) {
       idx.files.push_back(std::move(f));

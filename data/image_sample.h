@@ -70,6 +70,9 @@ struct ImageFolderIndex {
   std::vector<std::string> empty_classes;
   /// Files under the class folders with another extension (not read).
   int64_t other_files = 0;
+  /// Paths with an image extension that are not regular files (a link to a device such as /dev/zero, a
+  /// FIFO, a socket, a dangling link): passed over, never opened, and listed so the user is told.
+  std::vector<std::string> not_regular;
 };
 
 /// Lists `dir` as torchvision's ImageFolder does (classes = sorted sub-folder names, files found

@@ -300,7 +300,9 @@ void PackedImageDataset::read_epoch(const std::vector<int64_t>& indices, int64_t
     if (!error.empty()) {
       labels_out[k] = kIgnoreLabel;
       SampleFailure f{i, path_ + " image " + std::to_string(i) + ": " + error};
-      spdlog::warn("data: {}; a zero image with its label ignored takes its place", f.what);
+      // Once per epoch that draws it (the prefetch may read the next epoch's first batches while this
+      // one still trains): the line says which pass over the data it is, counted from 1.
+      spdlog::warn("data: {}, read for epoch {}; a zero image with its label ignored takes its place", f.what, epoch + 1);
       if (failures) failures->push_back(std::move(f));
     }
   }

@@ -1,4 +1,4 @@
-// Writes the binary seeds of fuzz/corpus/ (HDF5, IDX, torch.save archives, checkpoint manifests): a few
+// Writes the binary seeds of fuzz/corpus/ (HDF5, IDX, torch.save archives, safetensors, checkpoint manifests): a few
 // valid files per reader and a few that break one rule each. The text seeds (YAML) are kept by hand.
 //
 //   build-fuzz/fuzz/fuzz_make_corpus fuzz/corpus
@@ -8,6 +8,7 @@
 #include "data/image_h5.h"
 #include "data/jpeg.h"
 #include "data/tokens.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/state_dict.h"
 // After LibTorch's headers: c10/util/variant.h calls an unqualified data(), which clang would otherwise
 // take for the namespace.
@@ -191,6 +192,16 @@ std::string manifest(const std::string& files, const std::string& step = "1", co
          "},\n  \"extra\": {\"reason\": \"every_steps\"}\n}\n";
 }
 
+// ---- safetensors ---------------------------------------------------------------------------------------
+
+// A safetensors file from its header text and data, as a hand-written (or hostile) file would be.
+std::string safetensors(const std::string& header, const std::string& data, uint64_t claimed_length = 0) {
+  const uint64_t n = claimed_length ? claimed_length : header.size();
+  std::string b;
+  for (int k = 0; k < 8; ++k) b.push_back(static_cast<char>(n >> (8 * k)));
+  return b + header + data;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,7 +210,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path out(argv[1]);
-  for (const char* t : {"idx", "image_h5", "tokens", "state_dict", "manifest"}) fs::create_directories(out / t);
+  for (const char* t : {"idx", "image_h5", "tokens", "state_dict", "safetensors", "manifest"}) fs::create_directories(out / t);
 
   {
     std::lock_guard<std::mutex> lock(data::hdf5_lock());
@@ -251,6 +262,38 @@ int main(int argc, char** argv) {
                                    {"u", torch::ones({1, 1}, torch::kUInt8)},
                                    {"t", torch::ones({2}, torch::kBool)}}));
   write(out / "state_dict" / "empty.pt", trainer::tensors_to_bytes({}));
+
+  const fs::path st = out / "safetensors";
+  write(st / "two_tensors.safetensors",
+        trainer::safetensors_bytes({{"conv.weight", torch::arange(6, torch::kFloat32).reshape({2, 3})},
+                                    {"bn.num_batches_tracked", torch::tensor(int64_t{7})}},
+                                   {{"format", "pt"}}));
+  write(st / "dtypes.safetensors",
+        trainer::safetensors_bytes({{"d", torch::ones({1}, torch::kDouble)}, {"f", torch::ones({2}, torch::kFloat)},
+                                    {"h", torch::ones({2}, torch::kHalf)}, {"b", torch::ones({3}, torch::kBFloat16)},
+                                    {"l", torch::ones({1}, torch::kLong)}, {"i", torch::ones({1}, torch::kInt)},
+                                    {"s", torch::ones({2}, torch::kShort)}, {"c", torch::ones({1}, torch::kChar)},
+                                    {"u", torch::ones({1, 1}, torch::kUInt8)}, {"t", torch::ones({2}, torch::kBool)}}));
+  write(st / "empty.safetensors", trainer::safetensors_bytes({}));
+  write(st / "zero_size_and_scalar.safetensors",
+        trainer::safetensors_bytes({{"z", torch::ones({0, 4})}, {"s", torch::tensor(2.5)}}));
+  // Another writer's layout: no padding, a float at an odd offset (read through one aligned copy).
+  write(st / "misaligned.safetensors",
+        safetensors(R"({"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"f":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})",
+                    std::string("\x07\x00\x00\x80\x3f", 5)));
+  // Hostile files, one broken rule each (tests/test_safetensors.cpp checks each one's error line).
+  const std::string f32 = R"("dtype":"F32","shape":[2],"data_offsets":)";
+  write(st / "header_past_end.safetensors", safetensors("{}", "", 1000));
+  write(st / "header_over_limit.safetensors", safetensors("{}", "", 200000000));
+  write(st / "overlap.safetensors", safetensors("{\"a\":{" + f32 + "[0,8]},\"b\":{" + f32 + "[4,12]}}", std::string(12, '\0')));
+  write(st / "gap.safetensors", safetensors("{\"a\":{" + f32 + "[0,8]},\"b\":{" + f32 + "[12,20]}}", std::string(20, '\0')));
+  write(st / "past_end.safetensors", safetensors("{\"a\":{" + f32 + "[0,8]}}", std::string(4, '\0')));
+  write(st / "overflowing_shape.safetensors",
+        safetensors(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""));
+  write(st / "unknown_dtype.safetensors", safetensors(R"({"a":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", "abcd"));
+  write(st / "duplicate_names.safetensors", safetensors("{\"a\":{" + f32 + "[0,8]},\"a\":{" + f32 + "[8,16]}}", std::string(16, '\0')));
+  write(st / "not_an_object.safetensors", safetensors("[1, 2, 3]", ""));
+  write(st / "bool_byte_2.safetensors", safetensors(R"({"t":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x02", 2)));
 
   const std::string model = "model bytes\n", state = "{\"step\": 1}";  // as fuzz_manifest.cpp's folder
   auto entry = [](const std::string& name, const std::string& bytes) {

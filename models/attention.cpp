@@ -25,6 +25,11 @@ torch::Tensor plain_attention(const torch::Tensor& q, const torch::Tensor& k, co
   return torch::matmul(att, v);  // (B, nh, T, hs)
 }
 
+// A Linear layer applied to x: with the bias fused into the matmul (at::linear), or nn::Linear's forward.
+torch::Tensor run_linear(nn::Linear& layer, const torch::Tensor& x, bool fused_bias) {
+  return fused_bias ? torch::linear(x, layer->weight, layer->bias) : layer->forward(x);
+}
+
 }  // namespace
 
 std::string to_string(AttentionBackend backend) {
@@ -63,18 +68,18 @@ SelfAttentionImpl::SelfAttentionImpl(const TransformerBlockOptions& o) : options
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), nh = options.n_head(), hs = C / nh;
-  auto qkv = c_attn(x).split(C, /*dim=*/2);                  // 3 x (B, T, C)
+  auto qkv = run_linear(c_attn, x, options.fused_bias()).split(C, /*dim=*/2);  // 3 x (B, T, C)
   auto q = qkv[0].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
   auto k = qkv[1].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
   auto v = qkv[2].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
   const double p = is_training() ? options.dropout() : 0.0;
   auto y = scaled_dot_product_attention(q, k, v, options.causal(), p, backend);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});        // (B, T, C): heads side by side
-  return resid_dropout(c_proj(y));
+  return resid_dropout(run_linear(c_proj, y, options.fused_bias()));
 }
 
 // ---------------------------------------------------------------------------------------------------------
-MLPImpl::MLPImpl(const TransformerBlockOptions& o) {
+MLPImpl::MLPImpl(const TransformerBlockOptions& o) : fused_bias(o.fused_bias()) {
   TORCH_CHECK(o.mlp_ratio() > 0, "MLP: mlp_ratio must be positive, got ", o.mlp_ratio());
   c_fc = register_module("c_fc", nn::Linear(o.n_embd(), o.mlp_ratio() * o.n_embd()));
   c_proj = register_module("c_proj", nn::Linear(o.mlp_ratio() * o.n_embd(), o.n_embd()));
@@ -83,7 +88,7 @@ MLPImpl::MLPImpl(const TransformerBlockOptions& o) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // GPT-2 used the tanh approximation of GELU; keeping it makes GPT-2 weights give GPT-2's outputs.
-  return dropout(c_proj(torch::gelu(c_fc(x), "tanh")));
+  return dropout(run_linear(c_proj, torch::gelu(run_linear(c_fc, x, fused_bias), "tanh"), fused_bias));
 }
 
 // ---------------------------------------------------------------------------------------------------------

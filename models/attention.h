@@ -46,6 +46,11 @@ struct TransformerBlockOptions {
   TORCH_ARG(bool, causal) = true;
   /// Hidden width of the MLP = mlp_ratio * n_embd (4 in GPT-2 and ViT).
   TORCH_ARG(int64_t, mlp_ratio) = 4;
+  /// The Linear layers add their bias inside the matmul: torch::linear, one addmm for a contiguous
+  /// (B, T, C) input, as PyTorch's nn.Linear. false: nn::Linear's own forward, which for inputs of more
+  /// than 2 dimensions runs the matmul and then a separate add over the whole output (LibTorch's C++
+  /// functional linear); kept to measure the difference (config model.fused_bias).
+  TORCH_ARG(bool, fused_bias) = true;
 };
 
 /// Multi-head self-attention. Input (B, T, C) -> output (B, T, C). Children: c_attn (Linear C -> 3C,
@@ -71,6 +76,7 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const TransformerBlockOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
 
+  bool fused_bias = true;  ///< TransformerBlockOptions::fused_bias
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};

@@ -15,7 +15,13 @@ const GPTOptions& checked(const GPTOptions& o) {
               "GPT: n_embd must be a positive multiple of n_head, got n_embd ", o.n_embd(), ", n_head ",
               o.n_head());
   TORCH_CHECK(o.dropout() >= 0 && o.dropout() < 1, "GPT: dropout must be in [0, 1), got ", o.dropout());
+  TORCH_CHECK(o.vocab_multiple() >= 1, "GPT: vocab_multiple must be at least 1, got ", o.vocab_multiple());
   return o;
+}
+
+int64_t padded(const GPTOptions& o) {
+  const int64_t m = o.vocab_multiple();
+  return (o.vocab_size() + m - 1) / m * m;
 }
 
 }  // namespace
@@ -26,7 +32,8 @@ GPTTransformerImpl::GPTTransformerImpl(const GPTOptions& o)
       drop(register_module("drop", nn::Dropout(o.dropout()))),
       h(register_module("h", nn::ModuleList())),
       ln_f(register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({o.n_embd()})))) {
-  const auto block = TransformerBlockOptions(o.n_embd(), o.n_head()).dropout(o.dropout()).causal(true);
+  const auto block =
+      TransformerBlockOptions(o.n_embd(), o.n_head()).dropout(o.dropout()).causal(true).fused_bias(o.fused_bias());
   for (int64_t i = 0; i < o.n_layer(); ++i) h->push_back(TransformerBlock(block));
 }
 
@@ -35,6 +42,13 @@ GPTImpl::GPTImpl(const GPTOptions& o)
   for (int64_t i = 0; i < o.n_layer(); ++i) blocks_.emplace_back(transformer->h->ptr<TransformerBlockImpl>(i));
   torch::NoGradGuard no_grad;
   nn::init::normal_(transformer->wte->weight, 0.0, 0.02);
+  if (padded_vocab() != o.vocab_size()) {
+    // Padded after every draw the unpadded model makes, so that both start from the same numbers.
+    // set_data keeps the parameter's identity (the module's and any optimizer's references).
+    auto& w = transformer->wte->weight;
+    w.set_data(torch::cat({w, torch::zeros({padded_vocab() - o.vocab_size(), o.n_embd()}, w.options())}));
+    transformer->wte->options.num_embeddings(padded_vocab());
+  }
   nn::init::normal_(transformer->wpe->weight, 0.0, 0.02);
   for (auto& b : blocks_) gpt2_init_block(*b, o.n_layer());
 }
@@ -50,7 +64,9 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   for (int64_t i = 0; i < num_blocks(); ++i) x = run_block(i, x);
   x = transformer->ln_f(x);
   // Weight tying (Press & Wolf 2017): the output projection is the token embedding matrix.
-  return torch::linear(x, transformer->wte->weight);  // (B, T, V)
+  auto logits = torch::linear(x, transformer->wte->weight);  // (B, T, padded V)
+  // The padding columns go before anything sees them: (B, T, V), a view whose rows keep the padded stride.
+  return padded_vocab() == options.vocab_size() ? logits : logits.narrow(-1, 0, options.vocab_size());
 }
 
 torch::Tensor GPTImpl::run_block(int64_t i, const torch::Tensor& x) {
@@ -69,6 +85,8 @@ double GPTImpl::forward_flops(const std::vector<int64_t>& sample_shape) const {
   for (const auto& b : blocks_) flops += b->flops(T);
   return flops + 2.0 * T * options.n_embd() * options.vocab_size();  // the tied output projection
 }
+
+int64_t GPTImpl::padded_vocab() const { return padded(options); }
 
 void GPTImpl::set_attention_backend(AttentionBackend backend) {
   for (auto& b : blocks_) b->attn->backend = backend;

@@ -7,6 +7,13 @@
 // transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}, transformer.ln_f. The
 // output projection is transformer.wte.weight itself (one parameter): PyTorch's state_dict also lists it
 // as `lm_head.weight`, an alias this model has no separate entry for.
+//
+// With vocab_multiple > 1 the vocabulary is padded as nanoGPT pads GPT-2's 50257 to 50304: wte has
+// padded_vocab() rows, of which the last padded_vocab() - vocab_size are zero; the output matmul then
+// has an aligned width, and its padding columns are cut off before the logits leave the model. The
+// model computes the same function as the unpadded one (the padding rows are never looked up, their
+// logits never reach the loss, and their gradients are exactly zero, so they stay zero under SGD and
+// AdamW); only wte's shape in a state dict differs: (padded_vocab, n_embd).
 #pragma once
 
 #include "models/attention.h"
@@ -32,6 +39,11 @@ struct GPTOptions {
   TORCH_ARG(int64_t, n_embd) = 768;
   /// Dropout after the embeddings, on the attention probabilities and on every residual branch.
   TORCH_ARG(double, dropout) = 0.0;
+  /// The token embedding's rows (the output matmul's columns) are vocab_size rounded up to a multiple of
+  /// this; 1 = no padding. The logits keep vocab_size columns.
+  TORCH_ARG(int64_t, vocab_multiple) = 1;
+  /// TransformerBlockOptions::fused_bias of every block.
+  TORCH_ARG(bool, fused_bias) = true;
 };
 
 // The variants, one line each.
@@ -58,7 +70,8 @@ TORCH_MODULE(GPTTransformer);
 /// (B, T, vocab_size) float, where position t sees tokens 0..t only.
 ///
 /// Initialization (GPT-2 / nanoGPT): embeddings and Linear weights N(0, 0.02), Linear biases 0, the
-/// c_proj weights N(0, 0.02 / sqrt(2 n_layer)), LayerNorm weight 1, bias 0.
+/// c_proj weights N(0, 0.02 / sqrt(2 n_layer)), LayerNorm weight 1, bias 0. wte's first vocab_size rows
+/// draw the numbers the unpadded model's wte draws; its padding rows are zero.
 class GPTImpl : public ModelImpl {
  public:
   explicit GPTImpl(const GPTOptions& options);
@@ -74,6 +87,9 @@ class GPTImpl : public ModelImpl {
 
   /// Sets the attention implementation of every block (between forward calls).
   void set_attention_backend(AttentionBackend backend);
+
+  /// Rows of wte: vocab_size rounded up to a multiple of vocab_multiple.
+  int64_t padded_vocab() const;
 
   /// Block i (0 .. n_layer-1).
   TransformerBlock block(int64_t i) const { return blocks_.at(i); }

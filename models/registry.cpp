@@ -35,7 +35,7 @@ Factory gpt(GPTOptions arch) {
     override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
     override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
     override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
-    opts.dropout(o.dropout());
+    opts.dropout(o.dropout()).vocab_multiple(o.vocab_multiple()).fused_bias(o.fused_bias());
     return std::make_shared<GPTImpl>(opts);
   };
 }

@@ -25,6 +25,11 @@ struct ModelOptions {
   // value (e.g. gpt2's vocab_size 50257, vit_tiny's patch_size 4); ResNets ignore these fields.
   /// Language models: token ids are in [0, vocab_size).
   TORCH_ARG(int64_t, vocab_size) = 0;
+  /// Language models: the token embedding's rows rounded up to a multiple of this (GPTOptions::vocab_multiple);
+  /// 1 = none.
+  TORCH_ARG(int64_t, vocab_multiple) = 1;
+  /// GPT: every Linear layer adds its bias inside its matmul (TransformerBlockOptions::fused_bias).
+  TORCH_ARG(bool, fused_bias) = true;
   /// Language models: longest sequence (block size), the rows of the position embedding.
   TORCH_ARG(int64_t, context) = 0;
   /// Transformer blocks.

@@ -9,13 +9,16 @@
 #              (the wheelhouse and ccache are the Dockerfile's cache mounts, kept under
 #              ~/.cache/trainer/container/tmp/buildah-cache: a rerun fetches only the index pages)
 #   3. run     in the image, the run folder mounted from the host: `trainer --version` says LibTorch
-#              2.11 with CUDA; a job on synthetic data stopped with SIGTERM exits 143 with a checkpoint;
-#              a second container resumes it from the same folder and ends with the weights of an
-#              uninterrupted run (model.pt and optimizer.pt equal byte for byte); /healthz and /metrics
-#              answer from the host while it trains
+#              2.11 with CUDA; a job on synthetic data stopped with SIGTERM exits 143 with a checkpoint
+#              while a third container, started on the same folder with --wait-for-run-dir before the
+#              stop (the Kubernetes replacement pod), waits for it, resumes from that checkpoint and ends
+#              with the weights of an uninterrupted run (model.pt and optimizer.pt equal byte for byte)
+#              and every step once, in order, in metrics.jsonl; /healthz and /metrics answer from the
+#              host while it trains
 #   4. k8s     deploy/k8s-*.yaml against the Kubernetes schemas (kubernetes-validate --strict, from PyPI
 #              in a virtual environment under ~/.cache/trainer/), the PyTorchJob's pod templates as
-#              PodTemplates; the image, port and probe paths agree with the Dockerfile
+#              PodTemplates; the image, port and probe paths agree with the Dockerfile; the
+#              replacement pod's --wait-for-run-dir exceeds the grace period
 #
 # Why `--isolation chroot`: podman's OCI runtimes (crun, runc) cannot start a container without creating
 # cgroups, and the CI machines' hybrid cgroup v1 tree must not be changed. Chroot isolation creates no
@@ -160,6 +163,23 @@ run() {
   [[ -n $step && $step -ge 100 ]] || { tail -20 "$runs/stopped.out"; fail "no trainer_step >= 100 in /metrics"; }
   health=$(curl -fsS --max-time 2 "localhost:$port/healthz") || fail "/healthz did not answer 200"
   echo "run: /metrics trainer_step $step; /healthz: $health"
+  # The Kubernetes replacement pod: a third container on the same folder is already up, waiting for the
+  # run folder (--wait-for-run-dir), when the second is told to stop; it must wait for the SIGTERM save,
+  # then resume from it.
+  echo "run: a third container on the same folder waits for it (--wait-for-run-dir 120)"
+  local c3 pid3 waiting=""
+  new_container
+  c3=$ctr
+  run_in "$c3" "${job[@]}" --run-dir /runs/stopped --wait-for-run-dir 120 >"$runs/resumed.out" 2>&1 &
+  pid3=$!
+  for _ in $(seq 600); do   # up to 60 s for the container to start and say it waits
+    waiting=$(grep -m1 'waiting for pid' "$runs/resumed.out" || true)
+    [[ -n $waiting ]] && break
+    kill -0 $pid3 2>/dev/null || break
+    sleep 0.1
+  done
+  [[ -n $waiting ]] || { tail -20 "$runs/resumed.out"; fail "the third container did not wait for the run folder"; }
+  echo "run: ${waiting#*] }"
   # What `docker stop` does: the image's STOPSIGNAL (SIGTERM) to the container's process.
   tpid=$(descendant_named $pid trainer) || fail "no trainer process under the container"
   kill -TERM "$tpid"
@@ -170,20 +190,25 @@ run() {
   saved=$(cat "$runs/stopped/checkpoints/latest" 2>/dev/null) || fail "no checkpoint after SIGTERM"
   echo "run: exit 143, checkpoint $saved"
   [[ $saved < $(printf 'step-%08d' $steps) ]] || fail "the job finished before the SIGTERM ($saved)"
-
-  echo "run: a third container resumes it from the same folder"
-  local c3
-  new_container
-  c3=$ctr
-  run_in "$c3" "${job[@]}" --run-dir /runs/stopped >"$runs/resumed.out" 2>&1 ||
-    { tail -20 "$runs/resumed.out"; fail "the resumed job failed"; }
+  rc=0
+  wait $pid3 || rc=$?
+  [[ $rc -eq 0 ]] || { tail -20 "$runs/resumed.out"; fail "the waiting job exited $rc, expected 0"; }
+  grep -q "resum" "$runs/resumed.out" || { tail -20 "$runs/resumed.out"; fail "the waiting job did not resume"; }
   local last f
   last=$(printf 'step-%08d' $steps)
   for f in model.pt optimizer.pt; do
     cmp "$runs/full/checkpoints/$last/$f" "$runs/stopped/checkpoints/$last/$f" ||
       fail "$f of the resumed run differs from the uninterrupted run's"
   done
-  echo "run: resumed from $saved to $last; model.pt and optimizer.pt equal the uninterrupted run's byte for byte"
+  # Every step once, in order: no line of one container between the other's.
+  /usr/bin/python3 - "$runs/stopped/metrics.jsonl" "$steps" <<'EOF' || fail "metrics.jsonl does not hold every step once, in order"
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if l.strip() and "event" not in json.loads(l)]
+if steps != list(range(1, int(sys.argv[2]) + 1)):
+    sys.exit(f"{sys.argv[1]}: {len(steps)} step lines, first out of order at index "
+             f"{next((i for i, s in enumerate(steps) if s != i + 1), len(steps))}")
+EOF
+  echo "run: resumed from $saved to $last after waiting; model.pt and optimizer.pt equal the uninterrupted run's byte for byte; every step once in metrics.jsonl"
   cleanup
   containers=()
 }
@@ -219,6 +244,12 @@ EOF
     grep -q -- '--set=log.http_port=8080' "$m" || fail "$m does not set log.http_port=8080"
     grep -q -- '--set=log.http_host=0.0.0.0' "$m" || fail "$m does not set log.http_host=0.0.0.0"
     grep -q 'containerPort: 8080' "$m" || fail "$m does not expose 8080"
+    # A replacement pod waits for the run folder longer than the old pod may take to save and exit.
+    local wait grace
+    wait=$(grep -oE -- '--wait-for-run-dir=[0-9]+' "$m" | head -1 | cut -d= -f2)
+    grace=$(grep -oE 'terminationGracePeriodSeconds: [0-9]+' "$m" | head -1 | awk '{print $2}')
+    [[ -n $wait && -n $grace && $wait -gt $grace ]] ||
+      fail "$m: --wait-for-run-dir (${wait:-none}) must exceed terminationGracePeriodSeconds (${grace:-none})"
   done
   grep -q '^EXPOSE 8080$' deploy/Dockerfile || fail "deploy/Dockerfile does not EXPOSE 8080"
   rm -rf "$tmp"

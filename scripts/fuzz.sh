@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-60}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(idx image_h5 tokens state_dict config control manifest jpeg)
+((${#targets[@]})) || targets=(idx image_h5 tokens state_dict safetensors config control manifest jpeg)
 [[ $secs =~ ^[0-9]+$ ]] || { echo "fuzz.sh: SECONDS_PER_TARGET must be a whole number, got '$secs'" >&2; exit 2; }
 
 if ! command -v clang++-14 >/dev/null || [[ ! -e $(clang++-14 -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then

@@ -10,6 +10,14 @@
 #   tests    the CUDA-only tests (GradScaler with planted inf/nan, fused     on the device        they skip,
 #            unscale against the plain path, checkpointing with dropout,                          each with
 #            the retried step's CUDA RNG) and the in-process step tests                           its reason
+#   profile  a few steady steps of each model under the profiler on both     ResNet-50 fp16       ResNet-18,
+#            sides (trainer bench --profile, bench/reference.py --profile)  channels_last 256;   gpt_tiny
+#            and bench/profile_table.py's side-by-side table: by default,   GPT-2 small bf16
+#            and with the candidate fixes on (fused optimizer; GPT-2's      context 1024
+#            vocabulary padded to 50304); the traces gzipped
+#   fixes    bench/ab.py, each candidate fix off and on, trainer alone:      as profile           as profile
+#            the batched snapshot, the fused optimizer, the padded
+#            vocabulary (TRAINER_FIXES_ROUNDS rounds, default 1)
 #   cap      bench/cap_check.py: a cap cut through control.yaml mid-run      ResNet-50 224 fp16   plain CNN
 #            (backoff, grow-back: recovery and grow-back step times) per     channels_last,       28x28,
 #            cuDNN policy, each in a fresh process, side by side; auto       batch 256            batch 16
@@ -25,10 +33,13 @@
 #   summary  OUTDIR/summary.json: the figures above and the targets (ResNet-50 ratio >= 1.1, GPT-2 ratio
 #            >= 1.0 and MFU >= 50%), each marked met or missed
 #
-# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests cap speed jpeg summary)
+# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
+# runs when named)
 # Wall times on an H200 (docs/BENCHMARKS.md): env 12 s, tests 8 s, speed 128 s with TRAINER_SPEED_ROUNDS=2,
 # jpeg 42-62 s; cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU: `cap summary` fits one call
 # of 4 minutes; stages that would not end in time are skipped and listed).
+# profile and fixes: not yet measured on a GPU; estimated from the speed phase's runs (about 15 s each) at 8
+# runs for profile (about 2-2.5 min) and 8 for fixes (about 2 min).
 #
 # The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
 # `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
@@ -40,15 +51,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|cap|speed|summary ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|profile|cap|speed|jpeg|fixes|summary ...]" >&2; exit 2; }
 out=$1
 shift
 phases=("$@")
-((${#phases[@]})) || phases=(env tests cap speed jpeg summary)
+((${#phases[@]})) || phases=(env tests profile cap speed jpeg summary)
 for p in "${phases[@]}"; do
   case $p in
-    env | tests | cap | speed | jpeg | summary) ;;
-    *) echo "error: unknown phase '$p' (env, tests, cap, speed, jpeg, summary)" >&2; exit 2 ;;
+    env | tests | profile | cap | speed | jpeg | fixes | summary) ;;
+    *) echo "error: unknown phase '$p' (env, tests, profile, cap, speed, jpeg, fixes, summary)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out" || exit 2
@@ -124,6 +135,70 @@ cap_phase() {
     torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
   TRAINER_TORCH_LIB=$torch_lib "$py" bench/cap_check.py --trainer "$out/bin/trainer" "${cfg[@]}" --mode "$mode" \
     --budget-s "$budget" --workdir "$out/cap_runs" --out "$out/cap.json"
+}
+
+# The jobs of the profile and fixes phases: name|trainer config and --set's (the speed phase's jobs), and
+# their candidate fixes as key=value,... (the profile phase turns them on on both sides).
+profile_jobs() {
+  if [[ $mode == cuda ]]; then
+    echo "resnet50|--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16|optim.implementation=fused"
+    echo "gpt2|--config configs/bench_gpt2_small_synthetic.yaml|optim.implementation=fused,model.vocab_multiple=64"
+  else
+    # Debian's 1.13 has no fused kernels: the CPU mode switches the multi-tensor update instead.
+    echo "resnet50|--config configs/bench_resnet18_cpu.yaml --set train.threads=1 --set train.global_batch=8|optim.implementation=foreach"
+    echo "gpt2|--config configs/bench_gpt_tiny_cpu.yaml --set data.kind=synthetic --set data.train= --set train.threads=1 --set train.global_batch=4|optim.implementation=foreach,model.vocab_multiple=64"
+  fi
+}
+
+# Both sides profiled over the same steady steps (after the warmup: cuDNN's autotuning done), then the
+# table; once with the jobs as they are and once with the candidate fixes on both sides.
+profile_phase() {
+  local rc=0 warmup=10 steps=3 name job fixes variant sets t p
+  [[ $mode == cuda ]] || { warmup=1 steps=2; }
+  while IFS='|' read -r name job fixes; do
+    for variant in "" _fixes; do
+      # shellcheck disable=SC2206
+      sets=($job)
+      [[ -n $variant ]] && for kv in ${fixes//,/ }; do sets+=(--set "$kv"); done
+      t=$out/profile_$name$variant.trainer.trace.json p=$out/profile_$name$variant.python.trace.json
+      echo "-- $name$variant: ${sets[*]}"
+      "${trainer[@]}" bench "${sets[@]}" --warmup $warmup --steps $steps --profile "$t" \
+        --out "$out/profile_$name$variant.trainer.json" || { rc=1; continue; }
+      "$py" bench/reference.py "${sets[@]}" --warmup $warmup --steps $steps --profile "$p" \
+        --out "$out/profile_$name$variant.python.json" || { rc=1; continue; }
+      "$py" bench/profile_table.py --trainer "$t" --python "$p" --title "$name$variant (${sets[*]})" \
+        --out-md "$out/profile_$name$variant.md" --out-json "$out/profile_$name$variant.json" || { rc=1; continue; }
+      head -n 30 "$out/profile_$name$variant.md"
+      gzip -f "$t" "$p"
+    done
+  done < <(profile_jobs)
+  return $rc
+}
+
+# Each candidate fix off (A: the default) and on (B), the trainer alone, in alternating rounds (bench/ab.py);
+# the snapshot the other way round: B is the default (batched), A the earlier per-buffer copies.
+fixes_phase() {
+  local rc=0 warmup=10 steps=20 name job fixes kv
+  [[ $mode == cuda ]] || { warmup=1 steps=2; }
+  while IFS='|' read -r name job fixes; do
+    # shellcheck disable=SC2206
+    local sets=($job)
+    local pairs=()
+    [[ $name == resnet50 ]] && pairs+=("snapshot|train.snapshot=per_buffer|train.snapshot=batched")
+    for kv in ${fixes//,/ }; do
+      case ${kv%%=*} in
+        optim.implementation) pairs+=("optimizer|optim.implementation=auto|$kv") ;;
+        model.vocab_multiple) pairs+=("vocab|model.vocab_multiple=1|$kv") ;;
+      esac
+    done
+    for pair in "${pairs[@]}"; do
+      IFS='|' read -r what a b <<<"$pair"
+      "$py" bench/ab.py "${sets[@]}" --a "$a" --b "$b" --name "${name}_$what" \
+        --rounds "${TRAINER_FIXES_ROUNDS:-1}" --warmup $warmup --steps $steps --trainer "$out/bin/trainer" \
+        --workdir "$out/fixes_${name}_$what" --out "$out/fixes_${name}_$what.json" || rc=1
+    done
+  done < <(profile_jobs)
+  return $rc
 }
 
 speed_phase() {

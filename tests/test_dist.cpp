@@ -417,3 +417,47 @@ TEST(DistBench, OverheadScriptWritesConsistentJson) {
   EXPECT_NEAR(round["ranks"]["loss_last"].get<double>(), round["threads"]["loss_last"].get<double>(), 1e-5);
   std::filesystem::remove_all(j["work_dir"].get<std::string>());
 }
+
+// A second job on a held run folder: refused on every rank, each with its line; with --wait-for-run-dir
+// the job waits (its ranks kept in step by the wait's small all-reduces) and resumes from what the
+// holder saved on SIGTERM.
+TEST(DistTorchrun, HeldRunFolderIsRefusedOnEveryRankOrWaitedFor) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TempDir dir;
+  const std::string run_dir = (dir / "run").string();
+  pid_t holder = testutil::spawn(testutil::trainer_cmd(run_dir, job("--set train.steps=100000 --set checkpoint.every_steps=5")),
+                                 (dir / "holder.log").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](const auto& l) { return testutil::last_step(l) >= 1; }, 60))
+      << testutil::read_file(dir / "holder.log");
+  const std::string line = run_dir + ": the run folder is in use by pid " + std::to_string(holder);
+  auto r = testutil::run(torchrun(dir, run_dir, job("--set train.steps=10")));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  size_t refusals = 0;
+  for (size_t at = r.output.find(line); at != std::string::npos; at = r.output.find(line, at + 1)) ++refusals;
+  EXPECT_GE(refusals, 2u) << "one line from each rank:\n" << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/rank1")) << "rank 1 wrote nothing";
+
+  pid_t agent = testutil::spawn(torchrun(dir, run_dir, job("--set train.steps=100000") + " --wait-for-run-dir 120"),
+                                (dir / "torchrun.log").string());
+  // The job is up and rank 0 says whom it waits for.
+  bool waiting = false;
+  for (int i = 0; i < 1200 && !waiting; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    waiting = testutil::read_file(dir / "torchrun.log").find("waiting for pid " + std::to_string(holder)) != std::string::npos;
+  }
+  ASSERT_TRUE(waiting) << testutil::read_file(dir / "torchrun.log");
+  ::kill(holder, SIGTERM);
+  EXPECT_EQ(testutil::wait_exit(holder), 143) << testutil::read_file(dir / "holder.log");
+  ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](const auto& l) {
+    for (const auto& x : l)
+      if (x.value("event", "") == "resume") return true;
+    return false;
+  }, 120)) << testutil::read_file(dir / "torchrun.log");
+  ::kill(agent, SIGTERM);
+  testutil::wait_exit(agent);
+  const auto stops = testutil::events(run_dir, "stop");
+  const auto resumes = testutil::events(run_dir, "resume");
+  ASSERT_GE(stops.size(), 1u);
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"], stops[0]["step"]) << testutil::read_file(dir / "torchrun.log");
+}

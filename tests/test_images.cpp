@@ -12,6 +12,8 @@
 #include "train_util.h"
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -366,6 +368,72 @@ TEST(ImageDatasets, UndecodableSampleKeepsItsSlotAsAnIgnoredZeroImage) {
 
 namespace {
 
+// Counts every sample a dataset decodes, by (epoch, index), and passes the call on.
+class CountingDataset : public data::ImageDataset {
+ public:
+  explicit CountingDataset(std::shared_ptr<data::ImageDataset> inner) : inner_(std::move(inner)) {}
+  data::PixelLayout layout() const override { return inner_->layout(); }
+  void read_epoch(const std::vector<int64_t>& indices, int64_t epoch, uint8_t* images_out, int64_t* labels_out,
+                  std::vector<data::SampleFailure>* failures) const override {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (int64_t i : indices) ++decodes_[{epoch, i}];
+    }
+    inner_->read_epoch(indices, epoch, images_out, labels_out, failures);
+  }
+  int64_t size() const override { return inner_->size(); }
+  std::array<int64_t, 3> sample_shape() const override { return inner_->sample_shape(); }
+  const data::ImageMeta& meta() const override { return inner_->meta(); }
+  void read(const std::vector<int64_t>& indices, uint8_t* images_out, int64_t* labels_out) const override {
+    read_epoch(indices, 0, images_out, labels_out, nullptr);
+  }
+  std::map<std::pair<int64_t, int64_t>, int> decodes() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return decodes_;
+  }
+
+ private:
+  std::shared_ptr<data::ImageDataset> inner_;
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<int64_t, int64_t>, int> decodes_;
+};
+
+}  // namespace
+
+// A bad sample warned about twice in the first epoch of a 54-file folder was the prefetch reading the
+// next epoch's first batches (a new order that draws the sample again), not a second decode: within an
+// epoch every drawn sample is decoded exactly once, with the prefetch and its workers running.
+TEST(ImageDatasets, OneEpochDecodesEachSampleExactlyOnce) {
+  TempDir dir("images_decode_count");
+  make_split(dir / "train", {"a", "b"}, 27, 4);  // 54 files: 6 steps of 8 per epoch, 6 samples left over
+  auto counting = std::make_shared<CountingDataset>(
+      std::make_shared<data::ImageFolderDataset>((dir / "train").string(), transform(true)));
+  data::Loader loader(counting, loader_options(8));
+  std::map<int64_t, std::vector<int64_t>> drawn;  // epoch -> indices the consumer got
+  for (int k = 0; k < 12; ++k) {  // two epochs
+    const data::Batch b = loader.next();
+    auto& d = drawn[b.epoch];
+    d.insert(d.end(), b.indices.begin(), b.indices.end());
+  }
+  const auto decodes = counting->decodes();
+  for (int64_t epoch : {0, 1}) {
+    ASSERT_EQ(drawn[epoch].size(), 48u) << "epoch " << epoch;
+    std::set<int64_t> distinct(drawn[epoch].begin(), drawn[epoch].end());
+    EXPECT_EQ(distinct.size(), 48u) << "an epoch draws each sample at most once";
+    for (int64_t i : drawn[epoch]) EXPECT_EQ(decodes.at({epoch, i}), 1) << "epoch " << epoch << ", sample " << i;
+    int64_t decoded = 0;
+    for (const auto& [key, n] : decodes) decoded += key.first == epoch ? n : 0;
+    EXPECT_EQ(decoded, 48) << "nothing of epoch " << epoch << " decoded but what it draws";
+  }
+  // What the prefetch read ahead belongs to epoch 2, each sample once.
+  for (const auto& [key, n] : decodes) {
+    EXPECT_LE(key.first, 2);
+    EXPECT_EQ(n, 1) << "epoch " << key.first << ", sample " << key.second;
+  }
+}
+
+namespace {
+
 // configs/resnet50_imagefolder.yaml on a small generated folder: images of 32 px, 2 steps of 8.
 std::string recipe_args(const fs::path& root, const std::string& kind, const std::string& train, const std::string& test) {
   return "--config " + source_dir() + "/configs/resnet50_imagefolder.yaml --set data.kind=" + kind +
@@ -384,6 +452,9 @@ TEST(ImageRecipe, DryRunsAndTrainsFromAFolderWithABadFileAndFromItsPackedFile) {
   make_split(dir / "src/val", {"a", "b", "c"}, 2, 71);
   const auto good = data::read_file_bytes((dir / "src/train/b/img2.JPEG").string());
   write_bytes(dir / "src/train/b/img2.JPEG", std::vector<uint8_t>(good.begin(), good.begin() + 50));
+  // A link to a character device with an image's name: never opened (reading /dev/zero would not end),
+  // named by the dataset and listed by the converter.
+  fs::create_symlink("/dev/zero", dir / "src/train/c/zero.jpg");
 
   const std::string folder = recipe_args(dir.path, "image_folder", (dir / "src/train").string(), (dir / "src/val").string());
   CommandResult r = run(trainer_cmd((dir / "dry").string(), folder + " --dry-run"));
@@ -394,8 +465,16 @@ TEST(ImageRecipe, DryRunsAndTrainsFromAFolderWithABadFileAndFromItsPackedFile) {
 
   r = run(trainer_cmd((dir / "run_folder").string(), folder));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("img2.JPEG (sample 8): truncated JPEG data; a zero image with its label ignored"),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("c/zero.jpg: not a regular file (a link to a device, a FIFO, a socket or a dangling link); "
+                          "passed over"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("img2.JPEG (sample 8): truncated JPEG data, read for epoch "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; a zero image with its label ignored takes its place"), std::string::npos) << r.output;
+  // Warned once per epoch that reads it (the prefetch may read epoch 2's first batches), never twice.
+  for (const char* epoch : {"epoch 1;", "epoch 2;"}) {
+    const std::string line = std::string("img2.JPEG (sample 8): truncated JPEG data, read for ") + epoch;
+    const size_t first = r.output.find(line);
+    EXPECT_TRUE(first == std::string::npos || r.output.find(line, first + 1) == std::string::npos) << line << "\n" << r.output;
+  }
   const auto steps = step_lines((dir / "run_folder").string());
   ASSERT_EQ(steps.size(), 2u);
   for (const auto& s : steps) EXPECT_TRUE(std::isfinite(s["loss"].get<double>())) << s;
@@ -407,7 +486,12 @@ TEST(ImageRecipe, DryRunsAndTrainsFromAFolderWithABadFileAndFromItsPackedFile) {
   if (in_batches) EXPECT_EQ(bad[0]["index"], 8);
   EXPECT_FALSE(events((dir / "run_folder").string(), "eval").empty());
 
-  ASSERT_EQ(convert(dir / "src", dir / "out").exit_code, 0);
+  r = convert(dir / "src", dir / "out");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.h5 17 images (0 re-encoded, 2 skipped"), std::string::npos) << r.output;
+  const std::string skipped = read_file(dir / "out/train.skipped.txt");
+  EXPECT_NE(skipped.find("c/zero.jpg\tnot a regular file"), std::string::npos) << skipped;
+  EXPECT_NE(skipped.find("b/img2.JPEG\t"), std::string::npos) << skipped;
   r = run(trainer_cmd((dir / "run_packed").string(),
                       recipe_args(dir.path, "packed_images", (dir / "out/train.h5").string(), (dir / "out/val.h5").string())));
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -33,6 +33,9 @@ struct BenchOptions {
   std::string config_path;    ///< recorded in the result ("" = the built-in job)
   std::vector<std::string> overrides;  ///< the --set assignments, recorded in the result
   std::string command_line;   ///< recorded in the result
+  /// --profile: write a Chrome trace of the timed steps here (tools/bench_profile.h); the result then has a
+  /// "profile" object and its timings are taken under the profiler. "" = no profile.
+  std::string profile_path;
 };
 
 /// One optimizer step's line of metrics.jsonl, as the harness reads it.
@@ -95,7 +98,8 @@ std::vector<std::string> bench_overrides(const BenchOptions& opts);
 /// peak is known), rss_peak_bytes, config_yaml (resolved, with the bench overrides), config_file,
 /// overrides, command_line, and bench_environment()'s fields; for a token job also context (T), vocab_size
 /// (the token file's, which the model is built with), tokens_per_s_median and tokens_per_s_aggregate
-/// (samples/s x T). Throws std::runtime_error when training
+/// (samples/s x T); with opts.profile_path, profile (StepProfiler::describe(): the trace of the timed
+/// steps, CPU ops and on CUDA the device's activity) and profiled: true. Throws std::runtime_error when training
 /// fails (the message names the run folder, which is then kept) and ConfigError for a bad config.
 nlohmann::json bench_training(Config cfg, const BenchOptions& opts);
 
@@ -174,7 +178,7 @@ struct BenchCurveOptions {
 nlohmann::json bench_memory_curve(Config cfg, const BenchCurveOptions& opts);
 
 /// `trainer bench --config FILE [--set k=v ...] [--warmup N] [--steps N] [--out FILE.json] [--loader-only]
-/// [--peak-tflops X] [--run-dir DIR]`, or `trainer bench --oom [--rounds N] ...` (bench_oom; --warmup and
+/// [--peak-tflops X] [--run-dir DIR] [--profile TRACE.json]`, or `trainer bench --oom [--rounds N] ...` (bench_oom; --warmup and
 /// --steps default to 5 and 10 there), or `trainer bench --memory-curve [--limit SIZE ...] [--check]
 /// [--steps N] [--rounds N] ...` (bench_memory_curve; --steps defaults to 3): argv[0] is "bench". Prints a one-line summary to stderr and the
 /// JSON to --out (or stdout). Returns the exit code; throws std::exception with a one-line message for

@@ -44,10 +44,16 @@ json describe_run(const Config& cfg, const std::string& config_path, const std::
   return j;
 }
 
+void RunFolder::check_not_held(const std::string& dir) {
+  if (dir.empty()) return;
+  if (auto holder = RunFolderLock::held_by_other(dir)) throw RunFolderBusy(RunFolderLock::busy_message(dir, *holder, 0));
+}
+
 RunFolder RunFolder::make(const std::string& dir, const std::string& prefix) {
   if (!dir.empty()) {
-    fs::create_directories(dir);
-    return {dir, false};
+    RunLockOptions lo;
+    lo.command = prefix;
+    return {dir, false, RunFolderLock::acquire(dir, lo)};
   }
   std::string tmpl = (fs::temp_directory_path() / (prefix + "-XXXXXX")).string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error(tmpl + ": cannot create a temporary run folder");
@@ -82,7 +88,8 @@ int64_t Job::step_line(int64_t step) const {
   return -1;
 }
 
-Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir, const LineHook& hook) {
+Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir, const LineHook& hook,
+            StepObserver* observer) {
   Config cfg = base;
   for (const auto& s : sets) apply_override(cfg, s);
   validate(cfg);
@@ -92,6 +99,7 @@ Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::
   RunOptions ro;
   ro.run_dir = dir.string();
   ro.no_resume = true;
+  ro.observer = observer;
   {
     // `job` is written on the watcher's thread only until stop() joins it.
     MetricsWatcher watcher(dir, "metrics.jsonl", [&](const json& line, double unix_s, double elapsed_s) {

@@ -6,12 +6,15 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "common/run_lock.h"
 #include "tools/bench.h"
 #include "trainer/config.h"
+#include "trainer/train.h"
 
 namespace trainer::bench {
 
@@ -33,9 +36,14 @@ nlohmann::json describe_run(const Config& cfg, const std::string& config_path,
 struct RunFolder {
   std::filesystem::path path;
   bool temporary = false;
+  std::shared_ptr<RunFolderLock> lock;  ///< the user's folder is this bench's alone (common/run_lock.h)
 
-  /// `dir` (created if missing), or for "" a new folder `prefix`-XXXXXX in the temporary directory.
-  /// Throws std::runtime_error if the temporary folder cannot be made.
+  /// Throws RunFolderBusy (exit 2) if another process holds `dir` (""  = a temporary folder: never).
+  /// Called before a bench looks at what the folder holds, so a second bench names the first.
+  static void check_not_held(const std::string& dir);
+  /// `dir` (created if missing, and locked for this bench's life: its jobs share the lock), or for ""
+  /// a new folder `prefix`-XXXXXX in the temporary directory. Throws std::runtime_error if the folder
+  /// cannot be made, RunFolderBusy if another process holds it.
   static RunFolder make(const std::string& dir, const std::string& prefix);
   /// Sets the result's run_dir (null for a temporary folder) and removes a temporary folder. Called
   /// only when the measurement succeeded: a failed one keeps its folder for the error to name.
@@ -64,9 +72,10 @@ struct Job {
 using LineHook = std::function<void(const nlohmann::json& line)>;
 
 /// Runs the job with `sets` on top of `base` into the folder `dir` (created), through trainer::train()
-/// (the real loop, no resume), calling `hook` with every metrics line as it appears. Logging goes back
-/// to the console at `base`'s level afterwards.
+/// (the real loop, no resume), calling `hook` with every metrics line as it appears and telling
+/// `observer` (optional) of every step on the training thread. Logging goes back to the console at
+/// `base`'s level afterwards.
 Job run_job(const Config& base, const std::vector<std::string>& sets, const std::filesystem::path& dir,
-            const LineHook& hook = nullptr);
+            const LineHook& hook = nullptr, StepObserver* observer = nullptr);
 
 }  // namespace trainer::bench

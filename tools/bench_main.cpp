@@ -40,6 +40,9 @@ cxxopts::Options bench_options() {
       cxxopts::value<std::vector<std::string>>())(
       "check", "--memory-curve: check every prediction against the exhaustive search, and auto with and without "
       "the fit's start")(
+      "profile", "write a Chrome trace of the timed steps (LibTorch's profiler; CUDA kernels too on a GPU) "
+      "to this file; bench/profile_table.py compares it with bench/reference.py --profile's",
+      cxxopts::value<std::string>()->default_value(""))(
       "peak-tflops", "the device's peak TFLOP/s, for MFU (default: a table of known GPUs)",
       cxxopts::value<double>()->default_value("0"))(
       "run-dir", "keep the run folder here (default: a temporary one, removed)",
@@ -150,6 +153,10 @@ void print_summary(const json& j, const Config& cfg, const std::string& out) {
     std::cerr
               << j["samples_per_s_aggregate"].get<double>() << " (aggregate), data wait "
               << 100 * j["data_wait_share"].get<double>() << "%" << (out.empty() ? "" : " -> " + out) << std::endl;
+    if (j.contains("profile"))
+      std::cerr << "bench: profile of steps " << j["profile"]["first_step"] << ".." << j["profile"]["last_step"] << " ("
+                << j["profile"]["writer"].get<std::string>() << ") -> " << j["profile"]["trace"].get<std::string>()
+                << "; the timings above were taken under the profiler" << std::endl;
   }
 }
 
@@ -186,7 +193,11 @@ int bench_main(int argc, char** argv) {
   opts.config_path = a["config"].as<std::string>();
   opts.overrides = sets;
   opts.command_line = command_line;
+  opts.profile_path = a["profile"].as<std::string>();
   check_counts(opts);
+  if (!opts.profile_path.empty() && (a.count("loader-only") || a.count("oom") || a.count("memory-curve")))
+    throw std::runtime_error("command line: --profile profiles training steps; it does not go with --loader-only, "
+                             "--oom or --memory-curve");
   // The bench's own settings go last, so the config validates with them (a job file may set epochs only).
   std::vector<std::string> all_sets = sets;
   for (const auto& o : bench_overrides(opts)) all_sets.push_back(o);

@@ -74,6 +74,7 @@ OomPlan plan_oom(Config cfg, const BenchOomOptions& opts) {
   for (const auto& o : {"train.epochs=0", "data.test=", "checkpoint.every_steps=0", "checkpoint.every_seconds=0"})
     apply_override(cfg, o);
   validate(cfg);
+  RunFolder::check_not_held(opts.run_dir);
   if (!opts.run_dir.empty() && fs::exists(opts.run_dir) && !fs::is_empty(opts.run_dir))
     throw std::runtime_error("bench --oom: " + opts.run_dir + " is not empty; give --run-dir a new folder");
   OomPlan p;

@@ -5,6 +5,7 @@
 
 #include "common/signals.h"
 #include "tools/bench_job.h"
+#include "tools/bench_profile.h"
 #include "tools/host_info.h"
 #include "trainer/from_config.h"
 
@@ -80,13 +81,18 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   for (const auto& o : overrides) apply_override(cfg, o);
   validate(cfg);
   const fs::path metrics = fs::path(opts.run_dir) / "metrics.jsonl";
+  RunFolder::check_not_held(opts.run_dir);
   if (!opts.run_dir.empty() && fs::exists(metrics))
     throw std::runtime_error("bench: " + metrics.string() +
                              " exists; give --run-dir a new folder (the bench reads back every step line)");
   const RunFolder folder = RunFolder::make(opts.run_dir, "trainer-bench");
 
   const json env = bench_environment(device_name(cfg));
-  const Job job = run_job(cfg, {}, folder.path);
+  std::unique_ptr<StepProfiler> profiler;
+  if (!opts.profile_path.empty())
+    profiler = std::make_unique<StepProfiler>(opts.warmup + 1, opts.warmup + opts.steps, opts.profile_path,
+                                              resolve_device(cfg.train.device).is_cuda());
+  const Job job = run_job(cfg, {}, folder.path, nullptr, profiler.get());
   if (job.rc != kExitOk)
     throw std::runtime_error("bench: training exited with code " + std::to_string(job.rc) + "; see " +
                              (folder.path / "train.log").string());
@@ -106,6 +112,10 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   j["rss_peak_bytes"] = host_rss_peak_bytes();
   j["config_yaml"] = to_yaml(cfg);
   j["bench_overrides"] = overrides;
+  if (profiler) {
+    j["profile"] = profiler->describe();
+    j["profiled"] = true;  // the timings above include the profiler's overhead
+  }
   j.update(env);
   folder.finish(j);
   return j;

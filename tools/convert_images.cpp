@@ -96,8 +96,12 @@ SplitResult convert_split(const std::string& split, const data::ImageFolderIndex
     std::fprintf(stderr, "convert-images: %s: class folder %s holds no image; its class index %lld is kept\n",
                  split.c_str(), data::printable_name(c).c_str(), static_cast<long long>(k));
   }
+  for (const auto& f : idx.not_regular)
+    skipped.push_back(data::printable_name(f) + "\tnot a regular file (a link to a device, a FIFO, a socket or a "
+                                                "dangling link): passed over, never opened");
   data::PackedImageWriter writer(path);
   SplitResult r;
+  r.skipped = static_cast<int64_t>(idx.not_regular.size());
   const int64_t n = static_cast<int64_t>(idx.files.size());
   const int64_t block = std::max<int64_t>(64, 32 * threads);
   const bool tty = isatty(2) != 0;

@@ -1,6 +1,7 @@
 #include "trainer/config.h"
 
 #include "trainer/default_config.h"
+#include "common/compat.h"
 #include "models/registry.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
@@ -23,7 +24,7 @@ namespace {
 
 // A typed pointer into a Config: the one table below drives parsing, overrides and the dump.
 using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
-                              std::vector<double>*>;
+                              std::vector<double>*, std::vector<std::string>*>;
 
 struct Field {
   std::string key;    // dotted: "train.global_batch"
@@ -38,8 +39,11 @@ std::vector<Field> fields(Config& c) {
       {"model.zero_init_residual", &c.model.zero_init_residual, false},
       {"model.channels_last", &c.model.channels_last, false},
       {"model.init_from", &c.model.init_from, false},
+      {"model.init_skip", &c.model.init_skip, false},
       {"model.context", &c.model.context, false},
       {"model.vocab_size", &c.model.vocab_size, false},
+      {"model.vocab_multiple", &c.model.vocab_multiple, false},
+      {"model.fused_bias", &c.model.fused_bias, false},
       {"model.dropout", &c.model.dropout, false},
       {"data.kind", &c.data.kind, false},
       {"data.train", &c.data.train, false},
@@ -68,6 +72,7 @@ std::vector<Field> fields(Config& c) {
       {"optim.beta2", &c.optim.beta2, false},
       {"optim.eps", &c.optim.eps, false},
       {"optim.grad_clip", &c.optim.grad_clip, false},
+      {"optim.implementation", &c.optim.implementation, false},
       {"schedule.name", &c.schedule.name, false},
       {"schedule.warmup_steps", &c.schedule.warmup_steps, false},
       {"schedule.warmup_epochs", &c.schedule.warmup_epochs, false},
@@ -85,6 +90,7 @@ std::vector<Field> fields(Config& c) {
       {"train.device", &c.train.device, false},
       {"train.threads", &c.train.threads, false},
       {"train.deterministic", &c.train.deterministic, false},
+      {"train.snapshot", &c.train.snapshot, false},
       {"amp.enabled", &c.amp.enabled, false},
       {"amp.dtype", &c.amp.dtype, false},
       {"amp.scaler", &c.amp.scaler, false},
@@ -172,6 +178,11 @@ void assign(Field& f, const YAML::Node& n, const std::string& source) {
             v.push_back(scalar_as<double>(e, source, f.key, "a list of numbers"));
             if (!std::isfinite(v.back())) fail(source, f.key, "expected finite numbers, got " + describe(e));
           }
+          *p = std::move(v);
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          if (!n.IsSequence()) fail(source, f.key, "expected a list of strings, got " + describe(n));
+          std::vector<std::string> v;
+          for (const auto& e : n) v.push_back(scalar_as<std::string>(e, source, f.key, "a list of strings"));
           *p = std::move(v);
         } else {  // std::vector<int64_t>
           if (!n.IsSequence()) fail(source, f.key, "expected a list of integers, got " + describe(n));
@@ -320,8 +331,14 @@ struct Checks {
     if (c.model.context < 0 || c.model.context > kMaxContext)
       bad("model.context", "must be in [0, " + std::to_string(kMaxContext) + "] (0 = the model's own)");
     if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
+    if (c.model.vocab_multiple < 1 || c.model.vocab_multiple > 4096)
+      bad("model.vocab_multiple", "must be in [1, 4096] (1 = no padding), got " + std::to_string(c.model.vocab_multiple));
     if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
+    if (!c.model.init_skip.empty() && c.model.init_from.empty())
+      bad("model.init_skip", "names keys to leave out of model.init_from, which is not set");
+    for (const auto& pattern : c.model.init_skip)
+      if (pattern.empty()) bad("model.init_skip", "holds an empty pattern");
     if (c.data.kind == "synthetic" && !language_model) {
       if (c.data.shape.size() != 3 ||
           std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1 || d > kMaxSide; }))
@@ -383,6 +400,10 @@ struct Checks {
     if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
     if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
     if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
+    one_of("optim.implementation", c.optim.implementation, {"auto", "plain", "foreach", "fused"});
+    if (c.optim.implementation == "fused" && !compat::kHasFusedOptimizers)
+      bad("optim.implementation", "fused needs LibTorch 2.4 or later (this is " + compat::torch_version() +
+                                      "); use auto, plain or foreach");
     one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
     if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
     if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");
@@ -407,6 +428,7 @@ struct Checks {
     if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
+    one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
     const std::string& d = c.train.device;
     const bool cuda_n = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
                         std::all_of(d.begin() + 5, d.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
@@ -502,6 +524,10 @@ std::string to_yaml(const Config& cfg) {
           } else if constexpr (std::is_same_v<T, std::vector<double>>) {
             out << YAML::Flow << YAML::BeginSeq;
             for (auto v : *p) out << shortest(v);
+            out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (const auto& v : *p) out << YAML::DoubleQuoted << v;
             out << YAML::EndSeq;
           } else if constexpr (std::is_same_v<T, int64_t>) {
             if (f.allow_auto && *p == -1) out << "auto";

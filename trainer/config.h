@@ -22,9 +22,17 @@ struct ModelConfig {
   int64_t num_classes = 10;       ///< classifier outputs
   bool zero_init_residual = false;  ///< last BN of each residual branch starts at 0
   bool channels_last = false;     ///< NHWC memory format for weights and inputs
-  std::string init_from;          ///< a state dict saved by Python's torch.save, matched by name
+  std::string init_from;          ///< weights to start from: safetensors or torch.save, our names or Hugging Face's (GPT-2), timm's or torchvision's (docs/MODELS.md)
+  std::vector<std::string> init_skip;  ///< with init_from: glob patterns of our names that keep their initialization (`[fc.*]`: a classifier of another size)
   int64_t context = 0;            ///< language models: tokens per sample (0 = the model's own)
   int64_t vocab_size = 0;         ///< language models: 0 = the token file's, or for synthetic tokens the model's own
+  /// Language models: the token embedding's rows (and the output matmul's columns) rounded up to a multiple of
+  /// this, for aligned matmuls (64: GPT-2's 50257 -> 50304, as nanoGPT); the extra rows are zero, never looked
+  /// up, and their logits are dropped before the loss. 1 = none. Changes wte's shape in checkpoints.
+  int64_t vocab_multiple = 1;
+  /// GPT: each Linear layer adds its bias inside its matmul (one addmm, as PyTorch's nn.Linear); false runs
+  /// LibTorch's nn::Linear (a matmul, then an add over the whole output), kept to measure the difference.
+  bool fused_bias = true;
   double dropout = 0.0;           ///< Transformers: dropout probability
 };
 
@@ -59,6 +67,9 @@ struct OptimConfig {
   double beta2 = 0.999;         ///< adamw
   double eps = 1e-8;            ///< adamw
   double grad_clip = 0.0;       ///< max global gradient norm (0 = off)
+  /// How the update runs (trainer/optim.h): auto (foreach on CUDA, plain on the CPU), plain (tensor by
+  /// tensor), foreach (multi-tensor ops), fused (one fused kernel per group: LibTorch 2.4+).
+  std::string implementation = "auto";
 };
 
 struct ScheduleConfig {
@@ -82,6 +93,9 @@ struct TrainConfig {
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)
   bool deterministic = false;   ///< deterministic algorithms (bitwise-reproducible runs)
+  /// How a step saves the buffers (BatchNorm statistics) that a retried step restores (trainer/step.h):
+  /// batched (one copy per dtype) or per_buffer (a copy per buffer, the earlier way; kept to be measured).
+  std::string snapshot = "batched";
 };
 
 struct AmpConfig {

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
+#include "common/run_lock.h"
 #include "data/dataset.h"
 #include "data/image_h5.h"
 #include "data/tokens.h"
@@ -101,7 +102,7 @@ void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck
   torch::manual_seed(t.cfg.seed);
   t.model = build_model(t.cfg, shape, t.vocab_size);
   if (ck) load_state_dict_bytes(*t.model, ck->file("model.pt"), /*strict=*/true, t.weights + "/model.pt");
-  else load_state_dict(*t.model, t.weights, /*strict=*/true);
+  else load_init_weights(*t.model, t.cfg);
   t.model->to(t.device);
   if (t.cfg.model.channels_last && !t.tokens) models::to_channels_last(*t.model);
   t.model->eval();
@@ -184,10 +185,28 @@ std::string eval_line(const nlohmann::json& j, const std::string& out) {
   return "eval " + what + " on " + j["split"].get<std::string>() + ": " + numbers + " -> " + out;
 }
 
+namespace {
+
+// eval reads a run folder that a trainer holds (its checkpoints are written atomically), but never
+// writes into one: not into the folder of the output file, nor any folder above it.
+void check_not_in_held_folder(const std::string& out) {
+  std::error_code ec;
+  for (fs::path dir = fs::weakly_canonical(fs::absolute(out, ec), ec).parent_path(); !dir.empty();
+       dir = dir.parent_path()) {
+    if (auto holder = RunFolderLock::held_by_other(dir.string()))
+      throw std::runtime_error("eval: " + dir.string() + ": the run folder is in use by " + holder->describe() +
+                               "; eval reads its checkpoints but writes nothing into it: give --out FILE elsewhere");
+    if (dir == dir.root_path()) break;
+  }
+}
+
+}  // namespace
+
 std::pair<nlohmann::json, std::string> run_eval_command(const EvalCommand& cmd) {
+  const std::string out = !cmd.out.empty() ? cmd.out : cmd.run_dir.empty() ? "eval.json" : cmd.run_dir + "/eval.json";
+  check_not_in_held_folder(out);  // before the scoring, which may take minutes
   EvalTarget target = prepare_eval(cmd);
   const nlohmann::json result = score(target);
-  const std::string out = !cmd.out.empty() ? cmd.out : cmd.run_dir.empty() ? "eval.json" : cmd.run_dir + "/eval.json";
   // Through a temporary file: a failed write never leaves a truncated result under the final name.
   const std::string tmp = out + ".tmp";
   {

@@ -5,6 +5,7 @@
 #include "data/packed_images.h"
 #include "data/tokens.h"
 #include "models/registry.h"
+#include "trainer/checkpoint/weights.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 
@@ -148,9 +149,20 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
                 .zero_init_residual(cfg.model.zero_init_residual)
                 .context(cfg.model.context)
                 .dropout(cfg.model.dropout);
-  if (token_job(cfg)) mo.vocab_size(vocab);
+  if (token_job(cfg)) mo.vocab_size(vocab).vocab_multiple(cfg.model.vocab_multiple).fused_bias(cfg.model.fused_bias);
   else mo.in_channels(shape.at(0));
   return models::create_model(cfg.model.name, mo);
+}
+
+void load_init_weights(torch::nn::Module& model, const Config& cfg) {
+  const LoadedWeights w = load_weights(model, cfg.model.init_from, cfg.model.init_skip);
+  spdlog::info("model: weights from {} ({}, {} layout)", cfg.model.init_from, w.format, w.layout);
+  for (const auto& note : w.notes) spdlog::info("model: {}", note);
+  if (!w.skipped_keys.empty()) {
+    std::string keys;
+    for (const auto& k : w.skipped_keys) keys += (keys.empty() ? "" : ", ") + k;
+    spdlog::info("model: {} keys keep their initialization (model.init_skip): {}", w.skipped_keys.size(), keys);
+  }
 }
 
 std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }
@@ -225,6 +237,7 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.grad_clip = cfg.optim.grad_clip;
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
+  o.batched_snapshot = cfg.train.snapshot == "batched";
   o.auto_search = cfg.memory.auto_search;
   // Deterministic runs keep cuDNN's benchmark mode off, as before the policy: timing can choose other
   // algorithms from run to run (whichever measured faster), and with them other rounding.

@@ -67,6 +67,13 @@ data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers);
 void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,
                              const torch::Device& device);
 
+/// model.init_from into `model` (built by build_model, on the CPU): a safetensors file or a torch.save
+/// state dict, in our layout or Hugging Face's / timm's / torchvision's (trainer/checkpoint/weights.h),
+/// keeping the initialization of the keys that match model.init_skip. Logs the format, the layout
+/// recognised and what was dropped, filled in or skipped. Throws std::runtime_error naming the file and
+/// the keys for weights that do not fit.
+void load_init_weights(torch::nn::Module& model, const Config& cfg);
+
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);
 

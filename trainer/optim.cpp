@@ -1,6 +1,11 @@
 #include "trainer/optim.h"
 
+#include <ATen/record_function.h>
+
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <tuple>
 
 #include "common/compat.h"
 
@@ -23,7 +28,21 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
     : params_(std::move(params)), cfg_(cfg) {
   TORCH_CHECK(cfg_.name == "sgd" || cfg_.name == "adamw", "optim.name: unknown optimizer '", cfg_.name, "'");
-  foreach_ = foreach.value_or(on_cuda(params_));
+  const std::string& impl = cfg_.implementation;
+  if (foreach) impl_ = *foreach ? Impl::foreach : Impl::plain;
+  else if (impl == "auto") impl_ = on_cuda(params_) ? Impl::foreach : Impl::plain;
+  else if (impl == "plain") impl_ = Impl::plain;
+  else if (impl == "foreach") impl_ = Impl::foreach;
+  else if (impl == "fused") impl_ = Impl::fused;
+  else
+    throw std::invalid_argument("optim.implementation: unknown value '" + impl + "'; use auto, plain, foreach or fused");
+  if (impl_ == Impl::fused && !compat::kHasFusedOptimizers)
+    throw std::invalid_argument("optim.implementation: fused needs LibTorch 2.4 or later (this is " +
+                                compat::torch_version() + "); use auto, plain or foreach");
+}
+
+std::string Optimizer::implementation() const {
+  return impl_ == Impl::fused ? "fused" : impl_ == Impl::foreach ? "foreach" : "plain";
 }
 
 void Optimizer::zero_grad() {
@@ -49,10 +68,13 @@ void Optimizer::allocate_state() {
 }
 
 void Optimizer::step(double lr) {
+  // The scope torch.optim records its steps under: bench/profile_table.py classes the kernels in it.
+  RECORD_USER_SCOPE(cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : "Optimizer.step#AdamW.step");
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
-  if (foreach_) {
-    step_foreach(lr);
+  if (impl_ != Impl::plain) {
+    if (impl_ == Impl::fused) step_fused(lr);
+    else step_foreach(lr);
     ++steps_;
     return;
   }
@@ -135,6 +157,43 @@ void Optimizer::step_foreach(double lr) {
     at::_foreach_div_(g, bc2_sqrt);
     at::_foreach_add_(g, cfg_.eps);
     at::_foreach_addcdiv_(p, m1, g, -lr / bc1);
+  }
+}
+
+// The same update in one fused kernel per (device, dtype) group and weight-decay setting (the kernels
+// take one weight decay for all their tensors).
+void Optimizer::step_fused(double lr) {
+  struct Group {
+    std::vector<torch::Tensor> p, g, m1, m2;
+  };
+  // (device, dtype, decays) -> tensors that have a gradient
+  std::vector<std::pair<std::tuple<c10::Device, at::ScalarType, bool>, Group>> groups;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor grad = params_[i].param.grad();
+    if (!grad.defined()) continue;
+    const auto& p = params_[i].param;
+    const std::tuple<c10::Device, at::ScalarType, bool> key{p.device(), p.scalar_type(), params_[i].decay};
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    it->second.p.push_back(p);
+    it->second.g.push_back(grad);
+    if (!buf1_.empty()) it->second.m1.push_back(buf1_[i]);
+    if (!buf2_.empty()) it->second.m2.push_back(buf2_[i]);
+  }
+  for (auto& [key, grp] : groups) {
+    const double wd = std::get<2>(key) ? cfg_.weight_decay : 0.0;
+    if (cfg_.name == "sgd") {
+      compat::fused_sgd_(grp.p, grp.g, grp.m1, wd, cfg_.momentum, lr, cfg_.nesterov);
+    } else {
+      // The kernel reads the step count from a float32 tensor per parameter (torch.optim increments its
+      // own before the call); one tensor, filled once per step, serves them all: the kernel only reads it.
+      const auto& device = std::get<0>(key);
+      if (!fused_step_.defined() || fused_step_.device() != device)
+        fused_step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+      fused_step_.fill_(static_cast<double>(steps_ + 1));
+      const std::vector<torch::Tensor> steps(grp.p.size(), fused_step_);
+      compat::fused_adamw_(grp.p, grp.g, grp.m1, grp.m2, steps, lr, cfg_.beta1, cfg_.beta2, wd, cfg_.eps);
+    }
   }
 }
 

@@ -13,6 +13,13 @@
 // the step's host sync, during which the GPU waits. The foreach path is the default for CUDA parameters;
 // on the CPU LibTorch runs the foreach ops tensor by tensor anyway, so the plain path stays the default
 // there and the foreach path is tested against it.
+//
+// A third way, optim.implementation: fused, is one fused kernel per group of tensors (at::_fused_sgd_,
+// at::_fused_adamw_: LibTorch 2.4+, CPU and CUDA), which reads and writes each parameter, gradient and
+// state tensor once instead of once per op: PyTorch's `fused=True`. Its arithmetic is the same update,
+// rounded differently (AdamW's bias corrections in float32, weight decay as p - lr*wd*p); it uses the
+// same state tensors, so checkpoints move between the three. Every step runs inside a profiler scope
+// "Optimizer.step#SGD.step" / "Optimizer.step#AdamW.step", the names torch.optim gives its steps.
 #pragma once
 
 #include <torch/torch.h>
@@ -39,7 +46,9 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 
 class Optimizer {
  public:
-  /// `foreach`: update with the multi-tensor ops (default: when the parameters are on a CUDA device).
+  /// How step() applies the update: cfg.implementation, with auto = foreach for CUDA parameters, plain
+  /// otherwise. `foreach`, when given, overrides it: true = foreach, false = plain. Throws
+  /// std::invalid_argument for fused where LibTorch lacks the kernels (compat::kHasFusedOptimizers).
   Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach = std::nullopt);
 
   /// Drops every gradient (sets it to an undefined tensor, freeing its memory).
@@ -52,7 +61,9 @@ class Optimizer {
   void allocate_state();
   /// Completed steps (AdamW's bias correction counts these).
   int64_t steps() const { return steps_; }
-  bool foreach() const { return foreach_; }
+  bool foreach() const { return impl_ == Impl::foreach; }
+  /// "plain", "foreach" or "fused": what step() runs.
+  std::string implementation() const;
 
   const std::vector<ParamSlot>& params() const { return params_; }
   /// Every state tensor by name ("momentum_buffer.<param>", "exp_avg.<param>", "exp_avg_sq.<param>",
@@ -62,12 +73,15 @@ class Optimizer {
   void load_state(const std::map<std::string, torch::Tensor>& state);
 
  private:
+  enum class Impl { plain, foreach, fused };
   void step_foreach(double lr);
+  void step_fused(double lr);
 
   std::vector<ParamSlot> params_;
   OptimConfig cfg_;
   int64_t steps_ = 0;
-  bool foreach_ = false;
+  Impl impl_ = Impl::plain;
+  torch::Tensor fused_step_;  // fused AdamW: the step count as a float32 scalar on the parameters' device
   std::vector<torch::Tensor> buf1_;  // sgd: momentum buffer; adamw: exp_avg
   std::vector<torch::Tensor> buf2_;  // adamw: exp_avg_sq
 };

@@ -234,25 +234,4 @@ bool TrainingRun::resume() {
   return true;
 }
 
-// `trainer export`: a checkpoint's weights for Python's torch.load.
-std::string export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out) {
-  std::optional<LoadedCheckpoint> ck;
-  // Only the weights are read here: a checkpoint without them falls back like a corrupt one.
-  auto check = [](const LoadedCheckpoint& c) { return c.files.count("model.pt") ? "" : "model.pt is missing"; };
-  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint, check);
-  else ck = CheckpointStore(run_dir, 0).load_latest(check);
-  if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
-  // model.pt is already a Python-compatible state dict; it is written through a temporary file so a
-  // failed export never leaves a truncated file under the final name.
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    const std::string& bytes = ck->file("model.pt");
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!f.flush()) throw std::runtime_error(out + ": cannot write the exported weights");
-  }
-  fs::rename(tmp, out);
-  return ck->path;
-}
-
 }  // namespace trainer

@@ -19,6 +19,8 @@ TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg),
 
 TrainingRun::~TrainingRun() {
   if (store_) store_->wait();  // a failure nobody collected is logged by the store
+  // Let go of train.log before the run folder's lock: the next owner's lines never mix with ours.
+  if (run_lock_) setup_logging("", cfg_.log.level);
 }
 
 int TrainingRun::run() {
@@ -32,6 +34,7 @@ int TrainingRun::run() {
   start(resumed);
   try {
     while (step_ < total_steps_) {
+      if (opts_.observer) opts_.observer->before_step(step_ + 1);
       std::optional<data::Batch> batch = fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
       if (need_micro_batch_search_) search_micro_batch(*batch);
@@ -42,6 +45,7 @@ int TrainingRun::run() {
                                        agreed_limit_);
       record(r, *batch, seconds_since(t0));
       maybe_evaluate();
+      if (opts_.observer) opts_.observer->after_step(step_);
       if (auto code = agree_on_save_and_stop()) return *code;
     }
   } catch (const OomGaveUp& e) {

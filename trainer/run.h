@@ -21,6 +21,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "common/run_lock.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokens.h"
@@ -81,6 +82,7 @@ class TrainingRun {
   void setup();
   void setup_distributed();
   void setup_run_folder();
+  void take_run_folder();  // the lock: rank 0 takes it, or every rank gives up together
   void setup_observers();
   void setup_memory();
   void setup_data();
@@ -136,6 +138,9 @@ class TrainingRun {
 
   Config cfg_;
   RunOptions opts_;
+  // The run folder's lock (rank 0 only; common/run_lock.h). Declared first of the run's parts so that it
+  // is released last, after the background saves and the logs are done with the folder.
+  std::shared_ptr<RunFolderLock> run_lock_;
   torch::Device device_{torch::kCPU};
   ForwardOptions forward_;  // device, channels_last, autocast: training and evaluation alike
 

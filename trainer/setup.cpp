@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <thread>
 
+#include "common/clock.h"
 #include "common/compat.h"
 #include "data/image_h5.h"
 #include "models/registry.h"
@@ -44,10 +46,16 @@ void TrainingRun::setup_distributed() {
 
 void TrainingRun::setup_run_folder() {
   rank_dir_ = main_rank() ? opts_.run_dir : (fs::path(opts_.run_dir) / ("rank" + std::to_string(env_.rank))).string();
+  // One owner before anything is written: no other process's checkpoints, metrics or logs mix with ours.
+  take_run_folder();
   // The run folder must be writable before anything is trained: failing after an hour is worse.
   std::error_code ec;
-  // --no-resume starts fresh in an empty folder only: nothing of an earlier run is mixed in or overwritten.
-  bool refused = opts_.no_resume && fs::exists(opts_.run_dir, ec) && !fs::is_empty(opts_.run_dir, ec);
+  // --no-resume starts fresh in an empty folder only (its lock file aside): nothing of an earlier run is
+  // mixed in or overwritten.
+  bool refused = false;
+  if (opts_.no_resume && main_rank())
+    for (const auto& e : fs::directory_iterator(opts_.run_dir, ec))
+      if (e.path().filename() != kRunLockFile) refused = true;
   if (dist_ && dist_->all_max({refused ? 1.0 : 0.0}, "the run folder check")[0] > 0) refused = true;
   if (refused)
     throw std::runtime_error(opts_.run_dir + ": --no-resume needs an empty or new run folder, and this one is not "
@@ -59,6 +67,45 @@ void TrainingRun::setup_run_folder() {
   if (main_rank()) store_->check_writable();
   setup_logging(rank_dir_, cfg_.log.level);
   metrics_.open((fs::path(rank_dir_) / "metrics.jsonl").string());
+}
+
+void TrainingRun::take_run_folder() {
+  RunLockOptions lo;
+  lo.config = opts_.config_file.empty() ? "built-in" : fs::path(opts_.config_file).filename().string();
+  lo.command = "train";
+  lo.wait_s = opts_.wait_for_run_dir_s;
+  if (!dist_) {
+    run_lock_ = RunFolderLock::acquire(opts_.run_dir, lo);
+    return;
+  }
+  // Under torchrun rank 0 holds the folder for the job. Every try is one small all-reduce, so the other
+  // ranks neither write before rank 0 has the folder nor time out in a collective while it waits; a
+  // folder still held is refused on every rank, each with its own line.
+  enum : int { kTaken = 0, kWaiting = 1, kRefused = 2 };
+  const auto t0 = std::chrono::steady_clock::now();
+  double next_report = 0;
+  for (;;) {
+    const double waited = seconds_since(t0);
+    int state = kTaken;
+    RunFolderHolder holder;
+    if (main_rank()) {
+      run_lock_ = RunFolderLock::try_acquire(opts_.run_dir, lo, &holder);
+      state = run_lock_ ? kTaken : waited >= lo.wait_s ? kRefused : kWaiting;
+    }
+    state = static_cast<int>(dist_->all_max({static_cast<double>(state)}, "the run folder's lock")[0]);
+    if (state == kTaken) return;
+    if (state == kRefused) {
+      run_lock_.reset();
+      throw RunFolderBusy(RunFolderLock::busy_message(
+          opts_.run_dir, RunFolderLock::read_holder(opts_.run_dir).value_or(RunFolderHolder{}), waited));
+    }
+    if (main_rank() && waited >= next_report) {
+      spdlog::info("{}: waiting for {} to let go of the run folder ({:.0f} s of {:.0f} s)", opts_.run_dir,
+                   holder.describe(), waited, lo.wait_s);
+      next_report = waited + lo.report_every_s;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(lo.poll_every_s));
+  }
 }
 
 void TrainingRun::setup_observers() {
@@ -243,10 +290,7 @@ void TrainingRun::check_test_split() const {
 void TrainingRun::setup_model() {
   torch::manual_seed(cfg_.seed);
   model_ = build_model(cfg_, sample_shape_, tokens_ ? vocab_size(cfg_) : 0);
-  if (!cfg_.model.init_from.empty()) {
-    load_state_dict(*model_, cfg_.model.init_from, /*strict=*/true);
-    spdlog::info("model: weights from {}", cfg_.model.init_from);
-  }
+  if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_);
   model_->to(device_);
   if (cfg_.model.channels_last && !tokens_) models::to_channels_last(*model_);
   optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);

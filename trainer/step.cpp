@@ -18,10 +18,31 @@ namespace F = torch::nn::functional;
 
 // ---- the snapshot ------------------------------------------------------------------------------------
 
-StepSnapshot::StepSnapshot(torch::nn::Module& model, const c10::Device& device)
+StepSnapshot::StepSnapshot(torch::nn::Module& model, const c10::Device& device, bool batched)
     : generators_(GeneratorStates::capture(device)) {
   torch::NoGradGuard ng;
-  for (auto& b : model.buffers()) buffers_.emplace_back(b, b.clone());
+  if (!batched) {
+    for (auto& b : model.buffers()) buffers_.emplace_back(b, b.clone());
+    return;
+  }
+  // Per (device, dtype): the flattened buffers concatenated (one copy), and a view of it per buffer.
+  std::vector<std::pair<std::pair<c10::Device, at::ScalarType>, std::vector<torch::Tensor>>> groups;
+  for (auto& b : model.buffers()) {
+    const std::pair<c10::Device, at::ScalarType> key{b.device(), b.scalar_type()};
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    it->second.push_back(b);
+  }
+  for (auto& [key, live] : groups) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& b : live) flat.push_back(b.reshape({-1}));  // logical order, whatever the memory format
+    const torch::Tensor saved = torch::cat(flat);
+    int64_t at = 0;
+    for (const auto& b : live) {
+      buffers_.emplace_back(b, saved.narrow(0, at, b.numel()).view(b.sizes()));
+      at += b.numel();
+    }
+  }
 }
 
 void StepSnapshot::restore() const {
@@ -232,7 +253,7 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   std::optional<std::chrono::steady_clock::time_point> first_oom;  // the recovery runs from here
   while (true) {
     try {
-      if (!snapshot) snapshot.emplace(*p_.model, o_.forward.device);
+      if (!snapshot) snapshot.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
       attempt(batch, step, lr, r);
       break;
     } catch (const std::exception& e) {
@@ -378,7 +399,7 @@ Pretune Step::pretune(const data::Batch& batch, int64_t step) {
   p_.optimizer->zero_grad();
   std::optional<StepSnapshot> snapshot;
   try {
-    snapshot.emplace(*p_.model, o_.forward.device);
+    snapshot.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
   } catch (const std::exception& e) {
     if (!is_oom_error(e)) throw;
     drop_failed_attempt();

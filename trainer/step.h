@@ -74,9 +74,14 @@ struct OomGaveUp : std::runtime_error {
 /// (BatchNorm running statistics, updated by every forward) and every random generator the step draws
 /// from (the CPU generator, and the device's CUDA generator: dropout). The samples are the same batch
 /// tensors; parameters and optimizer state are only changed once an attempt has succeeded.
+///
+/// `batched` (train.snapshot: batched) copies the buffers of each (device, dtype) into one tensor: a
+/// concatenation, 1-2 copies where a copy per buffer is one each (ResNet-50: 161, which on a GPU are 161
+/// launches at the start of every step while the device waits). Either way restore() writes back the
+/// same values.
 class StepSnapshot {
  public:
-  StepSnapshot(torch::nn::Module& model, const c10::Device& device);
+  StepSnapshot(torch::nn::Module& model, const c10::Device& device, bool batched = true);
   /// Puts the buffers and generators back as they were at construction.
   void restore() const;
 
@@ -115,6 +120,7 @@ struct StepOptions {
   /// controller's flag; `every_k` checkpoints blocks 0, k, 2k, ...; `auto` leaves it to the ladder.
   std::string activation_checkpointing = "none";
   int64_t checkpoint_every_k = 2;
+  bool batched_snapshot = true;  ///< train.snapshot: batched (StepSnapshot)
   std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (find_micro_batch without a start)
   CudnnPolicyOptions cudnn;           ///< memory.cudnn_policy and its retry of a timing that ran out of memory
 };

@@ -3,6 +3,8 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
+#include <fnmatch.h>
+
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -600,7 +602,7 @@ NamedTensors read_tensors(const std::string& path) {
 }
 
 LoadStateResult load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, bool strict,
-                                const std::string& source) {
+                                const std::string& source, const std::vector<std::string>& skip) {
   const NamedTensors own = named_state(module);
   std::unordered_map<std::string, const torch::Tensor*> given;
   std::vector<std::string> duplicates;
@@ -608,15 +610,32 @@ LoadStateResult load_state_dict(torch::nn::Module& module, const NamedTensors& t
     if (!given.emplace(k, &t).second) duplicates.push_back(k);
 
   LoadStateResult result;
+  std::vector<bool> pattern_used(skip.size(), false);
+  auto skipped = [&](const std::string& k) {
+    bool any = false;
+    for (size_t i = 0; i < skip.size(); ++i)
+      if (::fnmatch(skip[i].c_str(), k.c_str(), 0) == 0) any = pattern_used[i] = true;
+    return any;
+  };
   std::vector<std::string> mis_shaped;
   std::unordered_set<std::string> own_names;
   for (const auto& [k, t] : own) {
     own_names.insert(k);
+    if (skipped(k)) {
+      result.skipped_keys.push_back(k);
+      given.erase(k);
+      continue;
+    }
     auto it = given.find(k);
     if (it == given.end()) result.missing_keys.push_back(k);
     else if (it->second->sizes() != t.sizes())
       mis_shaped.push_back(k + " (module " + shape_str(t.sizes()) + ", file " + shape_str(it->second->sizes()) + ")");
   }
+  for (size_t i = 0; i < skip.size(); ++i)
+    if (!pattern_used[i])
+      throw std::runtime_error("load_state_dict: the skip pattern '" + skip[i] + "' matches no key of the module " +
+                               "(loading " + source + "); the module's keys look like " +
+                               (own.empty() ? std::string("(none)") : own.front().first + ", " + own.back().first));
   for (const auto& [k, t] : tensors)
     if (!own_names.count(k)) result.unexpected_keys.push_back(k);
 

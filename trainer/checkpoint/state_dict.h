@@ -52,15 +52,23 @@ NamedTensors read_tensors(const std::string& path);
 struct LoadStateResult {
   std::vector<std::string> missing_keys;     ///< in the module, not in the file (left unchanged)
   std::vector<std::string> unexpected_keys;  ///< in the file, not in the module (ignored)
+  std::vector<std::string> skipped_keys;     ///< in the module, matched by a `skip` pattern (left unchanged)
 };
 
 /// Copies `tensors` into `module`'s parameters and buffers by name, in place (under NoGradGuard, so
 /// optimizer references stay valid), converting dtype and device to the module's. Shapes must match
 /// exactly. With `strict`, missing or unexpected keys are errors too. All problems are reported in ONE
 /// std::runtime_error naming `source` and listing missing keys, unexpected keys and each mis-shaped key
-/// with its expected and found shape; nothing is copied when it throws.
+/// with its expected and found shape; nothing is copied when it throws. This is the one place where a
+/// file's shapes are checked against the module's.
+///
+/// `skip`: glob patterns (fnmatch: `*` any text, dots included; `?` one character) over the module's
+/// names, e.g. "fc.*" or "head.*": a module key that matches one keeps its value, is neither missing
+/// nor shape-checked, and a file key of the same name is ignored (a classifier of another size when
+/// fine-tuning). A pattern that matches no key of the module is an error naming it (a typo would
+/// otherwise load everything silently).
 LoadStateResult load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, bool strict = true,
-                                const std::string& source = "<memory>");
+                                const std::string& source = "<memory>", const std::vector<std::string>& skip = {});
 
 /// `load_state_dict(module, read_tensors(path), strict, path)`.
 LoadStateResult load_state_dict(torch::nn::Module& module, const std::string& path, bool strict = true);

@@ -1,0 +1,354 @@
+// The faster paths of the step, each against the path it replaces (docs/BENCHMARKS.md, "Profiling a step"):
+//   - optim.implementation: fused (at::_fused_sgd_, at::_fused_adamw_) against the multi-tensor update,
+//     to a stated tolerance: both are PyTorch's update rule, rounded differently;
+//   - model.vocab_multiple: a GPT whose vocabulary is padded (its matmul aligned) computes the loss and the
+//     gradients of the unpadded one, and its padding rows get exactly zero gradient and stay zero;
+//   - model.fused_bias: a GPT whose Linear layers add their bias inside the matmul (torch::linear) computes
+//     what nn::Linear's matmul-then-add computes, to float32 rounding;
+//   - train.snapshot: batched puts back exactly the buffers the per-buffer snapshot puts back.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "common/compat.h"
+#include "models/gpt.h"
+#include "models/registry.h"
+#include "test_util.h"
+#include "trainer/config.h"
+#include "trainer/optim.h"
+#include "trainer/step.h"
+
+using nlohmann::json;
+using testutil::TempDir;
+
+namespace {
+
+struct Net : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm ln{nullptr};
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({5})));
+    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(ln(fc1(x)))); }
+};
+
+// The fused update against the multi-tensor one on `device`, from the same weights with the same
+// gradients for 5 steps (one parameter without a gradient: neither may touch it). The tolerance: the
+// fused kernels compute AdamW's bias corrections in float32 (ours in double) and its weight decay as
+// p - lr*wd*p (ours p * (1 - lr*wd)); after 5 steps the parameters and states agree to 1e-6 + 1e-5 |x|,
+// while an update rule off by one term (no decay, no Nesterov, no bias correction) is off by more than
+// 1e-4 here.
+void fused_matches_foreach(const torch::Device& device) {
+  for (const std::string name : {"sgd", "sgd_nesterov", "sgd_no_momentum", "adamw"}) {
+    trainer::OptimConfig c;
+    c.name = name == "adamw" ? "adamw" : "sgd";
+    c.lr = name == "adamw" ? 0.01 : 0.05;
+    c.momentum = name == "sgd_no_momentum" ? 0.0 : 0.9;
+    c.nesterov = name == "sgd_nesterov";
+    c.weight_decay = 0.05;
+    torch::manual_seed(3);
+    auto a = std::make_shared<Net>(), b = std::make_shared<Net>();
+    a->to(device);
+    b->to(device);
+    {
+      torch::NoGradGuard ng;
+      auto pa = a->parameters(), pb = b->parameters();
+      for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+    }
+    trainer::Optimizer multi(trainer::param_slots(*a, false), c, /*foreach=*/true);
+    trainer::OptimConfig cf = c;
+    cf.implementation = "fused";
+    trainer::Optimizer fused(trainer::param_slots(*b, false), cf);
+    ASSERT_EQ(fused.implementation(), "fused");
+    const auto bias_before = b->fc2->bias.detach().clone();
+    std::vector<torch::Tensor> start;
+    for (const auto& t : a->parameters()) start.push_back(t.detach().clone());
+    for (int step = 0; step < 5; ++step) {
+      auto x = torch::randn({4, 6}).to(device);
+      multi.zero_grad();
+      fused.zero_grad();
+      a->forward(x).pow(2).sum().backward();
+      a->fc2->bias.mutable_grad() = torch::Tensor();
+      {
+        torch::NoGradGuard ng;
+        auto pa = a->parameters(), pb = b->parameters();
+        for (size_t i = 0; i < pa.size(); ++i)
+          if (pa[i].grad().defined()) pb[i].mutable_grad() = pa[i].grad().clone();
+      }
+      multi.step(c.lr);
+      fused.step(c.lr);
+    }
+    auto pa = a->parameters(), pb = b->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6))
+          << name << ": parameter " << i << " differs by " << (pa[i] - pb[i]).abs().max().item<double>();
+      if (pa[i].is_same(a->fc2->bias)) continue;
+      EXPECT_FALSE(torch::allclose(pa[i], start[i], 1e-3, 1e-4)) << name << ": parameter " << i << " did not move";
+    }
+    const auto sa = multi.state(), sb = fused.state();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_EQ(sa[i].first, sb[i].first);
+      EXPECT_TRUE(torch::allclose(sa[i].second, sb[i].second, 1e-5, 1e-6)) << name << ": " << sa[i].first;
+    }
+    EXPECT_TRUE(torch::equal(b->fc2->bias, bias_before)) << name << ": a parameter without a gradient moved";
+  }
+}
+
+}  // namespace
+
+TEST(TrainOptimizer, FusedMatchesTheMultiTensorUpdate) {
+  if (!trainer::compat::kHasFusedOptimizers)
+    GTEST_SKIP() << "LibTorch " << trainer::compat::torch_version() << " has no fused SGD/AdamW kernels (2.4+)";
+  fused_matches_foreach(torch::kCPU);
+}
+
+TEST(TrainOptimizer, FusedMatchesTheMultiTensorUpdateOnCuda) {
+  if (!trainer::compat::kHasFusedOptimizers) GTEST_SKIP() << "no fused kernels in this LibTorch (2.4+)";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device (the fused CUDA kernels)";
+  fused_matches_foreach(torch::kCUDA);
+}
+
+TEST(TrainOptimizer, ImplementationKeyIsCheckedWhereLibTorchLacksTheKernels) {
+  Net net;
+  trainer::OptimConfig c;
+  EXPECT_EQ(trainer::Optimizer(trainer::param_slots(net, false), c).implementation(), "plain") << "auto on the CPU";
+  c.implementation = "foreach";
+  EXPECT_EQ(trainer::Optimizer(trainer::param_slots(net, false), c).implementation(), "foreach");
+  c.implementation = "fused";
+  const std::string err = testutil::error_text([&] { trainer::Optimizer(trainer::param_slots(net, false), c); });
+  const std::string cfg_err = testutil::error_text([] { trainer::load_config("", {"optim.implementation=fused"}); });
+  if (trainer::compat::kHasFusedOptimizers) {
+    EXPECT_EQ(err, "(no exception)") << "fused exists in LibTorch " << trainer::compat::torch_version();
+    EXPECT_EQ(cfg_err, "(no exception)");
+  } else {
+    EXPECT_EQ(err, "optim.implementation: fused needs LibTorch 2.4 or later (this is " +
+                       trainer::compat::torch_version() + "); use auto, plain or foreach");
+    EXPECT_EQ(cfg_err, "config: key 'optim.implementation': fused needs LibTorch 2.4 or later (this is " +
+                           trainer::compat::torch_version() + "); use auto, plain or foreach");
+  }
+  EXPECT_NE(testutil::error_text([] { trainer::load_config("", {"optim.implementation=fast"}); })
+                .find("key 'optim.implementation'"),
+            std::string::npos);
+}
+
+// ---- the padded vocabulary ------------------------------------------------------------------------
+
+namespace {
+
+models::Model tiny_gpt(int64_t vocab_multiple) {
+  torch::manual_seed(5);
+  return models::create_model("gpt_tiny",
+                              models::ModelOptions().vocab_size(300).context(16).vocab_multiple(vocab_multiple));
+}
+
+// The step's loss: cross entropy summed over the targets, divided by their count (trainer/step.cpp).
+torch::Tensor loss_of(models::ModelImpl& m, const torch::Tensor& x, const torch::Tensor& y) {
+  auto logits = m.forward(x);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+         static_cast<double>(y.numel());
+}
+
+}  // namespace
+
+TEST(GptVocabPadding, SameLossAndGradientsAsTheUnpaddedModel) {
+  auto plain = tiny_gpt(1), padded = tiny_gpt(64);
+  auto* p = dynamic_cast<models::GPTImpl*>(padded.get());
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->padded_vocab(), 320);
+  const auto pp = plain->named_parameters(), qp = padded->named_parameters();
+  ASSERT_EQ(pp.keys(), qp.keys()) << "the parameter names do not change";
+  const auto& w = qp["transformer.wte.weight"];
+  ASSERT_EQ(w.sizes(), (std::vector<int64_t>{320, 128}));
+  // The same initial numbers (the padding rows come after every draw), zero padding rows.
+  for (const auto& k : pp.keys()) {
+    if (k == "transformer.wte.weight") continue;
+    EXPECT_TRUE(pp[k].equal(qp[k])) << k;
+  }
+  EXPECT_TRUE(w.narrow(0, 0, 300).equal(pp["transformer.wte.weight"]));
+  EXPECT_EQ(w.narrow(0, 300, 20).abs().max().item<float>(), 0.0f);
+
+  auto x = torch::randint(300, {3, 16}, torch::kLong), y = torch::randint(300, {3, 16}, torch::kLong);
+  auto logits = padded->forward(x);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 16, 300})) << "the padding columns never leave the model";
+  // Tolerance: the same sums over the same numbers in a matmul of another width; float32 rounding at most.
+  EXPECT_TRUE(torch::allclose(logits, plain->forward(x), 1e-5, 1e-6));
+  auto la = loss_of(*plain, x, y), lb = loss_of(*padded, x, y);
+  EXPECT_NEAR(la.item<double>(), lb.item<double>(), 1e-6 * la.item<double>());
+  la.backward();
+  lb.backward();
+  for (const auto& k : pp.keys()) {
+    auto ga = pp[k].grad(), gb = qp[k].grad();
+    ASSERT_TRUE(ga.defined() && gb.defined()) << k;
+    if (k == "transformer.wte.weight") {
+      EXPECT_TRUE(torch::allclose(gb.narrow(0, 0, 300), ga, 1e-4, 1e-7)) << k;
+      EXPECT_EQ(gb.narrow(0, 300, 20).abs().max().item<float>(), 0.0f) << "the padding rows' gradient";
+    } else {
+      EXPECT_TRUE(torch::allclose(gb, ga, 1e-4, 1e-7)) << k << " differs by " << (gb - ga).abs().max().item<double>();
+    }
+  }
+  // Whatever the padding rows hold, the output does not change: they are never looked up, and their
+  // logits are cut off.
+  {
+    torch::NoGradGuard ng;
+    w.narrow(0, 300, 20).normal_(0.0, 5.0);
+  }
+  EXPECT_TRUE(padded->forward(x).equal(logits));
+}
+
+TEST(GptVocabPadding, PaddingRowsStayZeroUnderAdamWWithWeightDecay) {
+  for (const char* impl : {"plain", "foreach"}) {
+    auto m = tiny_gpt(64);
+    trainer::OptimConfig c;
+    c.name = "adamw";
+    c.lr = 1e-2;
+    c.weight_decay = 0.1;
+    c.implementation = impl;
+    trainer::Optimizer opt(trainer::param_slots(*m, false), c);
+    auto w = m->named_parameters()["transformer.wte.weight"];
+    const auto real_before = w.narrow(0, 0, 300).detach().clone();
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      loss_of(*m, torch::randint(300, {2, 16}, torch::kLong), torch::randint(300, {2, 16}, torch::kLong)).backward();
+      opt.step(c.lr);
+    }
+    EXPECT_EQ(w.narrow(0, 300, 20).abs().max().item<float>(), 0.0f) << impl;
+    EXPECT_FALSE(w.narrow(0, 0, 300).equal(real_before)) << impl << ": the real rows trained";
+  }
+}
+
+// Through the executable: the same job with and without padding trains to the same losses (to float32
+// rounding of the wider matmul), and the padding shows only in wte's shape. A 4-sample batch of the
+// synthetic tokens, vocabulary 300 padded to 384.
+TEST(GptVocabPadding, TrainerTrainsTheSameLossesPaddedAndNot) {
+  TempDir dir;
+  std::vector<std::vector<double>> losses;
+  for (const char* multiple : {"1", "128"}) {
+    const std::string run = (dir / (std::string("run") + multiple)).string();
+    auto r = testutil::run(testutil::trainer_bin() +
+                           " --set model.name=gpt_tiny --set model.context=32 --set model.vocab_size=300 --set "
+                           "data.kind=synthetic --set data.synthetic_size=16 --set data.test= --set optim.name=adamw "
+                           "--set optim.lr=0.01 --set train.global_batch=4 --set train.steps=4 --set train.device=cpu "
+                           "--set train.epochs=0 --set train.threads=1 --set model.vocab_multiple=" + multiple +
+                           " --run-dir " + run);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(run + "/metrics.jsonl");
+    std::string line;
+    losses.emplace_back();
+    while (std::getline(in, line)) {
+      const json l = json::parse(line);
+      if (!l.contains("event")) losses.back().push_back(l["loss"].get<double>());
+    }
+  }
+  ASSERT_EQ(losses[0].size(), 4u);
+  ASSERT_EQ(losses[1].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(losses[0][i], losses[1][i], 1e-5 * losses[0][i]) << "step " << i + 1;
+  EXPECT_NE(losses[0][0], losses[0][3]) << "the losses moved";
+}
+
+// ---- the bias inside the matmul ---------------------------------------------------------------------
+
+TEST(GptFusedBias, SameLossAndGradientsAsNnLinear) {
+  auto make = [](bool fused) {
+    torch::manual_seed(6);
+    return models::create_model("gpt_tiny", models::ModelOptions().vocab_size(300).context(16).fused_bias(fused));
+  };
+  auto a = make(false), b = make(true);
+  const auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const auto& k : pa.keys()) ASSERT_TRUE(pa[k].equal(pb[k])) << k << ": the switch does not change the init";
+  // Random biases: the initial ones are zero, which would hide a bias added twice or not at all.
+  {
+    torch::NoGradGuard ng;
+    for (const auto& k : pa.keys())
+      if (k.find(".bias") != std::string::npos && k.find("ln_") == std::string::npos) {
+        pa[k].normal_(0.0, 0.1);
+        pb[k].copy_(pa[k]);
+      }
+  }
+  auto x = torch::randint(300, {3, 16}, torch::kLong), y = torch::randint(300, {3, 16}, torch::kLong);
+  // Tolerance: float32 rounding of the bias added inside the GEMM's sums rather than after them.
+  EXPECT_TRUE(torch::allclose(a->forward(x), b->forward(x), 1e-5, 1e-6));
+  auto la = loss_of(*a, x, y), lb = loss_of(*b, x, y);
+  EXPECT_NEAR(la.item<double>(), lb.item<double>(), 1e-6 * la.item<double>());
+  la.backward();
+  lb.backward();
+  for (const auto& k : pa.keys())
+    EXPECT_TRUE(torch::allclose(pa[k].grad(), pb[k].grad(), 1e-4, 1e-7))
+        << k << " differs by " << (pa[k].grad() - pb[k].grad()).abs().max().item<double>();
+}
+
+// ---- the snapshot -----------------------------------------------------------------------------------
+
+namespace {
+
+// BatchNorm buffers (float and the int64 num_batches_tracked, 0-dim) and a 4-d buffer in channels_last.
+struct Buffers : torch::nn::Module {
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::Tensor img;
+  Buffers() {
+    bn = register_module("bn", torch::nn::BatchNorm2d(3));
+    img = register_buffer("img", torch::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast));
+  }
+};
+
+}  // namespace
+
+TEST(StepSnapshot, BatchedPutsBackWhatThePerBufferSnapshotPutsBack) {
+  for (bool batched : {false, true}) {
+    torch::manual_seed(4);
+    Buffers m;
+    m.train();
+    m.bn->forward(torch::randn({8, 3, 4, 4}));  // running statistics away from their start
+    std::vector<torch::Tensor> before;
+    for (const auto& b : m.buffers()) before.push_back(b.clone());
+    const trainer::StepSnapshot snap(m, torch::kCPU, batched);
+    m.bn->forward(torch::randn({8, 3, 4, 4}) * 3);
+    {
+      torch::NoGradGuard ng;
+      m.img.mul_(-2);
+    }
+    bool moved = false;
+    for (size_t i = 0; i < before.size(); ++i) moved = moved || !m.buffers()[i].equal(before[i]);
+    ASSERT_TRUE(moved);
+    snap.restore();
+    const auto after = m.buffers();
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < after.size(); ++i) {
+      EXPECT_TRUE(after[i].equal(before[i])) << (batched ? "batched" : "per buffer") << ": buffer " << i;
+      EXPECT_EQ(after[i].scalar_type(), before[i].scalar_type());
+    }
+    EXPECT_TRUE(m.img.is_contiguous(at::MemoryFormat::ChannelsLast)) << "restore writes into the live buffer";
+  }
+}
+
+TEST(StepSnapshot, SnapshotKeyIsChecked) {
+  EXPECT_EQ(trainer::load_config("", {}).train.snapshot, "batched");
+  EXPECT_EQ(trainer::load_config("", {"train.snapshot=per_buffer"}).train.snapshot, "per_buffer");
+  EXPECT_NE(testutil::error_text([] { trainer::load_config("", {"train.snapshot=lazy"}); })
+                .find("key 'train.snapshot'"),
+            std::string::npos);
+}
+
+// The Python reference pads its GPT as the trainer does: the same state shapes and parameter count (the
+// padding rows included), and the same FLOPs (which count the real vocabulary only).
+TEST(GptVocabPadding, ReferenceBuildsThePaddedGptOfTheTrainer) {
+  auto r = testutil::run(testutil::python() + " " + testutil::source_dir() +
+                         "/bench/reference.py --describe --set model.name=gpt2 --set data.kind=tokens "
+                         "--set model.context=1024 --set model.vocab_multiple=64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json py = json::parse(r.output);
+  auto model = models::create_model("gpt2", models::ModelOptions().context(1024).vocab_multiple(64));
+  EXPECT_EQ(py["state"]["transformer.wte.weight"], json({50304, 768}));
+  EXPECT_EQ(model->named_parameters()["transformer.wte.weight"].sizes(), (std::vector<int64_t>{50304, 768}));
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  EXPECT_EQ(py["num_parameters"].get<int64_t>(), n);
+  EXPECT_EQ(n, 124439808 + 47 * 768);
+  EXPECT_EQ(py["flops_per_sample_forward"].get<double>(), model->forward_flops({1024}));
+  EXPECT_EQ(model->forward_flops({1024}), models::create_model("gpt2", models::ModelOptions().context(1024))
+                                              ->forward_flops({1024}));
+}

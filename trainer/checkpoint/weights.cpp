@@ -1,0 +1,253 @@
+#include "trainer/checkpoint/weights.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace trainer {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "transformer.h.3.attn.c_attn.weight" -> the part after "h.3." (or "" when it is not a block's name).
+std::string block_rest(const std::string& name, const std::string& blocks_prefix) {
+  if (!starts_with(name, blocks_prefix)) return "";
+  const size_t dot = name.find('.', blocks_prefix.size());
+  if (dot == std::string::npos || dot == blocks_prefix.size()) return "";
+  for (size_t i = blocks_prefix.size(); i < dot; ++i)
+    if (name[i] < '0' || name[i] > '9') return "";
+  return name.substr(dot + 1);
+}
+
+// GPT-2's Conv1D layers: stored [in, out], nn.Linear's weight is [out, in].
+bool is_conv1d_weight(const std::string& name, const std::string& blocks_prefix) {
+  const std::string rest = block_rest(name, blocks_prefix);
+  return rest == "attn.c_attn.weight" || rest == "attn.c_proj.weight" || rest == "mlp.c_fc.weight" ||
+         rest == "mlp.c_proj.weight";
+}
+
+// ---- GPT: Hugging Face GPT2LMHeadModel / GPT2Model <-> ours ------------------------------------------------
+
+Translated gpt_from_file(const NamedTensors& file, const std::string& source) {
+  Translated out;
+  bool has_prefix = false, bare = false;
+  for (const auto& [k, t] : file) {
+    has_prefix |= starts_with(k, "transformer.");
+    bare |= k == "wte.weight";
+  }
+  // GPT2Model (the Hub's openai-community/gpt2 file) has no `transformer.` in front of its names.
+  const bool add_prefix = !has_prefix && bare;
+  auto ours = [&](const std::string& k) { return add_prefix && k != "lm_head.weight" ? "transformer." + k : k; };
+
+  // Conv1D or nn.Linear: told by c_attn's orientation, [C, 3C] against [3C, C] (C is never 3C).
+  bool conv1d = false;
+  for (const auto& [k, t] : file) {
+    if (ends_with(ours(k), ".attn.c_attn.weight") && t.dim() == 2) {
+      conv1d = t.size(1) == 3 * t.size(0);
+      break;
+    }
+  }
+  const torch::Tensor* wte = nullptr;
+  for (const auto& [k, t] : file)
+    if (ours(k) == "transformer.wte.weight") wte = &t;
+
+  int64_t masks = 0;
+  for (const auto& [k, t] : file) {
+    const std::string name = ours(k);
+    if (starts_with(name, "transformer.h.") && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"))) {
+      ++masks;  // the causal mask and its fill value: buffers this model computes, not weights
+      continue;
+    }
+    if (name == "lm_head.weight") {
+      if (wte == nullptr || !wte->sizes().equals(t.sizes()) || !torch::equal(*wte, t))
+        throw std::runtime_error(source + ": lm_head.weight " +
+                                 (wte == nullptr ? std::string("is there but transformer.wte.weight is not")
+                                                 : "differs from transformer.wte.weight") +
+                                 "; this GPT ties its output projection to the token embedding, and the file's model "
+                                 "does not (tie_word_embeddings: false); it cannot be loaded here");
+      out.notes.push_back("lm_head.weight: equal to transformer.wte.weight (tied), not loaded twice");
+      continue;
+    }
+    out.tensors.emplace_back(name, conv1d && is_conv1d_weight(name, "transformer.h.") && t.dim() == 2 ? t.t() : t);
+  }
+  if (masks) out.notes.push_back(std::to_string(masks) + " attn.bias/attn.masked_bias buffers (the causal mask) dropped");
+  const bool hf_only = conv1d || add_prefix || masks > 0 ||
+                       std::any_of(file.begin(), file.end(), [](const auto& kv) { return kv.first == "lm_head.weight"; });
+  if (!hf_only) {
+    out.layout = "ours (nn.Linear weights)";
+  } else {
+    out.layout = std::string("Hugging Face ") + (add_prefix ? "GPT2Model (names without transformer.)" : "GPT2LMHeadModel");
+    if (conv1d) out.layout += ", Conv1D weights transposed";
+  }
+  return out;
+}
+
+// ---- ViT: timm <-> ours ----------------------------------------------------------------------------------
+
+// timm name part -> ours, inside blocks.N. and at the top level.
+const std::vector<std::pair<std::string, std::string>>& vit_block_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"norm1.", "ln_1."},         {"attn.qkv.", "attn.c_attn."}, {"attn.proj.", "attn.c_proj."},
+      {"norm2.", "ln_2."},         {"mlp.fc1.", "mlp.c_fc."},     {"mlp.fc2.", "mlp.c_proj."}};
+  return names;
+}
+const std::vector<std::pair<std::string, std::string>>& vit_top_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {{"patch_embed.proj.", "patch_embed."},
+                                                                          {"norm.", "ln_f."}};
+  return names;
+}
+
+// Renames `name` by the first table entry whose `from` side starts it (inside blocks.N. for block names).
+std::string vit_rename(const std::string& name, bool to_ours) {
+  const std::string rest = block_rest(name, "blocks.");
+  const auto& table = rest.empty() ? vit_top_names() : vit_block_names();
+  const std::string head = rest.empty() ? "" : name.substr(0, name.size() - rest.size());
+  const std::string& tail = rest.empty() ? name : rest;
+  for (const auto& [timm, ours] : table) {
+    const std::string& from = to_ours ? timm : ours;
+    const std::string& to = to_ours ? ours : timm;
+    if (starts_with(tail, from)) return head + to + tail.substr(from.size());
+  }
+  return name;
+}
+
+Translated vit_from_file(const NamedTensors& file) {
+  Translated out;
+  bool timm = false;
+  for (const auto& [k, t] : file)
+    timm |= starts_with(k, "patch_embed.proj.") || starts_with(k, "norm.") ||
+            block_rest(k, "blocks.").rfind("norm1.", 0) == 0 || block_rest(k, "blocks.").rfind("attn.qkv.", 0) == 0;
+  out.layout = timm ? "timm VisionTransformer" : "ours";
+  for (const auto& [k, t] : file) out.tensors.emplace_back(timm ? vit_rename(k, true) : k, t);
+  return out;
+}
+
+}  // namespace
+
+WeightsFile read_weights(const std::string& path) {
+  std::string prefix(16, '\0');
+  {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error(path + ": cannot open the weights file: " + std::strerror(errno));
+    f.read(&prefix[0], static_cast<std::streamsize>(prefix.size()));
+    prefix.resize(static_cast<size_t>(f.gcount()));
+  }
+  WeightsFile w;
+  if (looks_like_safetensors(prefix)) {
+    SafetensorsContents c = read_safetensors(path);
+    w.tensors = std::move(c.tensors);
+    w.metadata = std::move(c.metadata);
+    w.format = "safetensors";
+    return w;
+  }
+  if (prefix.size() >= 4 && prefix.compare(0, 4, "PK\x03\x04") == 0) {
+    w.tensors = read_tensors(path);
+    w.format = "torch.save";
+    return w;
+  }
+  if (prefix.size() >= 2 && static_cast<uint8_t>(prefix[0]) == 0x80) return {read_tensors(path), "torch.save", {}};  // its legacy-format error
+  if (ends_with(path, ".safetensors")) return {read_safetensors(path).tensors, "safetensors", {}};  // its own error
+  throw std::runtime_error(path + " is neither a safetensors file nor a torch.save archive (" +
+                           (prefix.empty() ? std::string("empty") : "its first bytes are neither a header length and '{' nor 'PK'") + ")");
+}
+
+std::string to_string(Layout layout) {
+  switch (layout) {
+    case Layout::ours: return "ours";
+    case Layout::hf: return "hf";
+    case Layout::timm: return "timm";
+  }
+  return "?";
+}
+
+Layout parse_layout(const std::string& name) {
+  if (name == "ours") return Layout::ours;
+  if (name == "hf") return Layout::hf;
+  if (name == "timm") return Layout::timm;
+  throw std::invalid_argument("layout '" + name + "' is not one of: ours, hf, timm");
+}
+
+Family family_of(const NamedTensors& own) {
+  std::unordered_set<std::string> names;
+  for (const auto& [k, t] : own) names.insert(k);
+  if (names.count("transformer.wte.weight")) return Family::gpt;
+  if (names.count("cls_token") && names.count("pos_embed")) return Family::vit;
+  if (names.count("conv1.weight") && names.count("bn1.weight") && names.count("fc.weight")) return Family::resnet;
+  return Family::other;
+}
+
+Translated to_our_layout(const NamedTensors& file, const NamedTensors& own, const std::string& source) {
+  Translated out;
+  switch (family_of(own)) {
+    case Family::gpt: out = gpt_from_file(file, source); break;
+    case Family::vit: out = vit_from_file(file); break;
+    case Family::resnet:
+      out.tensors = file;
+      out.layout = "torchvision / timm (the same names)";
+      break;
+    case Family::other:
+      out.tensors = file;
+      out.layout = "ours";
+      break;
+  }
+  // BatchNorm's step counter: torchvision's published weights predate it; PyTorch fills in 0.
+  std::unordered_set<std::string> present;
+  for (const auto& [k, t] : out.tensors) present.insert(k);
+  int64_t filled = 0;
+  for (const auto& [k, t] : own) {
+    if (ends_with(k, ".num_batches_tracked") && !present.count(k)) {
+      out.tensors.emplace_back(k, torch::zeros_like(t, at::TensorOptions().device(at::kCPU)));
+      ++filled;
+    }
+  }
+  if (filled) out.notes.push_back(std::to_string(filled) + " BatchNorm num_batches_tracked counters not in the file, set to 0");
+  return out;
+}
+
+NamedTensors from_our_layout(const NamedTensors& own, Layout layout) {
+  const Family family = family_of(own);
+  if (layout == Layout::ours) return own;
+  NamedTensors out;
+  if (layout == Layout::hf) {
+    if (family != Family::gpt)
+      throw std::invalid_argument("layout hf (transformers' GPT2LMHeadModel) is for GPT models; for ResNets and ViTs use "
+                                  "ours or timm");
+    for (const auto& [k, t] : own)
+      out.emplace_back(k, is_conv1d_weight(k, "transformer.h.") && t.dim() == 2 ? t.t() : t);
+    return out;
+  }
+  // timm
+  if (family == Family::resnet) return own;
+  if (family != Family::vit)
+    throw std::invalid_argument(std::string("layout timm is for ResNets and ViTs; ") +
+                                (family == Family::gpt ? "for a GPT use hf (transformers) or ours" : "use ours"));
+  for (const auto& [k, t] : own) out.emplace_back(vit_rename(k, false), t);
+  return out;
+}
+
+LoadedWeights load_weights(torch::nn::Module& module, const std::string& path, const std::vector<std::string>& skip) {
+  WeightsFile file = read_weights(path);
+  Translated t = to_our_layout(file.tensors, named_state(module), path);
+  LoadedWeights r;
+  r.format = file.format;
+  r.layout = t.layout;
+  r.notes = std::move(t.notes);
+  try {
+    r.skipped_keys = load_state_dict(module, t.tensors, /*strict=*/true, path, skip).skipped_keys;
+  } catch (const std::runtime_error& e) {
+    // The same line, with the layout that was recognised: "unexpected keys" then says which names were read.
+    throw std::runtime_error(std::string(e.what()) + " (" + file.format + ", read as the " + t.layout + " layout)");
+  }
+  return r;
+}
+
+}  // namespace trainer

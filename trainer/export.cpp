@@ -1,0 +1,201 @@
+#include "trainer/export.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <stdexcept>
+
+#include "models/gpt.h"
+#include "models/registry.h"
+#include "models/vit.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/state_dict.h"
+#include "trainer/checkpoint/store.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/config.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+// The ResNets timm and torchvision have under the same names (not the CIFAR ones).
+bool imagenet_resnet(const std::string& model) {
+  return model == "resnet18" || model == "resnet34" || model == "resnet50" || model == "resnet101" || model == "resnet152";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+const torch::Tensor& tensor(const NamedTensors& tensors, const std::string& name) {
+  for (const auto& [k, t] : tensors)
+    if (k == name) return t;
+  throw std::runtime_error("export: the checkpoint's weights have no " + name);
+}
+
+int64_t count_blocks(const NamedTensors& tensors, const std::string& prefix) {
+  int64_t n = 0;
+  while (std::any_of(tensors.begin(), tensors.end(),
+                     [&](const auto& kv) { return kv.first.rfind(prefix + std::to_string(n) + ".", 0) == 0; }))
+    ++n;
+  return n;
+}
+
+// Heads are not in the weights' shapes: they are the registered architecture's (no config key sets them).
+int64_t registered_heads(const std::string& name) {
+  const models::Model m = models::create_model(name, models::ModelOptions().vocab_size(8).context(8).n_layer(1).num_classes(1));
+  if (auto* gpt = dynamic_cast<models::GPTImpl*>(m.get())) return gpt->options.n_head();
+  if (auto* vit = dynamic_cast<models::ViTImpl*>(m.get())) return vit->options.n_head();
+  throw std::runtime_error("export: model '" + name + "' has no attention heads");
+}
+
+void write_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f.flush()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw std::runtime_error(path + ": cannot write the exported file");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error(path + ": cannot rename " + tmp + " to it: " + ec.message());
+}
+
+// transformers' GPT2Config for our GPT: GPT-2's own settings (gelu_new = tanh GELU, LayerNorm eps 1e-5,
+// 1/sqrt(head size) attention scaling, tied embeddings), the sizes from the weights.
+nlohmann::json gpt2_config(const NamedTensors& tensors, const Config& cfg) {
+  const auto& wte = tensor(tensors, "transformer.wte.weight");
+  const int64_t vocab = wte.size(0);
+  // GPT-2's <|endoftext|> is 50256; a smaller vocabulary (byte tokens) has no such token.
+  const nlohmann::json eot = vocab > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr);
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", vocab},
+          {"n_positions", tensor(tensors, "transformer.wpe.weight").size(0)},
+          {"n_embd", wte.size(1)},
+          {"n_layer", count_blocks(tensors, "transformer.h.")},
+          {"n_head", registered_heads(cfg.model.name)},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"resid_pdrop", cfg.model.dropout},
+          {"embd_pdrop", cfg.model.dropout},
+          {"attn_pdrop", cfg.model.dropout},
+          {"layer_norm_epsilon", 1e-5},
+          {"initializer_range", 0.02},
+          {"scale_attn_weights", true},
+          {"tie_word_embeddings", true},
+          {"bos_token_id", eot},
+          {"eos_token_id", eot}};
+}
+
+std::string py_quote(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += (c == '\'' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return r + "'";
+}
+
+}  // namespace
+
+ExportResult export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out,
+                            const ExportOptions& options) {
+  const Layout layout = parse_layout(options.layout);
+  std::string format = options.format;
+  if (format.empty()) format = ends_with(out, ".safetensors") ? "safetensors" : "pt";
+  if (format != "pt" && format != "safetensors")
+    throw std::invalid_argument("export: --format '" + format + "' is not one of: pt, safetensors");
+  if (format == "pt" && ends_with(out, ".safetensors"))
+    throw std::invalid_argument("export: --format pt would write a torch.save archive into " + out +
+                                "; use --format safetensors, or another file name");
+
+  std::error_code ec;
+  std::string file = out;
+  if (fs::is_directory(out, ec))
+    file = (fs::path(out) / (format == "safetensors" ? "model.safetensors" : layout == Layout::hf ? "pytorch_model.bin" : "model.pt")).string();
+
+  std::optional<LoadedCheckpoint> ck;
+  // Only the weights (and the config, to know the model) are read: a checkpoint without them falls back
+  // like a corrupt one.
+  auto check = [](const LoadedCheckpoint& c) {
+    return c.files.count("model.pt") ? "" : "model.pt is missing";
+  };
+  if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint, check);
+  else ck = CheckpointStore(run_dir, 0).load_latest(check);
+  if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
+
+  ExportResult r;
+  r.checkpoint = ck->path;
+  r.weights = file;
+  if (format == "pt" && layout == Layout::ours) {
+    // model.pt is already a state dict that torch.load reads, with our names: copied as it is.
+    write_atomically(file, ck->file("model.pt"));
+    r.how_to_load = "torch.load(" + py_quote(file) + ")";
+    return r;
+  }
+
+  Config cfg;
+  if (ck->files.count("config.yaml")) apply_yaml_text(cfg, ck->files.at("config.yaml"), ck->path + "/config.yaml");
+  const NamedTensors ours = tensors_from_bytes(ck->file("model.pt"), ck->path + "/model.pt");
+  const std::string& model = cfg.model.name;
+  NamedTensors mapped;
+  try {
+    mapped = from_our_layout(ours, layout);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("export: model '" + model + "': " + e.what());
+  }
+  const Family family = family_of(ours);
+  if (layout == Layout::timm && family == Family::resnet && !imagenet_resnet(model))
+    throw std::invalid_argument("export: timm has no " + model + " (a CIFAR ResNet with option A shortcuts); use --layout ours");
+
+  if (format == "safetensors") {
+    // {"format": "pt"}: what transformers and timm write, and what transformers checks before it loads.
+    write_safetensors(file, mapped,
+                      {{"format", "pt"}, {"trainer.model", model}, {"trainer.layout", to_string(layout)},
+                       {"trainer.step", std::to_string(ck->step)}});
+  } else {
+    write_atomically(file, tensors_to_bytes(mapped));
+  }
+
+  const std::string load = format == "safetensors" ? "safetensors.torch.load_file(" + py_quote(file) + ")"
+                                                   : "torch.load(" + py_quote(file) + ")";
+  if (layout == Layout::hf) {
+    const fs::path folder = fs::path(file).parent_path();
+    r.config = (folder / "config.json").string();
+    write_atomically(r.config, gpt2_config(ours, cfg).dump(2) + "\n");
+    const std::string expected = format == "safetensors" ? "model.safetensors" : "pytorch_model.bin";
+    r.how_to_load = fs::path(file).filename() == expected
+                        ? "transformers.GPT2LMHeadModel.from_pretrained(" + py_quote(folder.empty() ? "." : folder.string()) + ")"
+                        : "rename the file to " + expected + ", then transformers.GPT2LMHeadModel.from_pretrained(<its folder>)";
+  } else if (layout == Layout::timm && family == Family::resnet) {
+    const auto& conv1 = tensor(ours, "conv1.weight");
+    r.how_to_load = "timm.create_model(" + py_quote(model) + ", num_classes=" + std::to_string(tensor(ours, "fc.weight").size(0)) +
+                    ", in_chans=" + std::to_string(conv1.size(1)) + ", checkpoint_path=" + py_quote(file) + ")";
+  } else if (layout == Layout::timm) {  // ViT
+    const auto& patch = tensor(ours, "patch_embed.weight");  // (C, in_chans, p, p)
+    const int64_t p = patch.size(2), tokens = tensor(ours, "pos_embed").size(1);
+    const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(tokens - 1))));
+    r.how_to_load = "timm.create_model('vit_tiny_patch16_224', img_size=" + std::to_string(side * p) +
+                    ", patch_size=" + std::to_string(p) + ", in_chans=" + std::to_string(patch.size(1)) +
+                    ", embed_dim=" + std::to_string(patch.size(0)) + ", depth=" + std::to_string(count_blocks(ours, "blocks.")) +
+                    ", num_heads=" + std::to_string(registered_heads(model)) +
+                    ", num_classes=" + std::to_string(tensor(ours, "head.weight").size(0)) +
+                    ", act_layer='gelu_tanh', norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-5), checkpoint_path=" +
+                    py_quote(file) + ")";
+  } else if (imagenet_resnet(model)) {
+    r.how_to_load = "torchvision.models." + model + "(num_classes=" + std::to_string(tensor(ours, "fc.weight").size(0)) +
+                    ").load_state_dict(" + load + ")";
+  } else {
+    r.how_to_load = load;
+  }
+  return r;
+}
+
+}  // namespace trainer

@@ -1,0 +1,39 @@
+// `trainer export`: a checkpoint's weights as a file that Python's libraries load with no code of ours.
+//
+//   --format pt           torch.save archive (torch.load)                  [the default for other names]
+//   --format safetensors  safetensors (safetensors.torch.load_file)        [the default for *.safetensors]
+//   --layout ours         our names: torchvision's for ResNets, nanoGPT's for GPT (nn.Linear weights)
+//   --layout hf           GPT only: transformers' GPT2LMHeadModel (Conv1D weights transposed) and a
+//                         config.json beside the file: GPT2LMHeadModel.from_pretrained(folder)
+//   --layout timm         ResNet-18/34/50/101/152 (the same names) and ViT (timm's names):
+//                         timm.create_model(name, ..., checkpoint_path=file)
+#pragma once
+
+#include <string>
+
+namespace trainer {
+
+struct ExportOptions {
+  /// "pt" | "safetensors"; "" = from the output's name (*.safetensors: safetensors, else pt).
+  std::string format;
+  /// "ours" | "hf" | "timm" (trainer/checkpoint/weights.h).
+  std::string layout = "ours";
+};
+
+struct ExportResult {
+  std::string checkpoint;   ///< the checkpoint folder read
+  std::string weights;      ///< the weights file written
+  std::string config;       ///< the config.json written beside it (layout hf), else ""
+  std::string how_to_load;  ///< one line of Python that loads the file
+};
+
+/// Writes the model weights of a checkpoint (`checkpoint`, or the latest valid one of `run_dir`) to `out`
+/// (a file, or an existing folder: then model.safetensors, model.pt, or for hf with pt pytorch_model.bin
+/// inside it), through a temporary file renamed into place. Throws std::invalid_argument for a format or
+/// layout that is not known or does not fit the model (hf for a ResNet, timm for a GPT or a CIFAR
+/// ResNet), std::runtime_error naming the path for a checkpoint that cannot be read or a file that
+/// cannot be written.
+ExportResult export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out,
+                            const ExportOptions& options = {});
+
+}  // namespace trainer
