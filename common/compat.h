@@ -18,6 +18,9 @@
 //   profiler events            KinetoEvent::startUs/durationUs          startNs/durationNs (detected, not versioned)
 //   profiler traces            Debian's build has no Kineto: events     ProfilerResult::save writes Kineto's
 //                              are collected, save() throws             Chrome trace (the pip wheels have Kineto)
+//   cuDNN tuning               setBenchmarkCuDNN, setBenchmarkLimitCuDNN in both; the switch that stops the
+//                              caching allocator's cache being emptied after each benchmark timing
+//                              (at::native::_cudnn_set_conv_benchmark_empty_cache) only in 2.x
 #pragma once
 
 #include <ATen/ATen.h>
@@ -32,6 +35,10 @@
 
 #define TRAINER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if TRAINER_TORCH_AT_LEAST(2, 1)
+#include <ATen/native/ConvUtils.h>  // _cudnn_set_conv_benchmark_empty_cache
+#endif
 
 namespace c10d {
 class ProcessGroup;
@@ -206,6 +213,22 @@ template <typename KinetoEvent>
 double profiler_event_duration_us(const KinetoEvent& e) {
   if constexpr (detail::HasStartNs<KinetoEvent>::value) return static_cast<double>(e.durationNs()) / 1000.0;
   else return static_cast<double>(e.durationUs());
+}
+
+// ---- cuDNN ------------------------------------------------------------------------------------------
+
+/// Whether cuDNN's benchmark timing empties the CUDA caching allocator's cache after each timing
+/// (LibTorch's default: yes). Returns false where this LibTorch has no such switch (1.13, whose v7 path
+/// always empties it; seen absent in 1.13's headers, present in 2.11's ConvUtils.h; torch._inductor has
+/// called it since 2.1, read).
+inline bool set_cudnn_benchmark_empty_cache(bool on) {
+#if TRAINER_TORCH_AT_LEAST(2, 1)
+  at::native::_cudnn_set_conv_benchmark_empty_cache(on);
+  return true;
+#else
+  (void)on;
+  return false;
+#endif
 }
 
 }  // namespace trainer::compat

@@ -18,10 +18,11 @@
 #   fixes    bench/ab.py, each candidate fix off and on, trainer alone:      as profile           as profile
 #            the batched snapshot, the fused optimizer, the padded
 #            vocabulary (TRAINER_FIXES_ROUNDS rounds, default 1)
-#   cap      trainer bench --oom: a cap cut through control.yaml mid-run     ResNet-50 224 fp16   plain CNN
-#            (backoff, grow-back, recovery time), micro_batch: auto          channels_last,       28x28,
-#            against the exhaustive search under two caps, the OOM memory    batch 256            batch 16
-#            report (read back: it must name the phase that failed)
+#   cap      bench/cap_check.py: a cap cut through control.yaml mid-run      ResNet-50 224 fp16   plain CNN
+#            (backoff, grow-back: recovery and grow-back step times) per     channels_last,       28x28,
+#            cuDNN policy, each in a fresh process, side by side; auto       batch 256            batch 16
+#            (curve) against the doubling search and pinned runs; the OOM
+#            memory report read back; ends within TRAINER_CAP_BUDGET_S
 #   speed    bench/compare.py, trainer against Python PyTorch on the same    ResNet-50 fp16 256;  ResNet-18,
 #            device, alternating rounds: ratio, samples or tokens/s, MFU     GPT-2 small bf16,    gpt_tiny
 #                                                                            context 1024
@@ -35,9 +36,10 @@
 # Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
 # runs when named)
 # Wall times on an H200 (docs/BENCHMARKS.md): env 12 s, tests 8 s, speed 128 s with TRAINER_SPEED_ROUNDS=2,
-# jpeg 42-62 s; cap over 160 s (its search runs take 5-60 s each, cuDNN autotuning every new shape), so
-# give `cap summary` a call of its own. profile and fixes: not yet measured on a GPU; estimated from the
-# speed phase's runs (about 15 s each) at 8 runs for profile (about 2-2.5 min) and 8 for fixes (about 2 min).
+# jpeg 42-62 s; cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU: `cap summary` fits one call
+# of 4 minutes; stages that would not end in time are skipped and listed).
+# profile and fixes: not yet measured on a GPU; estimated from the speed phase's runs (about 15 s each) at 8
+# runs for profile (about 2-2.5 min) and 8 for fixes (about 2 min).
 #
 # The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
 # `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
@@ -119,27 +121,20 @@ tests_phase() {
 }
 
 cap_phase() {
-  # On the GPU one search run costs seconds, and an exhaustive search from 256 down takes minutes: bisect.
-  local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --rounds 1 --warmup 5 --steps 5 --search bisect)
-  [[ $mode == cuda ]] || cfg=(--config configs/bench_oom_tiny.yaml --rounds 1 --warmup 3 --steps 3)
+  # Each cuDNN policy in a process of its own (cuDNN keeps a shape's algorithm for the process), stages in
+  # order of importance until the budget: bench/cap_check.py. Its JSON holds the read-back memory report.
+  local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16) budget=${TRAINER_CAP_BUDGET_S:-200}
+  if [[ $mode != cuda ]]; then
+    cfg=(--config configs/bench_oom_tiny.yaml)
+    budget=${TRAINER_CAP_BUDGET_S:-150}
+  fi
   rm -rf "$out/cap_runs"
-  "${trainer[@]}" bench --oom "${cfg[@]}" --run-dir "$out/cap_runs" --out "$out/cap.json" || return
-  # The memory report of the cut's first OOM, read back as a user would: it must parse and name the
-  # phase the attempt failed in.
-  "$py" - "$out/cap_runs" "$out/cap_report.json" <<'PY'
-import glob, json, sys
-reports = sorted(glob.glob(sys.argv[1] + "/**/memory_report_*.json", recursive=True))
-if not reports:
-    sys.exit("no memory report under " + sys.argv[1])
-r = json.load(open(reports[0]))
-failed = [p.get("failed_in") for p in r.get("phase_peaks", []) if p.get("failed_in")]
-if not failed:
-    sys.exit(reports[0] + ": no attempt names the phase it failed in")
-json.dump({"report": reports[0], "reports": len(reports), "step": r["step"], "failed_in": failed,
-           "limit_bytes": r["limit_bytes"], "peak_bytes": r["peak_bytes"], "device": r["device"],
-           "error": r["error"]}, open(sys.argv[2], "w"), indent=1)
-print(reports[0], "failed in", failed)
-PY
+  # The bundle's wrapper imports torch to find its libraries, seconds per process: once here for all.
+  local torch_lib=${TRAINER_TORCH_LIB:-}
+  [[ -n $torch_lib || ${trainer[0]} != */run ]] ||
+    torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  TRAINER_TORCH_LIB=$torch_lib "$py" bench/cap_check.py --trainer "$out/bin/trainer" "${cfg[@]}" --mode "$mode" \
+    --budget-s "$budget" --workdir "$out/cap_runs" --out "$out/cap.json"
 }
 
 # The jobs of the profile and fixes phases: name|trainer config and --set's (the speed phase's jobs), and
@@ -291,11 +286,18 @@ if t:
                   "skipped": [c["classname"] + "." + c["name"] for c in cases if c.get("result") == "SKIPPED"]}
 c = load("cap.json")
 if c:
-    s["cap"] = {k: c.get(k) for k in ("device_name", "global_batch", "recovery", "grow_back")}
-    s["cap"]["auto_vs_exhaustive"] = [{k: a.get(k) for k in ("cap", "search", "auto_micro_batch", "largest_fitting_micro_batch",
-                                      "auto_fraction", "auto_search_s", "auto_ooms_in_3_steps")}
-                                     for a in c.get("auto_vs_exhaustive", [])]
-    s["cap"]["report"] = load("cap_report.json")
+    pol = ("recovery_s", "oom_step_time_s", "normal_step_s", "recovery_over_normal", "micro_batch_after",
+           "grow_back_step_s_max", "throughput_ratio", "first_step_s", "step_before_cut_s", "tuned_sizes")
+    s["cap"] = {"device": c.get("device"), "device_name": c.get("device_name"), "global_batch": c.get("global_batch"),
+                "wall_s": c.get("wall_s"),
+                "budget_s": c.get("budget_s"), "limits_bytes": c.get("calibration", {}).get("limits_bytes"),
+                "policies": {p: {k: v.get(k) for k in pol} for p, v in c.get("policies", {}).items()},
+                "auto": {cap: {m: ({k: a[m].get(k) for k in ("micro_batch", "probes", "search_s", "ended",
+                                                           "ooms_in_3_steps")} if m in a else None)
+                               for m in ("curve", "doubling")} | {"verify": a.get("verify")}
+                         for cap, a in c.get("auto", {}).items()},
+                "targets": c.get("targets"), "skipped": [x["stage"] for x in c.get("skipped", [])],
+                "failed": c.get("failed"), "report": c.get("report")}
 jp, js = load("jpeg_packed.json"), load("jpeg_synthetic.json")
 if jp and js:
     def cores(kind):

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <functional>
+#include <map>
 
 #include "test_util.h"
 #include "train_util.h"
@@ -182,12 +184,19 @@ TEST(MemoryCurveAuto, StartsAtThePredictionAndPicksTheSameSize) {
     EXPECT_EQ(ev.size(), 1u);
     return ev.empty() ? json() : ev[0];
   };
-  const json plain = auto_run("plain", "");
+  // Doubling from the floor and galloping from the curve file's prediction are both exact: the same
+  // pick. The search from the probes' own curve (the default) lands within 90% of it.
+  const json plain = auto_run("plain", " --set memory.auto_search=doubling");
   const json started = auto_run("started", " --set memory.curve=" + curve);
+  const json probed = auto_run("probed", "");
   EXPECT_EQ(plain["start"], 0);
+  EXPECT_EQ(plain["method"], "doubling");
+  EXPECT_EQ(started["method"], "start");
+  EXPECT_EQ(probed["method"], "curve");
   EXPECT_EQ(started["start"].get<int64_t>(), std::max<int64_t>(1, predicted));
   EXPECT_EQ(started["micro_batch"], plain["micro_batch"]);
   EXPECT_GE(plain["micro_batch"].get<int64_t>(), 4);
+  EXPECT_GE(probed["micro_batch"].get<double>(), 0.9 * plain["micro_batch"].get<double>()) << probed.dump();
   EXPECT_GT(started["probes"].get<int64_t>(), 0);
   EXPECT_GT(plain["probes"].get<int64_t>(), 0);
   EXPECT_GE(started["search_s"].get<double>(), 0.0);
@@ -323,4 +332,110 @@ TEST(MemoryCurvePlot, WritesAPngAndSkipsWithoutMatplotlib) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("skipped: matplotlib is not installed"), std::string::npos) << r.output;
   EXPECT_FALSE(testutil::fs::exists(skipped));
+}
+
+// ---- the auto search from its own probes' curve (find_max_micro_batch_by_curve) --------------------------
+
+namespace {
+
+// A job whose step peak at micro-batch m is peak(m) bytes: a probe fits iff peak(m) <= limit. Counts the
+// probes, remembers what fitted, and checks every probe is inside [lo, hi] and asked once.
+struct Synthetic {
+  std::function<double(int64_t)> peak;
+  int64_t limit = 0, lo = 1, hi = 1;
+  std::map<int64_t, bool> asked;
+
+  trainer::ProbeOutcome operator()(int64_t m, trainer::ProbeRole) {
+    EXPECT_GE(m, lo);
+    EXPECT_LE(m, hi);
+    EXPECT_EQ(asked.count(m), 0u) << "probed twice: " << m;
+    const bool fits = limit == 0 || peak(m) <= static_cast<double>(limit);
+    asked[m] = fits;
+    return {fits, fits ? static_cast<int64_t>(peak(m)) : 0};
+  }
+  int64_t exhaustive() const {
+    int64_t best = 0;
+    for (int64_t m = lo; m <= hi; ++m)
+      if (limit == 0 || peak(m) <= static_cast<double>(limit)) best = m;
+    return best;
+  }
+};
+
+struct Shape {
+  const char* name;
+  std::function<double(int64_t)> peak;
+  int64_t max_probes;  // what the search should need on it, whatever the limit
+};
+
+}  // namespace
+
+// Against the exhaustive answer on every limit from "only the floor fits" to "everything fits", for peaks
+// that are a line (3 probes where the answer is above the second point), convex (the line from small
+// sizes underestimates large ones: the prediction overshoots), and a line with a workspace that jumps at
+// 32 (a cuDNN algorithm change): always a size that fitted in a probe, at least 90% of the largest.
+TEST(MemoryCurveSearch, WithinNinetyPercentOfTheExhaustiveAnswerInAFewProbes) {
+  const double fixed = 4.0e8, per = 3.0e7;
+  const std::vector<Shape> shapes = {
+      {"line", [&](int64_t m) { return fixed + per * m; }, 5},
+      {"convex", [&](int64_t m) { return fixed + per * m + 2.0e5 * m * m; }, 9},
+      {"workspace", [&](int64_t m) { return fixed + per * m + (m >= 32 ? 4.0e8 : 0.0); }, 9},
+  };
+  for (const auto& shape : shapes) {
+    for (int64_t hi : {16, 100, 256}) {
+      int worst_probes = 0;
+      for (int64_t target = 1; target <= hi + 2; target += target < 20 ? 1 : 7) {
+        Synthetic job{shape.peak, static_cast<int64_t>(shape.peak(target)) + 1, 1, hi};
+        const int64_t best = job.exhaustive();
+        const auto s = trainer::find_max_micro_batch_by_curve(std::ref(job), 1, hi, job.limit);
+        const std::string where = std::string(shape.name) + " hi " + std::to_string(hi) + " target " +
+                                  std::to_string(target) + ": " + s.to_json().dump();
+        ASSERT_GE(best, 1) << where;
+        ASSERT_TRUE(job.asked.count(s.micro_batch) && job.asked.at(s.micro_batch)) << "not a probed fit: " << where;
+        EXPECT_LE(s.micro_batch, best) << where;
+        EXPECT_GE(static_cast<double>(s.micro_batch), 0.9 * static_cast<double>(best)) << where;
+        EXPECT_EQ(static_cast<int64_t>(s.probes.size()), static_cast<int64_t>(job.asked.size())) << where;
+        EXPECT_LE(static_cast<int64_t>(s.probes.size()), shape.max_probes) << where;
+        worst_probes = std::max(worst_probes, static_cast<int>(s.probes.size()));
+        if (std::string(shape.name) == "line" && best >= 9 && best < hi)
+          EXPECT_EQ(s.probes.size(), 3u) << "a line is found by the floor, the second point and one confirm: " << where;
+      }
+      RecordProperty(std::string(shape.name) + "_hi" + std::to_string(hi) + "_worst_probes", worst_probes);
+    }
+  }
+}
+
+TEST(MemoryCurveSearch, TheFloorTheWholeRangeNoLimitAndBadArguments) {
+  auto line = [](int64_t m) { return 1000.0 + 100.0 * m; };
+  Synthetic none{line, 1050, 1, 64};  // not even the floor
+  auto s = trainer::find_max_micro_batch_by_curve(std::ref(none), 1, 64, none.limit);
+  EXPECT_EQ(s.micro_batch, 0);
+  EXPECT_EQ(s.ended, "floor");
+  EXPECT_EQ(s.probes.size(), 1u);
+  EXPECT_EQ(s.probes[0].role, trainer::ProbeRole::kCalibrate);
+
+  Synthetic all{line, 1000000, 1, 64};
+  s = trainer::find_max_micro_batch_by_curve(std::ref(all), 1, 64, all.limit);
+  EXPECT_EQ(s.micro_batch, 64);
+  EXPECT_EQ(s.ended, "whole");
+  ASSERT_EQ(s.probes.size(), 3u);
+  EXPECT_EQ(s.probes[1].micro_batch, 8);
+  EXPECT_EQ(s.probes[2].role, trainer::ProbeRole::kConfirm);
+  EXPECT_EQ(s.to_json()["probes"][2]["role"], "confirm");
+
+  Synthetic unlimited{line, 0, 3, 40};  // no cap: the prediction is the whole range
+  s = trainer::find_max_micro_batch_by_curve(std::ref(unlimited), 3, 40, 0);
+  EXPECT_EQ(s.micro_batch, 40);
+  EXPECT_EQ(s.probes.size(), 3u);
+  EXPECT_EQ(s.probes[1].micro_batch, 24) << "the second point is 8 x the floor";
+
+  Synthetic one{line, 1000000, 5, 5};
+  s = trainer::find_max_micro_batch_by_curve(std::ref(one), 5, 5, one.limit);
+  EXPECT_EQ(s.micro_batch, 5);
+  EXPECT_EQ(s.probes.size(), 1u);
+
+  auto probe = [](int64_t, trainer::ProbeRole) { return trainer::ProbeOutcome{true, 1}; };
+  EXPECT_EQ(error_text([&] { trainer::find_max_micro_batch_by_curve(probe, 0, 4, 10); }),
+            "find_max_micro_batch_by_curve: need 1 <= lo <= hi, got lo = 0, hi = 4");
+  EXPECT_EQ(error_text([&] { trainer::find_max_micro_batch_by_curve(probe, 1, 4, 10, 1.0); }),
+            "find_max_micro_batch_by_curve: accept must be in (0, 1), got 1.000000");
 }

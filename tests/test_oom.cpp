@@ -222,6 +222,51 @@ TEST(OomController, NeverProbesAtOrAboveAFailedSizeAtTheSameLimit) {
   EXPECT_TRUE(run.c.take_events().empty());
 }
 
+// memory.ladder_sizes: halvings. The same device as above (capacity 36 of 64): backed off to 32, the
+// ladder's next size is 64, which failed, so no probe at all: 32 for good at this limit (4 samples of
+// memory left unused, and no size cuDNN has not met). When the limit rises it climbs the ladder again.
+// A run that starts at 48 of 64 also climbs the halvings of 64.
+TEST(OomController, HalvingsOnlyClimbsTheLadderItBacksOffOn) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(trainer::halving_ladder(256, 96, 1), V({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256}));
+  EXPECT_EQ(trainer::halving_ladder(10, 10, 2), V({2, 3, 5, 10}));
+  EXPECT_EQ(error_text([] { trainer::halving_ladder(8, 16, 1); }),
+            "halving_ladder: need 1 <= floor <= micro_batch <= global_batch, got 1, 16, 8");
+
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.grow_after = 3;
+  o.halvings_only = true;
+  SimulatedRun run{MicroBatchController(o), 256 * kMiB, 36};
+  run.steps(300);
+  EXPECT_EQ(run.c.micro_batch(), 32);
+  EXPECT_EQ(run.c.failed_micro_batch(), 64);
+  EXPECT_TRUE(run.probes.empty());
+  EXPECT_EQ(run.ooms, 1);
+
+  run.capacity = 64;
+  run.limit = 1024 * kMiB;
+  run.steps(50);
+  EXPECT_EQ(run.c.micro_batch(), 64);
+  std::vector<int64_t> sizes;
+  for (const auto& pr : run.probes) sizes.push_back(pr.first);
+  EXPECT_EQ(sizes, V({64}));
+
+  o.micro_batch = 48;
+  SimulatedRun from48{MicroBatchController(o), 256 * kMiB, 40};
+  from48.steps(300);
+  sizes.clear();
+  for (const auto& pr : from48.probes) sizes.push_back(pr.first);
+  // 48 fails -> 24; probes 32 (on 64's ladder, fits); 48 failed: nothing between 32 and 48 is tried.
+  EXPECT_EQ(sizes, V({32}));
+  EXPECT_EQ(from48.c.micro_batch(), 32);
+  // The option survives a checkpoint, and states written before it read as off.
+  EXPECT_TRUE(MicroBatchController::from_json(from48.c.to_json()).to_json().at("halvings_only").get<bool>());
+  auto old = from48.c.to_json();
+  old.erase("halvings_only");
+  EXPECT_FALSE(MicroBatchController::from_json(old).to_json().at("halvings_only").get<bool>());
+}
+
 TEST(OomController, ProbesAgainWhenTheLimitRises) {
   MicroBatchOptions o;
   o.global_batch = 64;

@@ -108,6 +108,11 @@ std::vector<Field> fields(Config& c) {
       {"memory.ladder_checkpointing", &c.memory.ladder_checkpointing, false},
       {"memory.grow_after", &c.memory.grow_after, false},
       {"memory.headroom", &c.memory.headroom, false},
+      {"memory.ladder_sizes", &c.memory.ladder_sizes, false},
+      {"memory.auto_search", &c.memory.auto_search, false},
+      {"memory.cudnn_policy", &c.memory.cudnn_policy, false},
+      {"memory.cudnn_benchmark_limit", &c.memory.cudnn_benchmark_limit, false},
+      {"memory.cudnn_empty_cache", &c.memory.cudnn_empty_cache, false},
       {"checkpoint.every_steps", &c.checkpoint.every_steps, false},
       {"checkpoint.every_seconds", &c.checkpoint.every_seconds, false},
       {"checkpoint.keep_last", &c.checkpoint.keep_last, false},
@@ -463,6 +468,11 @@ struct Checks {
     if (c.memory.checkpoint_every_k < 1) bad("memory.checkpoint_every_k", "must be at least 1");
     if (c.memory.grow_after < 1) bad("memory.grow_after", "must be at least 1");
     if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
+    one_of("memory.ladder_sizes", c.memory.ladder_sizes, {"any", "halvings"});
+    one_of("memory.auto_search", c.memory.auto_search, {"curve", "doubling"});
+    one_of("memory.cudnn_policy", c.memory.cudnn_policy, {"always", "off", "start", "pretune", "settle"});
+    if (c.memory.cudnn_benchmark_limit < 0 || c.memory.cudnn_benchmark_limit > 10000)
+      bad("memory.cudnn_benchmark_limit", "must be in [0, 10000] (0 = LibTorch's default, 10)");
     if (c.checkpoint.every_steps < 0) bad("checkpoint.every_steps", "must be >= 0");
     if (c.checkpoint.every_seconds < 0) bad("checkpoint.every_seconds", "must be >= 0");
     if (c.checkpoint.keep_last < 1 || c.checkpoint.keep_last > 1000000)

@@ -216,6 +216,7 @@ MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch) {
   co.allow_checkpointing = cfg.memory.ladder_checkpointing;
   co.grow_after = cfg.memory.grow_after;
   co.headroom = cfg.memory.headroom;
+  co.halvings_only = cfg.memory.ladder_sizes == "halvings";
   return co;
 }
 
@@ -237,6 +238,11 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
   o.batched_snapshot = cfg.train.snapshot == "batched";
+  o.auto_search = cfg.memory.auto_search;
+  // Deterministic runs keep cuDNN's benchmark mode off, as before the policy: timing can choose other
+  // algorithms from run to run (whichever measured faster), and with them other rounding.
+  o.cudnn.mode = cfg.train.deterministic ? CudnnMode::kOff : cudnn_mode_from(cfg.memory.cudnn_policy);
+  o.cudnn.retry_tuning_oom = device.is_cuda();
   return o;
 }
 

@@ -38,6 +38,7 @@ int TrainingRun::run() {
       std::optional<data::Batch> batch = fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
       if (need_micro_batch_search_) search_micro_batch(*batch);
+      if (need_pretune_) pretune(*batch);
       const auto t0 = std::chrono::steady_clock::now();
       StepResult r = step_runner_->run(*batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
                                                                          warmup_steps_),
@@ -65,7 +66,12 @@ void TrainingRun::start(bool resumed) {
                              {"global_batch", cfg_.train.global_batch}, {"device", device_.str()},
                              {"torch", compat::torch_version()}, {"limit", limit_bytes_},
                              {"container_limit", bounds_.container_bytes}, {"host_limit", bounds_.host_bytes},
-                             {"limit_source", limit_source_}, {"rss_at_limit", rss_at_limit_}});
+                             {"limit_source", limit_source_}, {"rss_at_limit", rss_at_limit_},
+                             {"cudnn_policy", to_string(step_runner_->cudnn().options().mode)},
+                             {"cudnn_benchmark_limit", cfg_.memory.cudnn_benchmark_limit},
+                             // null: this LibTorch has no switch (common/compat.h)
+                             {"cudnn_empty_cache", cudnn_empty_cache_switch_ ? nlohmann::json(cfg_.memory.cudnn_empty_cache)
+                                                                            : nlohmann::json(nullptr)}});
   }
   need_micro_batch_search_ = need_micro_batch_search_ && !resumed;  // a resumed run keeps its learned size
   spdlog::info("training {} steps ({} per epoch) at global batch {} on {}; memory limit {}", total_steps_,
@@ -132,18 +138,23 @@ void TrainingRun::search_micro_batch(const data::Batch& batch) {
   if (choose && !found.floor_fits && !co.checkpointing) {
     co.checkpointing = true;
     from = "floor_does_not_fit";
-    const int64_t probes = found.probes;
+    const MicroBatchSearch first = found;
     found = search();
-    found.probes += probes;
+    found.probes += first.probes;
+    found.trace.insert(found.trace.begin(), first.trace.begin(), first.trace.end());
+    found.tuned_sizes.insert(found.tuned_sizes.end(), first.tuned_sizes.begin(), first.tuned_sizes.end());
   }
   const double search_s = seconds_since(t);
   co.micro_batch = found.micro_batch;
   step_runner_->set_controller(make_controller(co, agreed_limit_));
   step_runner_->apply_activation_checkpointing();
+  const std::string how = found.start ? "from the memory curve's " + std::to_string(found.start)
+                           : found.method == "curve" ? "from its probes' memory curve, " + found.ended
+                                                     : std::string("doubling from the floor");
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
                found.micro_batch, limit_bytes_ ? format_bytes(limit_bytes_) : "no limit",
                step_runner_->controller().accum_steps(), co.checkpointing ? "on" : "off", from, found.probes, search_s,
-               found.start ? "from the memory curve's " + std::to_string(found.start) : "doubling from the floor");
+               how);
   metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
                                       {"accum_steps", step_runner_->controller().accum_steps()},
                                       {"checkpointing", co.checkpointing},
@@ -152,7 +163,18 @@ void TrainingRun::search_micro_batch(const data::Batch& batch) {
                                       {"limit", limit_bytes_},
                                       {"start", found.start},
                                       {"probes", found.probes},
-                                      {"search_s", search_s}});
+                                      {"search_s", search_s},
+                                      {"method", found.method},
+                                      {"ended", found.ended},
+                                      {"tuned_sizes", found.tuned_sizes},
+                                      {"trace", found.trace}});
+}
+
+void TrainingRun::pretune(const data::Batch& batch) {
+  // Once per process (LibTorch's cuDNN plans live as long as the process), at the size the run starts at:
+  // after the auto search, before the first step.
+  need_pretune_ = false;
+  step_runner_->pretune(batch, step_);
 }
 
 namespace {
@@ -211,6 +233,15 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
                       {"batch_hash", batch_hash_},
                       {"updated", r.updated}};
   if (scaler_->is_enabled()) j["loss_scale"] = scaler_->get_scale();
+  // The recovery of a step that ran out of memory (from the first OOM to this step's completion), a
+  // grow-back probe, and the sizes met for the first time in this process (cuDNN chose their algorithms
+  // in this step, timed or not): what a GPU run reads to tell a stall from a step.
+  if (r.oom_retries > 0) j["recovery_s"] = r.recovery_s;
+  if (!r.probe.empty()) j["probe"] = r.probe;
+  if (!r.new_sizes.empty()) {
+    j["new_sizes"] = r.new_sizes;
+    j["tuned_sizes"] = r.tuned_sizes;
+  }
   if (grad_sync_) {
     j["grad_buckets"] = grad_sync_->num_buckets();
     j["grad_buckets_in_backward"] = r.grad_buckets_in_backward;
@@ -250,6 +281,8 @@ EvalResult TrainingRun::evaluate() {
                                     {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
   };
   telemetry_.set_phase("eval");
+  // The evaluation batch is a size of its own: timed only under memory.cudnn_policy always.
+  set_cudnn_benchmark(step_runner_->cudnn().evaluation_benchmark());
   EvalSettings settings = eval_settings(cfg_, device_, env_.rank, env_.world_size);
   settings.forward = forward_;  // with the input statistics of uint8 images (setup_data)
   return evaluate_split(*model_, {test_images_, test_tokens_}, settings, *memory_, eval_micro_batch_, dist_.get(), hooks);

@@ -96,6 +96,7 @@ class TrainingRun {
   void start(bool resumed);
   std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
   void search_micro_batch(const data::Batch& batch);  // train.micro_batch: auto
+  void pretune(const data::Batch& batch);  // memory.cudnn_policy pretune, once before the first step
   int64_t curve_start() const;  // where the auto search starts: the curve's prediction (0 = no curve)
   void record(const StepResult& r, const data::Batch& batch, double step_time);
   void maybe_evaluate();
@@ -188,6 +189,8 @@ class TrainingRun {
   int64_t nontensor_at_limit_ = 0;    // RSS less live tensor bytes then (bytes)
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
+  bool need_pretune_ = true;              // memory.cudnn_policy pretune: once, before this process's first step
+  bool cudnn_empty_cache_switch_ = false; // this LibTorch has the switch memory.cudnn_empty_cache sets
   std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
   // Saving (saving.cpp): the newest checkpoint known to be written (the resumed one at first), the

@@ -144,7 +144,10 @@ void TrainingRun::setup_memory() {
   spdlog::info("cpu: {} threads ({} usable CPUs, {} process{} on this node)", threads, usable_cpus(),
                env_.local_world_size, env_.local_world_size == 1 ? "" : "es");
   if (cfg_.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  at::globalContext().setBenchmarkCuDNN(!cfg_.train.deterministic);
+  // cuDNN's benchmark flag is the step's to set, attempt by attempt (memory.cudnn_policy, Step::apply_cudnn);
+  // off until then. How a timing runs is set once here.
+  set_cudnn_benchmark(false);
+  cudnn_empty_cache_switch_ = set_cudnn_tuning(cfg_.memory.cudnn_benchmark_limit, cfg_.memory.cudnn_empty_cache);
 
   // The cap is installed before the model exists so every tensor is counted. PhasePeakBackend measures
   // the per-phase peaks the memory reports list.

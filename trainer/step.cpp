@@ -55,8 +55,23 @@ void StepSnapshot::restore() const {
 
 // ---- the step ----------------------------------------------------------------------------------------
 
+namespace {
+
+// Data parallel: the ranks must take the same rung together, and whether an attempt timed a new size can
+// differ between ranks (their auto searches may have probed other sizes): no rerun of a timing there; it
+// backs off as any OOM does.
+CudnnPolicyOptions cudnn_options(CudnnPolicyOptions o, bool distributed) {
+  if (distributed) o.retry_tuning_oom = false;
+  return o;
+}
+
+}  // namespace
+
 Step::Step(StepParts parts, StepOptions options, MicroBatchController controller)
-    : p_(std::move(parts)), o_(std::move(options)), controller_(std::move(controller)) {
+    : p_(std::move(parts)),
+      o_(std::move(options)),
+      controller_(std::move(controller)),
+      cudnn_(cudnn_options(o_.cudnn, p_.dist != nullptr)) {
   if (!p_.model || !p_.optimizer || !p_.scaler || !p_.memory || !p_.reporter)
     throw std::invalid_argument("Step: model, optimizer, scaler, memory backend and reporter are required");
   if (p_.dist && !p_.grad_sync) throw std::invalid_argument("Step: a distributed step needs its GradientSync");
@@ -118,6 +133,11 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
   PhasePeakRecorder phases(*p_.memory, *p_.reporter, step, controller_.micro_batch());
   p_.optimizer->zero_grad();
   const auto sizes = controller_.micro_batch_sizes();
+  // Before anything runs at these sizes: whether cuDNN times the algorithms of a size it meets first.
+  const CudnnDecision cudnn = apply_cudnn(CudnnAttempt::kStep, sizes, step);
+  r.cudnn_benchmark = cudnn.benchmark;
+  r.new_sizes.insert(r.new_sizes.end(), cudnn.new_sizes.begin(), cudnn.new_sizes.end());
+  for (int64_t t : cudnn.tuned_sizes()) r.tuned_sizes.push_back(t);
   // The targets of the whole optimizer step over all ranks (every rank holds an equal slice).
   const double normalizer = static_cast<double>(batch.labels.numel() * (p_.dist ? p_.dist->world_size() : 1));
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(o_.forward.device));
@@ -160,11 +180,34 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
 
 void Step::drop_failed_attempt() {
   // Everything the failed attempt held: its graph and activations died with attempt()'s locals; the
-  // partial gradients go now; cached autocast casts and the allocator's cached blocks after them.
+  // partial gradients go now; what a failed backward left queued in the autograd engine; cached
+  // autocast casts and the allocator's cached blocks after them.
   p_.optimizer->zero_grad();
   p_.scaler->abandon_step();
+  release_autograd_leftovers();
   at::autocast::clear_cache();
   p_.memory->empty_cache();
+}
+
+void Step::release_autograd_leftovers() {
+  // A backward that throws (out of memory in one branch of a ResNet block) leaves its graph's other
+  // ready tasks in the autograd engine's ready queue of the thread that ran it: the caller's thread for a
+  // graph on the CPU. Each task holds its node, and through the node's edges every node before it with
+  // its saved activations, until the next backward on that thread pops them (a task whose graph is gone
+  // goes first and is dropped). Until then the retry's forward ran beside the failed attempt's
+  // activations and ran out of memory again (ResNet-50 on the CPU: 1.2 GiB still held after a failed
+  // probe). The backward of one element on the device pops them now; the cap is lifted for its few
+  // bytes, since what is still held may be over it.
+  const int64_t cap = p_.memory->limit();
+  p_.memory->set_limit(0);
+  try {
+    torch::Tensor one = torch::zeros({1}, torch::dtype(torch::kFloat).device(o_.forward.device).requires_grad(true));
+    one.sum().backward();
+  } catch (...) {
+    p_.memory->set_limit(cap);
+    throw;
+  }
+  p_.memory->set_limit(cap);
 }
 
 void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r) {
@@ -200,11 +243,14 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   }
   StepResult r;
   r.lr = lr;
+  if (controller_.probe() == ProbeKind::kGrow) r.probe = "grow";
+  if (controller_.probe() == ProbeKind::kCheckpointingOff) r.probe = "checkpointing_off";
   p_.memory->reset_peak();
   r.mem_start_bytes = p_.memory->current_bytes();
   // The snapshot allocates too (buffer copies, generator states): taking it is part of the attempt, so
   // a cap below the live bytes ends in the ladder's answer, not in an error outside it.
   std::optional<StepSnapshot> snapshot;
+  std::optional<std::chrono::steady_clock::time_point> first_oom;  // the recovery runs from here
   while (true) {
     try {
       if (!snapshot) snapshot.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
@@ -213,6 +259,7 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
     } catch (const std::exception& e) {
       const bool peer = dynamic_cast<const PeerOutOfMemory*>(&e) != nullptr;
       if (!peer && !is_oom_error(e)) throw;
+      if (!first_oom) first_oom = std::chrono::steady_clock::now();
       if (!peer) {
         // The report shows the memory as the failed attempt left it, before anything is dropped.
         MemoryReport rep = p_.reporter->write(step, *p_.memory, "oom", error_message(e));
@@ -220,10 +267,25 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
       }
       drop_failed_attempt();
       if (snapshot) snapshot->restore();  // without one, nothing has run yet
-      on_oom(e, peer, step, limit, r);
+      // An attempt that timed a new size may have run out of memory in the timing's own workspaces: the
+      // same sizes once more with the heuristics before the ladder moves (never in data parallel).
+      if (cudnn_.on_oom()) {
+        ++r.oom_retries;
+        spdlog::warn("out of memory in step {} while cuDNN timed micro-batch {}: again at the same size with its "
+                     "heuristics", step, controller_.micro_batch());
+        if (p_.metrics)  // an OOM all the same (the telemetry counts it), answered without the ladder
+          p_.metrics->write({{"event", "oom"}, {"kind", "timing_rerun"}, {"step", step},
+                             {"old_micro_batch", controller_.micro_batch()}, {"new_micro_batch", controller_.micro_batch()},
+                             {"mem_peak_bytes", p_.memory->peak_bytes()}, {"current_bytes", p_.memory->current_bytes()},
+                             {"error", error_message(e).substr(0, 300)}});
+      } else {
+        on_oom(e, peer, step, limit, r);
+      }
       p_.memory->reset_peak();
     }
   }
+  if (first_oom) r.recovery_s = seconds_since(*first_oom);
+  cudnn_.on_clean_step(controller_.micro_batch_sizes());
   r.mem_peak_bytes = p_.memory->peak_bytes();
   // Grow back: after enough clean steps with headroom, or when the limit rose, the controller tries a
   // larger micro-batch (or checkpointing off) on the next step. A failed probe costs one retried step.
@@ -245,43 +307,71 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   MicroBatchSearch found;
   // A probe is the step's worst micro-batch: the first one's forward and backward, then, when the step
   // accumulates (mb below the batch), the second one's with the first one's gradients alive. One pass
-  // alone misses those gradients, and picked sizes whose real step then ran out of memory.
+  // alone misses those gradients, and picked sizes whose real step then ran out of memory. Its peak is
+  // what the curve search fits.
   // One line per probe: on a CPU a probe of a large micro-batch takes minutes, and the search must not be
   // silent for that long.
-  auto fits = [&](int64_t mb) {
+  auto probe_once = [&](int64_t mb, CudnnAttempt kind) {
     ++found.probes;
-    const auto t = std::chrono::steady_clock::now();
-    auto say = [&](bool ok) {
-      spdlog::info("micro_batch auto: probe {}: micro-batch {} {} ({:.1f} s)", found.probes, mb,
-                   ok ? "fits" : "does not fit", seconds_since(t));
-      return ok;
-    };
+    std::vector<int64_t> sizes;
+    for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch.size()); at += mb)
+      sizes.push_back(std::min<int64_t>(mb, batch.size() - at));
+    const CudnnDecision d = apply_cudnn(kind, sizes, 0);
+    for (int64_t t : d.tuned_sizes()) found.tuned_sizes.push_back(t);
+    p_.memory->reset_peak();
+    ProbeOutcome o;
     try {
-      for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch.size()); at += mb) {
-        const int64_t n = std::min<int64_t>(mb, batch.size() - at);
-        Logits out =
-            forward_logits(*p_.model, batch.images.narrow(0, at, n), batch.labels.narrow(0, at, n), o_.forward);
+      for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
+        Logits out = forward_logits(*p_.model, batch.images.narrow(0, at, sizes[i]),
+                                    batch.labels.narrow(0, at, sizes[i]), o_.forward);
         F::cross_entropy(out.logits, out.targets,
                          F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(o_.label_smoothing))
             .backward();
       }
+      o.peak_bytes = p_.memory->peak_bytes();
       p_.optimizer->zero_grad();
-      return say(true);
+      o.fits = true;
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
       drop_failed_attempt();
-      return say(false);
     }
+    return o;
+  };
+  auto probe = [&](int64_t mb, ProbeRole role) {
+    const auto t = std::chrono::steady_clock::now();
+    const CudnnAttempt kind = role == ProbeRole::kConfirm ? CudnnAttempt::kConfirmProbe : CudnnAttempt::kCalibrationProbe;
+    ProbeOutcome o = probe_once(mb, kind);
+    // A probe that timed a new size and ran out of memory may have failed in the timing's workspaces.
+    if (!o.fits && cudnn_.on_oom()) o = probe_once(mb, kind);
+    const double secs = seconds_since(t);
+    spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} ({:.1f} s)", found.probes, mb,
+                 o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "", secs);
+    // What the probe left behind (its own tensors are gone: this is what the next probe starts from).
+    found.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
+                           {"peak_bytes", o.peak_bytes}, {"held_after_bytes", p_.memory->current_bytes()},
+                           {"s", secs}});
+    return o;
   };
   const int64_t size = batch.size();
   const int64_t floor = std::min(min_micro_batch, size);
   found.start = start > 0 ? std::clamp(start, floor, size) : 0;
+  found.method = found.start > 0 ? "start" : o_.auto_search;
   std::optional<StepSnapshot> snapshot;
   int64_t mb = -1;  // -1: the optimizer state or the snapshot did not fit
   try {
     p_.optimizer->allocate_state();
     snapshot.emplace(*p_.model, o_.forward.device);
-    mb = find_max_micro_batch(fits, floor, size, found.start);  // 0: not even the floor fits
+    if (found.method == "curve") {
+      const CurveSearch cs = find_max_micro_batch_by_curve(probe, floor, size, limit);
+      found.ended = cs.ended;
+      mb = cs.micro_batch;  // 0: not even the floor fits
+    } else {
+      // The prediction of a memory curve file is the confirm probe: where the run will likely start.
+      auto fits = [&](int64_t m) {
+        return probe(m, m == found.start ? ProbeRole::kConfirm : ProbeRole::kCalibrate).fits;
+      };
+      mb = find_max_micro_batch(fits, floor, size, found.start);
+    }
   } catch (const std::exception& e) {
     if (!is_oom_error(e)) throw;
     drop_failed_attempt();
@@ -300,6 +390,46 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   return found;
 }
 
+Pretune Step::pretune(const data::Batch& batch, int64_t step) {
+  Pretune out;
+  const auto sizes = cudnn_.pretune_sizes(controller_.global_batch(), controller_.micro_batch(),
+                                          controller_.min_micro_batch());
+  if (sizes.empty()) return out;
+  const auto t = std::chrono::steady_clock::now();
+  p_.optimizer->zero_grad();
+  std::optional<StepSnapshot> snapshot;
+  try {
+    snapshot.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
+  } catch (const std::exception& e) {
+    if (!is_oom_error(e)) throw;
+    drop_failed_attempt();
+    out.skipped = sizes;
+  }
+  for (int64_t s : snapshot ? sizes : std::vector<int64_t>{}) {
+    if (s > batch.size()) continue;
+    apply_cudnn(CudnnAttempt::kPretune, {s}, step);
+    try {
+      Logits o = forward_logits(*p_.model, batch.images.narrow(0, 0, s), batch.labels.narrow(0, 0, s), o_.forward);
+      F::cross_entropy(o.logits, o.targets, F::CrossEntropyFuncOptions().reduction(torch::kSum)).backward();
+      p_.optimizer->zero_grad();
+      out.tuned.push_back(s);
+    } catch (const std::exception& e) {
+      if (!is_oom_error(e)) throw;
+      drop_failed_attempt();
+      out.skipped.push_back(s);
+    }
+  }
+  if (snapshot) snapshot->restore();  // nothing trained
+  set_cudnn_benchmark(false);
+  out.seconds = seconds_since(t);
+  spdlog::info("cuDNN pretune: timed micro-batch {} in {:.1f} s{}", nlohmann::json(out.tuned).dump(), out.seconds,
+               out.skipped.empty() ? "" : "; out of memory at " + nlohmann::json(out.skipped).dump());
+  if (p_.metrics)
+    p_.metrics->event("cudnn_pretune", {{"step", step}, {"tuned", out.tuned}, {"skipped", out.skipped},
+                                        {"seconds", out.seconds}});
+  return out;
+}
+
 void Step::on_limit_changed(int64_t limit, int64_t step) {
   controller_.on_limit_changed(limit);
   log_controller_events(step);
@@ -313,6 +443,24 @@ void Step::log_controller_events(int64_t step) {
     j["event"] = to_string(e.kind);
     j["step"] = step;
     j["current_bytes"] = p_.memory->current_bytes();
+    p_.metrics->write(j);
+  }
+}
+
+CudnnDecision Step::apply_cudnn(CudnnAttempt attempt, const std::vector<int64_t>& sizes, int64_t step) {
+  CudnnDecision d = cudnn_.decide(attempt, sizes);
+  set_cudnn_benchmark(d.benchmark);
+  log_cudnn_decisions(step);
+  return d;
+}
+
+void Step::log_cudnn_decisions(int64_t step) {
+  for (const auto& d : cudnn_.take_decisions()) {
+    if (d.retry || d.benchmark) spdlog::info("cuDNN: {}", d.reason);
+    else spdlog::debug("cuDNN: {}", d.reason);
+    if (!p_.metrics) continue;
+    nlohmann::json j = d.to_json();
+    j["step"] = step;
     p_.metrics->write(j);
   }
 }

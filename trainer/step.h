@@ -25,6 +25,8 @@
 #include "trainer/dist.h"
 #include "trainer/forward.h"
 #include "trainer/memory/backend.h"
+#include "trainer/memory/cudnn_policy.h"
+#include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
 #include "trainer/optim.h"
@@ -43,6 +45,13 @@ struct StepResult {
   int64_t mem_start_bytes = 0;  ///< tensor memory held when the step began (weights, optimizer state, batch)
   int64_t mem_peak_bytes = 0;   ///< the memory backend's peak over the completed attempt
   int64_t grad_buckets_in_backward = 0;  ///< data parallel: gradient buckets sent while backward still ran
+  /// Seconds from the first out-of-memory error of the step (caught) to the step's completion at the
+  /// configuration the ladder moved to: the recovery. 0 when nothing ran out of memory.
+  double recovery_s = 0;
+  std::string probe;        ///< the grow-back probe this step ran ("grow", "checkpointing_off"), "" for none
+  bool cudnn_benchmark = false;         ///< cuDNN's benchmark flag in the completed attempt
+  std::vector<int64_t> new_sizes;       ///< micro-batch sizes this step used first in this process (any attempt)
+  std::vector<int64_t> tuned_sizes;     ///< of those, the ones cuDNN timed (CudnnPolicy)
 };
 
 // ---- the OOM outcomes ------------------------------------------------------------------------------
@@ -89,6 +98,18 @@ struct MicroBatchSearch {
   int64_t start = 0;        ///< where the search started (0: doubling from the floor)
   int64_t probes = 0;       ///< forward and backward passes it ran (this rank)
   bool floor_fits = true;   ///< false: not even the floor fitted (on some rank); micro_batch is the floor
+  /// curve (find_max_micro_batch_by_curve), doubling (from the floor), start (galloping from `start`)
+  std::string method = "curve";
+  std::string ended;                     ///< curve: how the search ended (CurveSearch::ended)
+  nlohmann::json trace = nlohmann::json::array();  ///< every probe: {micro_batch, role, fits, peak_bytes, s}
+  std::vector<int64_t> tuned_sizes;      ///< sizes cuDNN timed during the search (CudnnPolicy)
+};
+
+/// What Step::pretune did.
+struct Pretune {
+  std::vector<int64_t> tuned;    ///< sizes timed
+  std::vector<int64_t> skipped;  ///< sizes that ran out of memory (their first use later takes the heuristics)
+  double seconds = 0;
 };
 
 struct StepOptions {
@@ -100,6 +121,8 @@ struct StepOptions {
   std::string activation_checkpointing = "none";
   int64_t checkpoint_every_k = 2;
   bool batched_snapshot = true;  ///< train.snapshot: batched (StepSnapshot)
+  std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (find_micro_batch without a start)
+  CudnnPolicyOptions cudnn;           ///< memory.cudnn_policy and its retry of a timing that ran out of memory
 };
 
 /// The parts a step works on, owned by the caller and alive as long as the Step.
@@ -127,12 +150,25 @@ class Step {
 
   /// `train.micro_batch: auto`: the largest micro-batch in [min_micro_batch, the batch's size] whose
   /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
-  /// allocated; the smallest over ranks. The search starts at `start` when it is > 0 (a memory
-  /// curve's prediction; find_max_micro_batch), else doubles from the floor; the answer is the same.
-  /// The probes run with the checkpointing the blocks have (apply_activation_checkpointing) and do not
-  /// count as training (the snapshot is put back).
+  /// allocated; the smallest over ranks. With `start` > 0 (a memory curve file's prediction) the search
+  /// gallops from it (find_max_micro_batch, exact); otherwise memory.auto_search: `curve`
+  /// (find_max_micro_batch_by_curve on the probes' own peaks: a few probes, within 90%) or `doubling`
+  /// (from the floor, exact). Exactness assumes fitting is monotone in the size. Each probe asks the cuDNN
+  /// policy for its benchmark flag (a confirm probe is where the run will likely start). The probes run
+  /// with the checkpointing the blocks have (apply_activation_checkpointing) and do not count as
+  /// training (the snapshot is put back).
   MicroBatchSearch find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
                                     int64_t start = 0);
+
+  /// memory.cudnn_policy pretune, before the first step: one forward and backward on `batch`'s first
+  /// samples at each of CudnnPolicy::pretune_sizes (the ladder's next halvings below the current
+  /// micro-batch) with cuDNN's benchmark on, so that a backoff to them finds timed algorithms. A size
+  /// that runs out of memory is skipped. Nothing trains (the snapshot is put back); nothing in the other
+  /// modes. Writes a `cudnn_pretune` event.
+  Pretune pretune(const data::Batch& batch, int64_t step);
+
+  CudnnPolicy& cudnn() { return cudnn_; }
+  const CudnnPolicy& cudnn() const { return cudnn_; }
 
   MicroBatchController& controller() { return controller_; }
   const MicroBatchController& controller() const { return controller_; }
@@ -155,13 +191,19 @@ class Step {
   /// another rank had one; returns the global loss after the last micro-batch.
   double agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum);
   void drop_failed_attempt();
+  /// What a backward that threw left queued in the autograd engine, dropped (see step.cpp).
+  void release_autograd_leftovers();
   /// After a failed attempt was dropped: the ladder's next rung, logged; OomGaveUp when there is none.
   void on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r);
   void log_controller_events(int64_t step);
+  /// The cuDNN policy's flag for an attempt of kind `attempt` at `sizes`, set, and the decision recorded.
+  CudnnDecision apply_cudnn(CudnnAttempt attempt, const std::vector<int64_t>& sizes, int64_t step);
+  void log_cudnn_decisions(int64_t step);
 
   StepParts p_;
   StepOptions o_;
   MicroBatchController controller_;
+  CudnnPolicy cudnn_;
   int64_t bad_samples_ = 0;  // samples that could not be decoded, over the steps this Step ran
 };
 

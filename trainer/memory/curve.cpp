@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -79,6 +80,88 @@ CurveChoice choose_setting(const MemoryCurve& curve, int64_t limit_bytes, int64_
     if (m > 0 && sps > best.samples_per_s) best = {setting, m, sps};
   }
   return best;
+}
+
+const char* to_string(ProbeRole role) {
+  switch (role) {
+    case ProbeRole::kCalibrate: return "calibrate";
+    case ProbeRole::kConfirm: return "confirm";
+    case ProbeRole::kBisect: return "bisect";
+  }
+  return "calibrate";
+}
+
+nlohmann::json CurveSearch::to_json() const {
+  nlohmann::json p = nlohmann::json::array();
+  for (const auto& r : probes)
+    p.push_back({{"micro_batch", r.micro_batch}, {"role", to_string(r.role)}, {"fits", r.fits}, {"peak_bytes", r.peak_bytes}});
+  return {{"micro_batch", micro_batch}, {"ended", ended}, {"probes", p}};
+}
+
+CurveSearch find_max_micro_batch_by_curve(const std::function<ProbeOutcome(int64_t, ProbeRole)>& probe, int64_t lo,
+                                          int64_t hi, int64_t limit_bytes, double accept) {
+  if (lo < 1 || hi < lo)
+    throw std::invalid_argument("find_max_micro_batch_by_curve: need 1 <= lo <= hi, got lo = " + std::to_string(lo) +
+                                ", hi = " + std::to_string(hi));
+  if (!(accept > 0 && accept < 1))
+    throw std::invalid_argument("find_max_micro_batch_by_curve: accept must be in (0, 1), got " + std::to_string(accept));
+  CurveSearch s;
+  int64_t good = 0, bad = hi + 1;  // the largest size that fitted, the smallest that failed (hi + 1: none)
+  std::vector<CurvePoint> points;
+  std::map<int64_t, bool> seen;
+  auto run = [&](int64_t m, ProbeRole role) {
+    if (auto it = seen.find(m); it != seen.end()) return it->second;
+    const ProbeOutcome o = probe(m, role);
+    s.probes.push_back({m, role, o.fits, o.fits ? o.peak_bytes : 0});
+    seen[m] = o.fits;
+    if (o.fits) {
+      good = std::max(good, m);
+      points.push_back({m, o.peak_bytes});
+    } else {
+      bad = std::min(bad, m);
+    }
+    return o.fits;
+  };
+  // The largest size that fits is below `bad`: `good` is within `accept` of it.
+  auto bracketed = [&] { return bad - good <= 1 || static_cast<double>(good) >= accept * static_cast<double>(bad - 1); };
+  auto finish = [&](const char* how) {
+    s.micro_batch = good;
+    s.ended = how;
+    return s;
+  };
+  auto predict = [&] {
+    if (limit_bytes <= 0) return hi;
+    std::set<int64_t> distinct;
+    for (const auto& p : points) distinct.insert(p.micro_batch);
+    if (distinct.size() < 2) return hi;
+    return predict_max_micro_batch(fit_memory_curve(points), limit_bytes, hi);
+  };
+
+  if (!run(lo, ProbeRole::kCalibrate)) return finish("floor");
+  if (lo == hi) return finish("whole");
+  const int64_t second = std::min(hi, std::max(lo + 1, kCurveSecondPoint * lo));
+  if (run(second, ProbeRole::kCalibrate)) {
+    if (second == hi) return finish("whole");
+    for (int64_t round = 0; round < kCurveMaxConfirms && !bracketed(); ++round) {
+      const int64_t aim = std::clamp(predict(), good + 1, bad - 1);
+      if (run(aim, ProbeRole::kConfirm)) {
+        if (aim == hi) return finish("whole");
+        // Refitted with a point near the limit, the line has little left to extrapolate.
+        const int64_t next = predict();
+        if (next <= good || static_cast<double>(good) >= kPredictedAccept * static_cast<double>(next))
+          return finish("predicted");
+        continue;
+      }
+      // Over the limit: the largest size that fits is below `aim`, and ceil(accept x (aim - 1)) is within
+      // `accept` of it; if that one fits too the search is done.
+      if (bracketed()) break;
+      const int64_t below = std::max(good + 1, static_cast<int64_t>(std::ceil(accept * static_cast<double>(bad - 1))));
+      if (below < bad) run(below, ProbeRole::kConfirm);
+      break;  // within `accept` if it fitted; else the line is off here: bisect
+    }
+  }
+  while (!bracketed()) run(good + (bad - good) / 2, ProbeRole::kBisect);
+  return finish("bracket");
 }
 
 MemoryCurve read_memory_curve(const std::string& path) {

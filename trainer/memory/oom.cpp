@@ -64,6 +64,24 @@ std::vector<int64_t> split_batch(int64_t global_batch, int64_t micro_batch) {
   return sizes;
 }
 
+std::vector<int64_t> halving_ladder(int64_t global_batch, int64_t micro_batch, int64_t floor) {
+  if (floor < 1 || micro_batch < floor || global_batch < micro_batch)
+    throw std::invalid_argument("halving_ladder: need 1 <= floor <= micro_batch <= global_batch, got " +
+                                std::to_string(floor) + ", " + std::to_string(micro_batch) + ", " +
+                                std::to_string(global_batch));
+  std::vector<int64_t> out;
+  for (int64_t m : {global_batch, micro_batch}) {
+    out.push_back(m);
+    while (m > floor) {
+      m = std::max(floor, (m + 1) / 2);
+      out.push_back(m);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 const char* to_string(OomEventKind kind) {
   switch (kind) {
     case OomEventKind::kBackoff: return "backoff";
@@ -253,10 +271,20 @@ std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int
     checkpointing_ = false;
     probe_ = ProbeKind::kCheckpointingOff;
   } else if (micro_ < opt_.global_batch) {
-    // Double while nothing has failed; once a size failed, bisect towards it.
-    int64_t target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
-    target = std::min(target, opt_.global_batch);
-    if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
+    // Double while nothing has failed; once a size failed, bisect towards it. With halvings_only: the
+    // next size of the ladder, if it is below any failed size.
+    int64_t target = 0;
+    if (opt_.halvings_only) {
+      const int64_t start = opt_.micro_batch == 0 ? opt_.global_batch : opt_.micro_batch;
+      const auto sizes = halving_ladder(opt_.global_batch, start, opt_.min_micro_batch);
+      const auto next = std::upper_bound(sizes.begin(), sizes.end(), micro_);
+      if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_)) return std::nullopt;
+      target = *next;
+    } else {
+      target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
+      target = std::min(target, opt_.global_batch);
+      if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
+    }
     if (target <= micro_) return std::nullopt;
     micro_ = target;
     probe_ = ProbeKind::kGrow;
@@ -287,6 +315,7 @@ nlohmann::json MicroBatchController::to_json() const {
           {"allow_checkpointing", opt_.allow_checkpointing},
           {"grow_after", opt_.grow_after},
           {"headroom", opt_.headroom},
+          {"halvings_only", opt_.halvings_only},
           {"initial_checkpointing", opt_.checkpointing},
           {"micro_batch", micro_},
           {"checkpointing", checkpointing_},
@@ -316,6 +345,7 @@ MicroBatchController MicroBatchController::from_json(const nlohmann::json& j) {
     o.allow_checkpointing = get("allow_checkpointing").get<bool>();
     o.grow_after = get("grow_after").get<int64_t>();
     o.headroom = get("headroom").get<double>();
+    o.halvings_only = j.value("halvings_only", false);  // absent in states written before the option
     o.checkpointing = get("initial_checkpointing").get<bool>();
     o.micro_batch = get("micro_batch").get<int64_t>();
     MicroBatchController c(o);

@@ -16,6 +16,9 @@
 // ladder turned it on) starts when the limit rose, or after `grow_after` clean steps whose peak stayed
 // below (1 - headroom) * limit. A probe that OOMs is reverted and remembered: the smallest micro-batch
 // that failed at the current limit is never probed again (nor anything above it) until the limit rises.
+// With `halvings_only` the micro-batch only ever takes sizes of halving_ladder(): a probe climbs to the
+// next of them instead of bisecting towards a failed size, so a run reuses a few sizes (and whatever
+// cuDNN tuned for them, trainer/memory/cudnn_policy.h) rather than meeting new ones.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -37,6 +40,7 @@ struct MicroBatchOptions {
   bool allow_checkpointing = true;  ///< the ladder may turn checkpointing on once at the floor
   int64_t grow_after = 50;          ///< clean steps with headroom before a probe (>= 1)
   double headroom = 0.2;            ///< probe only while peak < (1 - headroom) * limit; in [0, 1)
+  bool halvings_only = false;       ///< grow-back probes only sizes of halving_ladder() (memory.ladder_sizes)
 };
 
 /// ceil(global_batch / micro_batch): micro-batches per optimizer step.
@@ -45,6 +49,12 @@ int64_t accum_steps_for(int64_t global_batch, int64_t micro_batch);
 /// The sizes of the micro-batches of one step: accum_steps_for(g, m) - 1 of size m, then the rest
 /// (g = 10, m = 4 -> {4, 4, 2}). They sum to g. Throws std::invalid_argument unless 1 <= m <= g.
 std::vector<int64_t> split_batch(int64_t global_batch, int64_t micro_batch);
+
+/// The sizes the ladder reaches by halving (rounded up, not below `floor`) from the global batch and from
+/// `micro_batch` (the size a run starts or resumes at), both included, ascending: global 256, micro 96,
+/// floor 1 -> {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256}. Throws std::invalid_argument
+/// unless 1 <= floor <= micro_batch <= global_batch.
+std::vector<int64_t> halving_ladder(int64_t global_batch, int64_t micro_batch, int64_t floor);
 
 /// What a transition was.
 enum class OomEventKind {
