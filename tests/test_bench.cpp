@@ -811,13 +811,30 @@ TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
                                 "ActivationCheckpointCuda.TransformerLayerWithDropoutGradientsEqualPlain"})
     EXPECT_NE(std::find(skipped.begin(), skipped.end(), cuda_only), skipped.end()) << cuda_only << " did not skip";
 
+  // bench/cap_check.py's stages: the auto search under the cut cap (verified against the sizes above it)
+  // and one under a middle cap, both ways; each cuDNN policy's cut, backoff and grow-back; no target is
+  // judged on the CPU.
   const json& cap = s["cap"];
-  ASSERT_EQ(cap["auto_vs_exhaustive"].size(), 2u) << cap;
-  for (const auto& a : cap["auto_vs_exhaustive"]) {
-    EXPECT_GT(a["largest_fitting_micro_batch"].get<int64_t>(), 0) << a;
-    EXPECT_GT(a["auto_fraction"].get<double>(), 0.0) << a;
+  EXPECT_TRUE(cap["failed"].empty()) << cap;
+  EXPECT_TRUE(cap["skipped"].empty()) << cap;
+  ASSERT_EQ(cap["auto"].size(), 2u) << cap;
+  for (const auto& [limit, a] : cap["auto"].items())
+    for (const char* how : {"curve", "doubling"}) {
+      ASSERT_TRUE(a[how].is_object()) << limit << " " << how << ": " << a;
+      EXPECT_GT(a[how]["micro_batch"].get<int64_t>(), 0) << limit << " " << how;
+      EXPECT_EQ(a[how]["ooms_in_3_steps"], 0) << limit << " " << how;
+    }
+  const json& verify = cap["auto"]["cut"]["verify"];
+  ASSERT_TRUE(verify.is_object()) << cap["auto"];
+  EXPECT_GE(verify["largest_fitting_micro_batch"].get<int64_t>(), cap["auto"]["cut"]["curve"]["micro_batch"].get<int64_t>());
+  EXPECT_GE(verify["curve_fraction"].get<double>(), 0.9) << verify;
+  for (const char* policy : {"always", "off", "start", "pretune", "settle"}) {
+    ASSERT_TRUE(cap["policies"][policy].is_object()) << policy << ": " << cap["policies"];
+    EXPECT_GT(cap["policies"][policy]["recovery_s"].get<double>(), 0.0) << policy;
+    EXPECT_LT(cap["policies"][policy]["micro_batch_after"].get<int64_t>(), cap["global_batch"].get<int64_t>()) << policy;
   }
-  EXPECT_GT(cap["recovery"]["recovery_s_median"].get<double>(), 0.0) << cap;
+  EXPECT_TRUE(cap["policies"]["off"]["tuned_sizes"].empty()) << cap["policies"]["off"];
+  for (const auto& [name, t] : cap["targets"].items()) EXPECT_TRUE(t["met"].is_null()) << name << ": " << t;
   EXPECT_FALSE(cap["report"]["failed_in"].empty()) << "the memory report names the phase: " << cap["report"];
   EXPECT_NE(cap["report"]["error"].get<std::string>().find("out of memory"), std::string::npos) << cap["report"];
 
