@@ -61,7 +61,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
               options.context(), "]");
   auto pos = torch::arange(T, tokens.options());                          // (T)
   auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(pos));  // (B, T, C) + (T, C)
-  for (int64_t i = 0; i < num_blocks(); ++i) x = run_block(i, x);
+  for (int64_t i = 0; i < num_blocks(); ++i) x = run_block(i, block_boundary(i, x));
   x = transformer->ln_f(x);
   // Weight tying (Press & Wolf 2017): the output projection is the token embedding matrix.
   auto logits = torch::linear(x, transformer->wte->weight);  // (B, T, padded V)

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,8 +37,27 @@ class ModelImpl : public torch::nn::Module {
     return i < static_cast<int64_t>(checkpointed_.size()) && checkpointed_[i];
   }
 
+  /// A check run at every block boundary: in forward before block i runs, and in backward when the
+  /// gradient has come back through block i (backward = true). It may throw to abandon the pass; the
+  /// exception leaves forward() or backward() as it was thrown. The trainer sets one while it probes
+  /// micro-batch sizes, so that a stop is honoured within one block instead of one whole pass. Empty (the
+  /// default): nothing runs and nothing is registered on the tensors.
+  using BlockCheck = std::function<void(int64_t block, bool backward)>;
+  void set_block_check(BlockCheck check) { block_check_ = std::move(check); }
+
  protected:
+  /// Every model's forward sends the input of each block through here: runs the block check for block i
+  /// and, when `x` takes part in backward, registers it for the way back. Returns `x`.
+  const torch::Tensor& block_boundary(int64_t i, const torch::Tensor& x) {
+    if (!block_check_) return x;
+    block_check_(i, false);
+    if (x.requires_grad())
+      x.register_hook([check = block_check_, i](const torch::Tensor&) { check(i, true); });
+    return x;
+  }
+
   std::vector<bool> checkpointed_;
+  BlockCheck block_check_;
 };
 
 using Model = std::shared_ptr<ModelImpl>;

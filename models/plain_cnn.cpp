@@ -24,6 +24,7 @@ torch::Tensor PlainCnnImpl::forward(const torch::Tensor& x) {
   for (int64_t i = 0; i < num_blocks(); ++i) {
     auto& conv = blocks_[i];
     auto fn = [&conv](const torch::Tensor& t) { return torch::relu(conv->forward(t)); };
+    block_boundary(i, h);
     h = block_checkpointed(i) ? checkpoint(*conv, fn, h) : fn(h);  // (B, 2^(i+1) width, H/2^(i+1), W/2^(i+1))
   }
   h = torch::adaptive_avg_pool2d(h, {1, 1}).flatten(1);  // (B, C)

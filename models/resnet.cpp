@@ -169,7 +169,7 @@ torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
               options.in_channels(), ", H, W), got ", x.sizes());
   auto h = torch::relu(bn1(conv1(x)));
   if (options.stem() == StemKind::imagenet) h = torch::max_pool2d(h, 3, 2, 1);
-  for (int64_t i = 0; i < num_blocks(); ++i) h = run_block(i, h);
+  for (int64_t i = 0; i < num_blocks(); ++i) h = run_block(i, block_boundary(i, h));
   h = torch::adaptive_avg_pool2d(h, {1, 1}).flatten(1);  // (B, C)
   return fc(h);                                          // (B, num_classes)
 }

@@ -64,7 +64,7 @@ torch::Tensor ViTImpl::forward(const torch::Tensor& images) {
   x = x.flatten(2).transpose(1, 2);                  // (B, N, C): patches in row-major order
   x = torch::cat({cls_token.expand({B, 1, -1}), x}, 1);  // (B, 1 + N, C)
   x = drop(x + pos_embed);
-  for (int64_t i = 0; i < num_blocks(); ++i) x = run_block(i, x);
+  for (int64_t i = 0; i < num_blocks(); ++i) x = run_block(i, block_boundary(i, x));
   x = ln_f(x);
   return head(x.select(1, 0));  // (B, num_classes): the class token
 }

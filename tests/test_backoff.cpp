@@ -23,6 +23,7 @@
 
 using nlohmann::json;
 using testutil::TempDir;
+namespace fs = std::filesystem;
 using V = std::vector<int64_t>;
 
 namespace {
@@ -413,6 +414,198 @@ TEST(AutoSearch, TheRunRecordsTheSearchTheProbesFlagsAndTheRecovery) {
   EXPECT_EQ(s[0]["tuned_sizes"], json({16}));
   EXPECT_FALSE(s[1].contains("recovery_s"));
   EXPECT_FALSE(s[1].contains("new_sizes"));
+}
+
+// ---- a stop during the search ------------------------------------------------------------------------
+
+// A stop during the search (the run passes its SIGTERM flag): asked before each probe and at every block
+// boundary inside one, it ends the probe in progress within one block, puts back what the probes
+// changed, and leaves the probes that ran to their end with the caller; a search given those as known
+// answers reaches the uninterrupted search's size, probing only what was left. The checks are counted by
+// hand: ResNet-20 has 9 blocks, a probe of m < G is two passes (two micro-batches), each with 9 checks
+// in forward and 9 in backward, after the one before the probe. So probe 1 (m = 1) asks 1 + 2 x 18 = 37
+// times; probe 2 (m = 8) asks before itself (38), in the first pass's forward (39-47), and in its
+// backward, which meets block 9's input first (48), block 8's (49), block 7's (50).
+TEST(AutoSearch, AStopEndsTheProbeAtABlockAndItsFindingsResumeTheSearch) {
+  const int64_t G = 40;
+  trainer::Config cfg = small_job("off", G);
+  Rig r(cfg, kSmall);
+  ASSERT_EQ(r.model->num_blocks(), 9);
+  const data::Batch b = r.batch(1);
+  r.optimizer->allocate_state();
+  // A cap just above the probe's need at 17, measured the plain way (as the curve test above does).
+  int64_t need17 = 0;
+  {
+    const trainer::StepSnapshot snap(*r.model, r.device);
+    const auto fo = trainer::step_options(cfg, r.device).forward;
+    r.memory->reset_peak();
+    for (int64_t at = 0; at < G; at += 17) {
+      const int64_t n = std::min<int64_t>(17, G - at);
+      if (at >= 34) break;  // the probe's two passes
+      auto out = trainer::forward_logits(*r.model, b.images.narrow(0, at, n), b.labels.narrow(0, at, n), fo);
+      torch::nn::functional::cross_entropy(out.logits, out.targets,
+                                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+          .backward();
+    }
+    need17 = r.memory->peak_bytes();
+    r.optimizer->zero_grad();
+    snap.restore();
+  }
+  const int64_t cap = need17 + 1;
+  r.memory->set_limit(cap);
+  auto search = [&](const trainer::SearchControl& control) {
+    trainer::StepParts parts;
+    parts.model = r.model;
+    parts.optimizer = r.optimizer.get();
+    parts.scaler = r.scaler.get();
+    parts.memory = r.memory.get();
+    parts.reporter = r.reporter.get();
+    trainer::Step s(parts, trainer::step_options(cfg, r.device),
+                    trainer::make_controller(trainer::micro_batch_options(cfg, G), cap));
+    return s.find_micro_batch(b, 1, cap, 0, control);
+  };
+  auto sizes_of = [](const json& trace) {
+    V v;
+    for (const auto& t : trace) v.push_back(t["micro_batch"].get<int64_t>());
+    return v;
+  };
+  int64_t asked = 0;
+  auto stop_at = [&](int64_t n) { return [&asked, n] { return ++asked == n; }; };
+
+  trainer::SearchControl plain;
+  plain.stop = stop_at(-1);  // asked, never stops
+  search(plain);  // the first search leaves the gradients allocated: every later one starts from the same
+  const auto before = r.weights();  // (its copies count against the cap from here on, in every search)
+  const int64_t base = r.memory->current_bytes();
+  const trainer::MicroBatchSearch whole = search(plain);
+  ASSERT_EQ(r.memory->current_bytes(), base);
+
+  ASSERT_FALSE(whole.stopped);
+  ASSERT_GE(whole.probes, 3) << whole.trace.dump();
+  EXPECT_EQ(sizes_of(whole.trace)[0], 1);
+  EXPECT_EQ(sizes_of(whole.trace)[1], 8);
+
+  // Stopped in probe 2's backward.
+  asked = 0;
+  std::map<int64_t, trainer::ProbeOutcome> kept;
+  trainer::SearchControl control;
+  control.stop = stop_at(50);
+  control.on_probe = [&](int64_t m, const trainer::ProbeOutcome& o) { kept[m] = o; };
+  const trainer::MicroBatchSearch stopped = search(control);
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.stopped_at, "in backward at block 7 of 9 of probe 2 (micro-batch 8)");
+  EXPECT_EQ(asked, 50);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_TRUE(kept.at(1).fits);
+  EXPECT_EQ(kept.at(1).peak_bytes, whole.trace[0]["peak_bytes"].get<int64_t>());
+  // Nothing of the stopped probe is left: not its memory, not its changes to the buffers, not the check.
+  EXPECT_EQ(r.memory->current_bytes(), base);
+  {
+    const auto after = r.weights();  // (gone before the next search: its copies would count)
+    for (const auto& [name, t] : before) EXPECT_TRUE(torch::equal(t, after.at(name))) << name;
+  }
+  {
+    const auto fo = trainer::step_options(cfg, r.device).forward;
+    trainer::forward_logits(*r.model, b.images.narrow(0, 0, 2), b.labels.narrow(0, 0, 2), fo).logits.sum().backward();
+    r.optimizer->zero_grad();
+    EXPECT_EQ(asked, 50) << "the block check outlived the search";
+  }
+
+  // Stopped before the first probe: nothing ran.
+  asked = 0;
+  kept.clear();
+  control.stop = stop_at(1);
+  const trainer::MicroBatchSearch at_once = search(control);
+  EXPECT_TRUE(at_once.stopped);
+  EXPECT_EQ(at_once.stopped_at, "before probe 1 (micro-batch 1)");
+  EXPECT_TRUE(kept.empty());
+
+  // The restart: probe 1 answered from the findings, the rest probed, the same answer as the whole search.
+  trainer::SearchControl resume;
+  resume.known = {{1, whole.trace[0]["fits"].get<bool>() ? trainer::ProbeOutcome{true, whole.trace[0]["peak_bytes"].get<int64_t>()}
+                                                          : trainer::ProbeOutcome{}}};
+  const trainer::MicroBatchSearch resumed = search(resume);
+  EXPECT_FALSE(resumed.stopped);
+  EXPECT_EQ(resumed.micro_batch, whole.micro_batch);
+  EXPECT_EQ(sizes_of(resumed.trace), sizes_of(whole.trace)) << resumed.trace.dump();
+  EXPECT_EQ(resumed.reused, 1);
+  EXPECT_EQ(resumed.probes, whole.probes);
+  EXPECT_TRUE(resumed.trace[0].value("reused", false));
+  EXPECT_FALSE(resumed.trace[1].value("reused", false));
+}
+
+// The same through the executable, with a probe slow enough to be in progress when SIGTERM comes
+// (ResNet-50 at 96x96, micro-batch 8 on one thread: seconds on a CPU): exit 143 before any step, the stop
+// event and the log say where, auto_search.json holds probe 1; the restart takes probe 1 from it, probes
+// the rest and starts at the size an uninterrupted run finds.
+TEST(AutoSearch, SigtermDuringAProbeExits143AndTheRestartResumesTheSearch) {
+  TempDir dir;
+  const std::string job = "--config " + testutil::source_dir() +
+                          "/configs/bench_oom_tiny.yaml --set model.name=resnet50 --set 'data.shape=[3,96,96]' "
+                          "--set train.micro_batch=auto --set train.steps=1 --set memory.limit=16GiB "
+                          "--set log.level=info";
+  const auto whole = (dir / "whole").string(), stopped = (dir / "stopped").string();
+  auto r = testutil::run(testutil::trainer_cmd(whole, job));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ref = testutil::events(whole, "auto_micro_batch");
+  ASSERT_EQ(ref.size(), 1u);
+  ASSERT_EQ(ref[0]["trace"].size(), 3u) << ref[0].dump();  // 1, 8 and the whole batch, under no real limit
+  // Probe 2's time in the uninterrupted run: one that long is surely in progress when SIGTERM comes.
+  const double probe2_s = ref[0]["trace"][1]["s"].get<double>();
+
+  const std::string log = (dir / "stopped.log").string();
+  const pid_t pid = testutil::spawn(testutil::trainer_cmd(stopped, job), log);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (testutil::read_file(log).find("probe 1:") == std::string::npos && testutil::seconds_since(t0) < 120)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  kill(pid, SIGTERM);
+  const int code = testutil::wait_exit(pid);
+  const std::string out = testutil::read_file(log);
+  ASSERT_EQ(code, 143) << out;
+  const auto stops = testutil::events(stopped, "stop");
+  ASSERT_EQ(stops.size(), 1u) << out;
+  EXPECT_EQ(stops[0]["during"], "auto_search");
+  EXPECT_EQ(stops[0]["step"], 0);
+  const std::string at = stops[0]["at"].get<std::string>();
+  if (probe2_s > 2.0)  // (a quicker probe 2 may end before the signal lands: then before probe 3)
+    EXPECT_NE(at.find("of probe 2 (micro-batch 8)"), std::string::npos) << at << "; probe 2 takes " << probe2_s << " s";
+  else
+    EXPECT_TRUE(at.find("of probe 2 (micro-batch 8)") != std::string::npos || at == "before probe 3 (micro-batch 16)") << at;
+  EXPECT_TRUE(testutil::step_lines(stopped).empty());
+  EXPECT_NE(out.find("stop requested by SIGTERM during micro_batch auto's search, in "), std::string::npos) << out;
+  const json kept = json::parse(testutil::read_file(fs::path(stopped) / "auto_search.json"));
+  ASSERT_EQ(kept["searches"].size(), 1u) << kept;
+  ASSERT_EQ(kept["searches"][0]["probes"].size(), 1u) << kept;
+  EXPECT_EQ(kept["searches"][0]["probes"][0]["micro_batch"], 1);
+  EXPECT_EQ(kept["searches"][0]["probes"][0]["peak_bytes"], ref[0]["trace"][0]["peak_bytes"]);
+
+  r = testutil::run(testutil::trainer_cmd(stopped, job));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 probe(s) of an earlier process under the same conditions are taken from"), std::string::npos)
+      << r.output;
+  const auto ev = testutil::events(stopped, "auto_micro_batch");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["micro_batch"], ref[0]["micro_batch"]);
+  EXPECT_EQ(ev[0]["reused_probes"], 1);
+  ASSERT_EQ(ev[0]["trace"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(ev[0]["trace"][i]["micro_batch"], ref[0]["trace"][i]["micro_batch"]) << i;
+    EXPECT_EQ(ev[0]["trace"][i].value("reused", false), i == 0) << i;
+  }
+  EXPECT_EQ(testutil::step_lines(stopped).size(), 1u);
+
+  // Findings under other conditions (another limit) are not taken: that search starts afresh, and the
+  // file then holds its probes only.
+  const auto other = dir / "other";
+  fs::create_directories(other);
+  fs::copy_file(fs::path(stopped) / "auto_search.json", other / "auto_search.json");
+  r = testutil::run(testutil::trainer_cmd(other.string(), job + " --set memory.limit=15GiB"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testutil::events(other.string(), "auto_micro_batch")[0]["reused_probes"], 0);
+  const json rewritten = json::parse(testutil::read_file(other / "auto_search.json"));
+  ASSERT_EQ(rewritten["searches"].size(), 1u);
+  EXPECT_EQ(rewritten["searches"][0]["probes"].size(), 3u);
+  EXPECT_EQ(rewritten["searches"][0]["conditions"]["limit"], int64_t{15} << 30);
 }
 
 // ---- on a GPU ------------------------------------------------------------------------------------------

@@ -8,12 +8,18 @@
 
 #include <spdlog/spdlog.h>
 
+#include <csignal>
+#include <filesystem>
+
 #include "common/clock.h"
 #include "common/compat.h"
 #include "common/signals.h"
 #include "trainer/from_config.h"
+#include "trainer/memory/search_findings.h"
 
 namespace trainer {
+
+namespace fs = std::filesystem;
 
 TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg), opts_(opts) {}
 
@@ -37,7 +43,10 @@ int TrainingRun::run() {
       if (opts_.observer) opts_.observer->before_step(step_ + 1);
       std::optional<data::Batch> batch = fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
-      if (need_micro_batch_search_) search_micro_batch(*batch);
+      if (need_micro_batch_search_) {
+        const MicroBatchSearch found = search_micro_batch(*batch);
+        if (found.stopped) return stop_during_search(found);
+      }
       if (need_pretune_) pretune(*batch);
       const auto t0 = std::chrono::steady_clock::now();
       StepResult r = step_runner_->run(*batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
@@ -110,7 +119,21 @@ int64_t TrainingRun::curve_start() const {
   return std::max<int64_t>(1, predict_max_micro_batch(it->second, agreed_limit_, rank_batch()));
 }
 
-void TrainingRun::search_micro_batch(const data::Batch& batch) {
+nlohmann::json TrainingRun::search_conditions(bool checkpointing) const {
+  Config c = cfg_;
+  // Not what a probe's memory depends on: how long the run is, its schedule, what it logs, when it saves.
+  c.train.steps = 0;
+  c.train.epochs = 0;
+  c.train.eval_every = 0;
+  c.schedule = ScheduleConfig{};
+  c.log = LogConfig{};
+  c.checkpoint = CheckpointConfig{};
+  return {{"config", to_yaml(c)}, {"limit", agreed_limit_}, {"device", device_.str()},
+          {"torch", compat::torch_version()}, {"world_size", env_.world_size}, {"rank", env_.rank},
+          {"checkpointing", checkpointing}, {"start", curve_start()}};
+}
+
+MicroBatchSearch TrainingRun::search_micro_batch(const data::Batch& batch) {
   // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
   // search is a collective, which a rank whose batch did not fit would not have entered.
   need_micro_batch_search_ = false;
@@ -129,18 +152,39 @@ void TrainingRun::search_micro_batch(const data::Batch& batch) {
       from = "curve";
     }
   }
+  // A stop is honoured within the search; what it found so far is kept for the restart (auto_search.json
+  // in this rank's folder), and what an earlier process found under the same conditions is not probed again.
+  SearchFindings findings((fs::path(rank_dir_) / "auto_search.json").string());
+  if (!findings.problem().empty()) spdlog::warn("{}", findings.problem());
   auto search = [&] {
     step_runner_->set_controller(make_controller(co, agreed_limit_));
     step_runner_->apply_activation_checkpointing();
-    return step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start());
+    const nlohmann::json conditions = search_conditions(co.checkpointing);
+    SearchControl control;
+    control.stop = [] { return stop_requested(); };
+    control.known = findings.known(conditions);
+    control.on_probe = [&](int64_t mb, const ProbeOutcome& o) {
+      try {
+        findings.record(conditions, mb, o);
+      } catch (const std::exception& e) {  // a cache: the search goes on without it
+        spdlog::warn("{}", e.what());
+      }
+    };
+    if (!control.known.empty())
+      spdlog::info("micro_batch auto: {} probe(s) of an earlier process under the same conditions are taken from {}",
+                   control.known.size(), findings.path());
+    return step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start(), control);
   };
   MicroBatchSearch found = search();
+  if (found.stopped) return found;
   if (choose && !found.floor_fits && !co.checkpointing) {
     co.checkpointing = true;
     from = "floor_does_not_fit";
     const MicroBatchSearch first = found;
     found = search();
+    if (found.stopped) return found;
     found.probes += first.probes;
+    found.reused += first.reused;
     found.trace.insert(found.trace.begin(), first.trace.begin(), first.trace.end());
     found.tuned_sizes.insert(found.tuned_sizes.end(), first.tuned_sizes.begin(), first.tuned_sizes.end());
   }
@@ -163,11 +207,27 @@ void TrainingRun::search_micro_batch(const data::Batch& batch) {
                                       {"limit", limit_bytes_},
                                       {"start", found.start},
                                       {"probes", found.probes},
+                                      {"reused_probes", found.reused},
                                       {"search_s", search_s},
                                       {"method", found.method},
                                       {"ended", found.ended},
                                       {"tuned_sizes", found.tuned_sizes},
                                       {"trace", found.trace}});
+  return found;
+}
+
+int TrainingRun::stop_during_search(const MicroBatchSearch& found) {
+  // Nothing has trained and nothing needs saving: the probes' findings are already in auto_search.json,
+  // and the restart (no checkpoint: a fresh start) resumes the search from them.
+  const int sig = stop_requested() ? stop_signal() : SIGTERM;  // the stop came on another rank
+  const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  telemetry_.set_stopping();
+  spdlog::warn("stop requested by {} during micro_batch auto's search, {}: exiting before the first step; the "
+               "probes that ran to their end are kept in {} for the restart",
+               name, found.stopped_at, (fs::path(rank_dir_) / "auto_search.json").string());
+  metrics_.event("stop", {{"step", step_}, {"signal", name}, {"during", "auto_search"}, {"at", found.stopped_at},
+                          {"probes", found.probes}});
+  return exit_code_for_signal(sig);
 }
 
 void TrainingRun::pretune(const data::Batch& batch) {

@@ -95,7 +95,13 @@ class TrainingRun {
   // run.cpp
   void start(bool resumed);
   std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
-  void search_micro_batch(const data::Batch& batch);  // train.micro_batch: auto
+  // train.micro_batch: auto. `stopped` when a stop (SIGTERM, SIGINT) came during the search: its findings
+  // are in auto_search.json and the run exits (stop_during_search).
+  MicroBatchSearch search_micro_batch(const data::Batch& batch);
+  int stop_during_search(const MicroBatchSearch& found);
+  // What a probe's outcome depends on, for auto_search.json: the config less how long the run is, what it
+  // logs and when it saves; the agreed limit, the device, the rank, the checkpointing and the start.
+  nlohmann::json search_conditions(bool checkpointing) const;
   void pretune(const data::Batch& batch);  // memory.cudnn_policy pretune, once before the first step
   int64_t curve_start() const;  // where the auto search starts: the curve's prediction (0 = no curve)
   void record(const StepResult& r, const data::Batch& batch, double step_time);

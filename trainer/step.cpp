@@ -300,7 +300,7 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
 }
 
 MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
-                                        int64_t start) {
+                                        int64_t start, const SearchControl& control) {
   // Measured on real samples with the optimizer state already allocated, so the job starts fast rather
   // than OOM-ing its way down.
   p_.optimizer->zero_grad();
@@ -311,8 +311,15 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   // what the curve search fits.
   // One line per probe: on a CPU a probe of a large micro-batch takes minutes, and the search must not be
   // silent for that long.
+  // A stop is honoured before a probe and at every block boundary inside one (forward and backward), so
+  // a SIGTERM waits for one block, not for a probe that takes minutes on a CPU.
+  const int64_t blocks = p_.model->num_blocks();
+  auto stop_if_asked = [&](const std::string& where) {
+    if (control.stop && control.stop()) throw SearchStopped(where);
+  };
   auto probe_once = [&](int64_t mb, CudnnAttempt kind) {
     ++found.probes;
+    stop_if_asked("before probe " + std::to_string(found.probes) + " (micro-batch " + std::to_string(mb) + ")");
     std::vector<int64_t> sizes;
     for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch.size()); at += mb)
       sizes.push_back(std::min<int64_t>(mb, batch.size() - at));
@@ -320,6 +327,16 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
     for (int64_t t : d.tuned_sizes()) found.tuned_sizes.push_back(t);
     p_.memory->reset_peak();
     ProbeOutcome o;
+    if (control.stop)
+      p_.model->set_block_check([&, mb, n = found.probes](int64_t i, bool backward) {
+        stop_if_asked(std::string(backward ? "in backward" : "in forward") + " at block " + std::to_string(i + 1) +
+                      " of " + std::to_string(blocks) + " of probe " + std::to_string(n) + " (micro-batch " +
+                      std::to_string(mb) + ")");
+      });
+    struct Unset {  // the check lives as long as the probe, whatever way it ends
+      models::ModelImpl& m;
+      ~Unset() { m.set_block_check(nullptr); }
+    } unset{*p_.model};
     try {
       for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
         Logits out = forward_logits(*p_.model, batch.images.narrow(0, at, sizes[i]),
@@ -331,6 +348,9 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
       o.peak_bytes = p_.memory->peak_bytes();
       p_.optimizer->zero_grad();
       o.fits = true;
+    } catch (const SearchStopped&) {
+      drop_failed_attempt();
+      throw;
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
       drop_failed_attempt();
@@ -338,11 +358,23 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
     return o;
   };
   auto probe = [&](int64_t mb, ProbeRole role) {
+    if (const auto k = control.known.find(mb); k != control.known.end()) {
+      // Found by an earlier process under the same conditions (the run's auto_search.json).
+      ++found.probes;
+      ++found.reused;
+      const ProbeOutcome& o = k->second;
+      spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} (found before the restart)", found.probes, mb,
+                   o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "");
+      found.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
+                             {"peak_bytes", o.peak_bytes}, {"reused", true}});
+      return o;
+    }
     const auto t = std::chrono::steady_clock::now();
     const CudnnAttempt kind = role == ProbeRole::kConfirm ? CudnnAttempt::kConfirmProbe : CudnnAttempt::kCalibrationProbe;
     ProbeOutcome o = probe_once(mb, kind);
     // A probe that timed a new size and ran out of memory may have failed in the timing's workspaces.
     if (!o.fits && cudnn_.on_oom()) o = probe_once(mb, kind);
+    if (control.on_probe) control.on_probe(mb, o);
     const double secs = seconds_since(t);
     spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} ({:.1f} s)", found.probes, mb,
                  o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "", secs);
@@ -372,13 +404,25 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
       };
       mb = find_max_micro_batch(fits, floor, size, found.start);
     }
+  } catch (const SearchStopped& e) {
+    found.stopped = true;
+    found.stopped_at = e.what();
   } catch (const std::exception& e) {
     if (!is_oom_error(e)) throw;
     drop_failed_attempt();
   }
-  // The smallest over ranks: the micro-batch count per step (and so the collectives) must be equal.
-  if (p_.dist) mb = static_cast<int64_t>(-p_.dist->all_max({-static_cast<double>(mb)}, "the micro-batch agreement")[0]);
+  // The smallest over ranks: the micro-batch count per step (and so the collectives) must be equal. A
+  // rank that was stopped still comes here, so that every rank learns of it and none waits for it.
+  if (p_.dist) {
+    const auto a = p_.dist->all_max({-static_cast<double>(mb), found.stopped ? 1.0 : 0.0}, "the micro-batch agreement");
+    mb = static_cast<int64_t>(-a[0]);
+    if (a[1] > 0 && !found.stopped) {
+      found.stopped = true;
+      found.stopped_at = "on another rank";
+    }
+  }
   if (snapshot) snapshot->restore();  // the probes must not count as training
+  if (found.stopped) return found;
   if (mb < 0)
     throw OomGaveUp("micro_batch auto: the model and its optimizer state do not fit in memory (limit " +
                     (limit > 0 ? format_bytes(limit) : std::string("none")) +

@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -68,6 +70,13 @@ struct OomGaveUp : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown inside Step::find_micro_batch when its SearchControl::stop says so (a SIGTERM): between probes,
+/// or at a block boundary inside one (models::ModelImpl::set_block_check). The search catches it and
+/// returns what it had found; what() says where the search was.
+struct SearchStopped : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // ---- the snapshot ----------------------------------------------------------------------------------
 
 /// What a failed attempt may have changed that the retry must start from again: the model's buffers
@@ -103,6 +112,25 @@ struct MicroBatchSearch {
   std::string ended;                     ///< curve: how the search ended (CurveSearch::ended)
   nlohmann::json trace = nlohmann::json::array();  ///< every probe: {micro_batch, role, fits, peak_bytes, s}
   std::vector<int64_t> tuned_sizes;      ///< sizes cuDNN timed during the search (CudnnPolicy)
+  int64_t reused = 0;    ///< probes answered from SearchControl::known instead of run (counted in probes)
+  /// The search was stopped (SearchControl::stop, on some rank): micro_batch means nothing, and the run
+  /// exits without a step. `stopped_at` says where ("in backward at block 7 of 16 of probe 3 ...").
+  bool stopped = false;
+  std::string stopped_at;
+};
+
+/// What the caller gives find_micro_batch besides the batch: when to stop, and what an earlier process
+/// already found under the same conditions.
+struct SearchControl {
+  /// Asked before each probe and at every block boundary inside one (forward and backward): true stops
+  /// the search there (MicroBatchSearch::stopped). The run passes its SIGTERM/SIGINT flag.
+  std::function<bool()> stop;
+  /// Outcomes by micro-batch size, taken as the probe's answer without running it (an interrupted
+  /// search's findings, read back by the run that resumes it).
+  std::map<int64_t, ProbeOutcome> known;
+  /// Called after each probe that ran to its end (not a known one), with its size and outcome: the run
+  /// writes its findings as the search goes, so that a stop or a kill loses at most the probe in progress.
+  std::function<void(int64_t micro_batch, const ProbeOutcome& outcome)> on_probe;
 };
 
 /// What Step::pretune did.
@@ -156,9 +184,11 @@ class Step {
   /// (from the floor, exact). Exactness assumes fitting is monotone in the size. Each probe asks the cuDNN
   /// policy for its benchmark flag (a confirm probe is where the run will likely start). The probes run
   /// with the checkpointing the blocks have (apply_activation_checkpointing) and do not count as
-  /// training (the snapshot is put back).
+  /// training (the snapshot is put back). `control` (SearchControl): a stop is honoured before the next
+  /// probe or at the next block boundary of the probe in progress, and answered sizes are not probed
+  /// again. Under data parallel every rank learns that one stopped (the agreement carries it).
   MicroBatchSearch find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
-                                    int64_t start = 0);
+                                    int64_t start = 0, const SearchControl& control = {});
 
   /// memory.cudnn_policy pretune, before the first step: one forward and backward on `batch`'s first
   /// samples at each of CudnnPolicy::pretune_sizes (the ladder's next halvings below the current
