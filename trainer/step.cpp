@@ -499,8 +499,11 @@ CudnnDecision Step::apply_cudnn(CudnnAttempt attempt, const std::vector<int64_t>
 }
 
 void Step::log_cudnn_decisions(int64_t step) {
+  // Off a CUDA device nothing reads cuDNN's flag: the decisions are still recorded (metrics.jsonl), but a
+  // line saying "timing it" would tell a CPU user of a wait that does not happen.
+  const bool cuda = o_.forward.device.is_cuda();
   for (const auto& d : cudnn_.take_decisions()) {
-    if (d.retry || d.benchmark) spdlog::info("cuDNN: {}", d.reason);
+    if (cuda && (d.retry || d.benchmark)) spdlog::info("cuDNN: {}", d.reason);
     else spdlog::debug("cuDNN: {}", d.reason);
     if (!p_.metrics) continue;
     nlohmann::json j = d.to_json();
