@@ -11,7 +11,7 @@
 #include <fstream>
 #include <map>
 
-#include "data/tokens.h"
+#include "data/files/token_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"

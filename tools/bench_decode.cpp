@@ -1,9 +1,9 @@
 #include "tools/bench_decode.h"
 #include "tools/host_info.h"
 
-#include "data/jpeg.h"
-#include "data/resize.h"
-#include "data/transforms.h"
+#include "data/pixels/jpeg.h"
+#include "data/pixels/resize.h"
+#include "data/pixels/transforms.h"
 
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
@@ -91,7 +91,7 @@ int bench_decode_main(int argc, char** argv) {
       "passes", "timed passes over all files", cxxopts::value<int>()->default_value("1"))(
       "limit", "use only the first N files (0: all)", cxxopts::value<int64_t>()->default_value("0"))(
       "seed", "seed of the train boxes", cxxopts::value<uint64_t>()->default_value("0"))(
-      "resize-kernel", "auto (the CPU's best), plain or avx2 (data/resize.h)",
+      "resize-kernel", "auto (the CPU's best), plain or avx2 (data/pixels/resize.h)",
       cxxopts::value<std::string>()->default_value("auto"))(
       "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
       "h,help", "this help");

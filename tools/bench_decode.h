@@ -1,5 +1,5 @@
-// `trainer bench --decode-only`: the speed of the JPEG decoder and the transforms alone (data/jpeg.h,
-// data/transforms.h) over an ImageFolder, on N threads, as one JSON result (docs/BENCHMARKS.md, "Input
+// `trainer bench --decode-only`: the speed of the JPEG decoder and the transforms alone (data/pixels/jpeg.h,
+// data/pixels/transforms.h) over an ImageFolder, on N threads, as one JSON result (docs/BENCHMARKS.md, "Input
 // pipeline: JPEG decoding").
 #pragma once
 

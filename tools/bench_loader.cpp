@@ -4,10 +4,10 @@
 #include <chrono>
 #include <memory>
 
-#include "data/dataset.h"
-#include "data/image_h5.h"
-#include "data/loader.h"
-#include "data/tokens.h"
+#include "data/samples/dataset.h"
+#include "data/files/image_h5.h"
+#include "data/samples/loader.h"
+#include "data/files/token_h5.h"
 #include "tools/bench_job.h"
 #include "tools/host_info.h"
 #include "trainer/memory/backend.h"

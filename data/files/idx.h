@@ -2,7 +2,7 @@
 // HDF5 files.
 #pragma once
 
-#include "data/image_h5.h"
+#include "data/files/image_h5.h"
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
-#include "data/image_sample.h"
+#include "data/samples/image_sample.h"
 
-#include "data/loader.h"
-#include "data/transforms.h"
+#include "data/samples/loader.h"
+#include "data/pixels/transforms.h"
 
 #include <algorithm>
 #include <cstring>

@@ -8,7 +8,7 @@
 //                    source (string: what the tokens came from)
 // Every token is in [0, vocab_size). Strings are variable-length UTF-8 (h5py reads them as str).
 //
-// Every HDF5 call is made while holding data::hdf5_lock() (data/hdf5_lock.h).
+// Every HDF5 call is made while holding data::hdf5_lock() (data/files/hdf5_lock.h).
 //
 // Training windows. A split of N tokens and a context T hold S = floor((N - 1) / T) - 1 non-overlapping
 // window slots (S = 1 when floor((N - 1) / T) = 1). Epoch e draws, from (seed, e) alone, an offset o_e
@@ -20,7 +20,7 @@
 // [r*G/W, (r+1)*G/W) of each global batch.
 #pragma once
 
-#include "data/batch.h"
+#include "data/samples/batch.h"
 
 #include <cstdint>
 #include <memory>
@@ -118,7 +118,7 @@ class TokenSource {
 
 /// `size` tokens generated on demand, each from (seed, position) alone: token k is
 /// floor(hi32(x_k) * vocab_size / 2^32), where x_k is output k (from 0) of splitmix64 started at
-/// state mix64(hash_key(seed, 0x73796e746f)) (data/rng.h). Nothing is stored; the same position always
+/// state mix64(hash_key(seed, 0x73796e746f)) (data/pixels/rng.h). Nothing is stored; the same position always
 /// gives the same token. The tokens carry nothing to learn: this stream measures speed.
 class SyntheticTokens : public TokenSource {
  public:
@@ -141,7 +141,7 @@ class TokenDataset : public TokenSource {
  public:
   /// Opens and checks the file: it exists, is HDF5, has format "trainer.tokens", format_version 1, a
   /// positive vocab_size and a 1-D uint16 or int32 /tokens whose extent the file really stores
-  /// (dataset_size_problem in data/hdf5_lock.h). With in_memory, reads every token and checks
+  /// (dataset_size_problem in data/files/hdf5_lock.h). With in_memory, reads every token and checks
   /// each is in [0, vocab_size). Throws std::runtime_error with one line "token file 'PATH': ..." that
   /// says what is wrong.
   TokenDataset(const std::string& path, bool in_memory);

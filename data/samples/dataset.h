@@ -4,7 +4,7 @@
 
 #include <torch/torch.h>
 
-#include "data/batch.h"
+#include "data/samples/batch.h"
 
 #include <array>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "data/idx.h"
+#include "data/files/idx.h"
 
 #include <zlib.h>
 

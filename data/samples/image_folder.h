@@ -4,8 +4,8 @@
 // mean/std is stored: they are computed at open time from a subsample (docs/DATA.md).
 #pragma once
 
-#include "data/dataset.h"
-#include "data/image_sample.h"
+#include "data/samples/dataset.h"
+#include "data/samples/image_sample.h"
 
 #include <string>
 #include <vector>

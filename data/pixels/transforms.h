@@ -1,13 +1,13 @@
 // The image transforms of the standard ResNet-50 recipe, as torchvision defines them, expressed as a
-// crop box in the source image's pixel coordinates (data/jpeg.h's CropBox) that decode_crop_resize
+// crop box in the source image's pixel coordinates (data/pixels/jpeg.h's CropBox) that decode_crop_resize
 // decodes and resizes in one go.
 //
-// Every random number comes from (seed, epoch, index) alone (data/rng.h), so a sample's crop and flip do
+// Every random number comes from (seed, epoch, index) alone (data/pixels/rng.h), so a sample's crop and flip do
 // not depend on the thread, the order of reads or what else the process drew: a resumed run draws the
 // same boxes bit for bit.
 #pragma once
 
-#include "data/jpeg.h"
+#include "data/pixels/jpeg.h"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-#include "data/hdf5_lock.h"
+#include "data/files/hdf5_lock.h"
 
 #include <algorithm>
 #include <cstring>

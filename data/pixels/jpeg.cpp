@@ -1,6 +1,6 @@
-#include "data/jpeg.h"
+#include "data/pixels/jpeg.h"
 
-#include "data/resize.h"
+#include "data/pixels/resize.h"
 
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE

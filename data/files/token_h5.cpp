@@ -1,7 +1,7 @@
-#include "data/tokens.h"
+#include "data/files/token_h5.h"
 
-#include "data/hdf5_lock.h"
-#include "data/rng.h"
+#include "data/files/hdf5_lock.h"
+#include "data/pixels/rng.h"
 
 #include <hdf5.h>
 
@@ -100,7 +100,7 @@ int64_t read_int_attr(hid_t loc, const char* name) {
 }
 
 // ---- random numbers -------------------------------------------------------------------------------------
-// splitmix64 (data/rng.h): the window order depends only on (seed, epoch), not on torch's global
+// splitmix64 (data/pixels/rng.h): the window order depends only on (seed, epoch), not on torch's global
 // generator, the thread, or the library version. This `below` (modulo rejection) predates rng.h's and
 // stays: it fixes every token run's window order, and bench/reference.py repeats it.
 

@@ -1,5 +1,5 @@
 // What every loader returns and how a stream's place is stored: shared by the image loader
-// (data/loader.h) and the token loader (data/tokens.h), so the trainer drives both the same way.
+// (data/samples/loader.h) and the token loader (data/files/token_h5.h), so the trainer drives both the same way.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,8 +10,8 @@
 
 namespace data {
 
-/// A sample that could not be decoded (data/image_sample.h): it kept its place in the batch as a zero
-/// image with label kIgnoreLabel (data/dataset.h).
+/// A sample that could not be decoded (data/samples/image_sample.h): it kept its place in the batch as a zero
+/// image with label kIgnoreLabel (data/samples/dataset.h).
 struct SampleFailure {
   int64_t index = 0;  ///< dataset index
   std::string what;   ///< one line: the file (or packed file and index) and the decoder's reason

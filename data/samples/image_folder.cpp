@@ -1,4 +1,4 @@
-#include "data/image_folder.h"
+#include "data/samples/image_folder.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,6 +1,6 @@
-#include "data/packed_images.h"
+#include "data/files/packed_images.h"
 
-#include "data/hdf5_lock.h"
+#include "data/files/hdf5_lock.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,4 @@
-#include "data/resize.h"
+#include "data/pixels/resize.h"
 
 #include <algorithm>
 #include <atomic>

@@ -10,10 +10,10 @@
 //                    the [0, 1] scale, from the training split)
 //
 // Debian's libhdf5 is the serial build, which is not thread-safe: every HDF5 call in the process must be
-// made while holding hdf5_lock() (data/hdf5_lock.h).
+// made while holding hdf5_lock() (data/files/hdf5_lock.h).
 #pragma once
 
-#include "data/dataset.h"
+#include "data/samples/dataset.h"
 
 #include <array>
 #include <mutex>
@@ -86,7 +86,7 @@ void write_image_h5(const std::string& path, const torch::Tensor& images, const 
 /// With in_memory = false, read() fetches the requested samples from the file: the indices are sorted,
 /// runs of consecutive indices coalesced, and each run read as one hyperslab (the HDF5 chunk cache is
 /// off for uncompressed files, so a read touches only the requested bytes). HDF5 calls hold
-/// hdf5_lock() (data/hdf5_lock.h), so reads from several threads take turns. With in_memory = true the whole /images
+/// hdf5_lock() (data/files/hdf5_lock.h), so reads from several threads take turns. With in_memory = true the whole /images
 /// dataset is loaded at construction and read() copies from memory (no lock).
 class ImageH5Dataset : public ImageDataset {
  public:

@@ -1,6 +1,6 @@
-#include "data/dataset.h"
+#include "data/samples/dataset.h"
 
-#include "data/rng.h"
+#include "data/pixels/rng.h"
 
 #include <cmath>
 #include <cstring>

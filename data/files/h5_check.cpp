@@ -1,10 +1,10 @@
 // The readers (and through them torch) first: c10/util/variant.h calls an unqualified data(), which
 // does not compile once namespace data is declared.
-#include "data/image_h5.h"
-#include "data/packed_images.h"
-#include "data/tokens.h"
+#include "data/files/image_h5.h"
+#include "data/files/packed_images.h"
+#include "data/files/token_h5.h"
 
-#include "data/h5_check.h"
+#include "data/files/h5_check.h"
 
 #include <fcntl.h>
 #include <poll.h>

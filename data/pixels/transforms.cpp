@@ -1,6 +1,6 @@
-#include "data/transforms.h"
+#include "data/pixels/transforms.h"
 
-#include "data/rng.h"
+#include "data/pixels/rng.h"
 
 #include <algorithm>
 #include <cmath>

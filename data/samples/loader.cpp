@@ -1,7 +1,7 @@
-#include "data/loader.h"
+#include "data/samples/loader.h"
 
 #include "common/log.h"
-#include "data/rng.h"
+#include "data/pixels/rng.h"
 
 #include <algorithm>
 #include <chrono>

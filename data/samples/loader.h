@@ -1,7 +1,7 @@
 // The training and evaluation loaders: deterministic, resumable, sharded, threaded.
 //
 // Order. Epoch e visits the samples in a permutation derived only from (seed, e) (splitmix64 and
-// Fisher-Yates, data/rng.h), or in index order without shuffle. The global batch k of an epoch covers
+// Fisher-Yates, data/pixels/rng.h), or in index order without shuffle. The global batch k of an epoch covers
 // positions [p, p + G) of that order, where p counts the samples of the epoch consumed before it
 // (p = k * G from the start of an epoch, or from wherever seek() put the stream).
 //
@@ -11,8 +11,8 @@
 //
 // Augmentation. Sample i in epoch e gets its crop offset and flip from an RNG seeded by (seed, e, i)
 // alone: reading the same batch twice, with any number of workers, before or after a resume, gives
-// bit-identical tensors. A dataset that decodes encoded images (PixelLayout::HWC: data/packed_images.h,
-// data/image_folder.h) applies its own transform from (seed, e, i) in read_epoch(); its batches are
+// bit-identical tensors. A dataset that decodes encoded images (PixelLayout::HWC: data/files/packed_images.h,
+// data/samples/image_folder.h) applies its own transform from (seed, e, i) in read_epoch(); its batches are
 // uint8 (B, C, H, W) in channels_last memory, and samples it could not decode are listed in
 // Batch::failures.
 //
@@ -21,8 +21,8 @@
 // batch of an epoch the stream continues with the next epoch.
 #pragma once
 
-#include "data/batch.h"
-#include "data/dataset.h"
+#include "data/samples/batch.h"
+#include "data/samples/dataset.h"
 
 #include <array>
 #include <condition_variable>
@@ -68,7 +68,7 @@ struct LoaderOptions {
   int64_t world_size = 1;
 };
 
-// data::Batch and data::LoaderState (shared with the token loader) are in data/batch.h.
+// data::Batch and data::LoaderState (shared with the token loader) are in data/samples/batch.h.
 
 /// One sample's augmentation: crop offset (dy, dx) into the padded image, each in [0, 2 * padding], and
 /// whether to mirror the crop.
@@ -93,7 +93,7 @@ void augment_image(const uint8_t* src, const std::array<int64_t, 3>& shape, cons
 
 /// The same crop and flip on a decoded image, uint8 (H, W, C) to uint8 (H, W, C), padding with 0:
 ///   dst[y][x][c] = padded[y + dy][sx + dx][c], sx = flip ? W-1-x : x.
-/// The datasets that decode (data/image_sample.h) use it for the stored-pixel recipe (data.crop_padding),
+/// The datasets that decode (data/samples/image_sample.h) use it for the stored-pixel recipe (data.crop_padding),
 /// so a sample gets the very crop and flip the float path above gives it.
 void augment_image_hwc(const uint8_t* src, int64_t H, int64_t W, int64_t C, const AugmentParams& params,
                        int64_t padding, uint8_t* dst);

@@ -1,6 +1,6 @@
-#include "data/image_h5.h"
+#include "data/files/image_h5.h"
 
-#include "data/hdf5_lock.h"
+#include "data/files/hdf5_lock.h"
 
 #include <hdf5.h>
 

@@ -1,4 +1,4 @@
-// The resize filter of the image decoders (data/jpeg.h): Pillow's BILINEAR resampling
+// The resize filter of the image decoders (data/pixels/jpeg.h): Pillow's BILINEAR resampling
 // (libImaging/Resample.c), reimplemented.
 //
 // Why this filter: it is the one torchvision applies to PIL images (Resize, RandomResizedCrop), so the

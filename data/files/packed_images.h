@@ -1,7 +1,7 @@
 // The packed image format ("trainer.packed_images", version 1; docs/DATA.md has the full description):
 // one HDF5 file per split holding every image's encoded bytes (JPEG as it came, or re-encoded), what
 // `trainer convert-images` (tools/convert_images.h) writes; and the dataset that decodes its samples
-// with the train or eval transform (data/image_sample.h).
+// with the train or eval transform (data/samples/image_sample.h).
 //
 // Layout of a file:
 //   /bytes    uint8  (total bytes)  every image's encoded bytes, back to back, chunked (1 MiB)
@@ -13,8 +13,8 @@
 //                    from the training split), mean_std_images (int64: images the statistics come from)
 #pragma once
 
-#include "data/dataset.h"
-#include "data/image_sample.h"
+#include "data/samples/dataset.h"
+#include "data/samples/image_sample.h"
 
 #include <string>
 #include <vector>

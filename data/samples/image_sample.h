@@ -1,21 +1,21 @@
-// What the two encoded-image datasets (data/packed_images.h, data/image_folder.h) share: the transform
+// What the two encoded-image datasets (data/files/packed_images.h, data/samples/image_folder.h) share: the transform
 // a sample is decoded with, the decode itself with its failure rule, and the ImageFolder layout
 // (torchvision's class and file order).
 //
 // A sample is decoded straight to the network's input: RGB, uint8, (size, size, 3), channels last.
 //   train: RandomResizedCrop(size, scale, ratio) + a horizontal flip with probability 1/2, box and flip
-//          from (seed, epoch, index) alone (data/transforms.h);
+//          from (seed, epoch, index) alone (data/pixels/transforms.h);
 //          or, with crop_padding > 0, the stored-pixel recipe (CIFAR's): the eval view below, padded
 //          with crop_padding zero pixels and cropped back at a random offset, then the flip, drawn by
-//          data/loader.h's draw_augment from (seed, epoch, index) exactly as the HDF5 path draws it;
+//          data/samples/loader.h's draw_augment from (seed, epoch, index) exactly as the HDF5 path draws it;
 //   eval:  resize the shorter side to round(size / crop_pct) (crop_pct 0.875: 256 for 224), center crop
 //          size x size.
-// A sample that cannot be decoded becomes a zero image with label kIgnoreLabel (data/dataset.h): it keeps
+// A sample that cannot be decoded becomes a zero image with label kIgnoreLabel (data/samples/dataset.h): it keeps
 // its place in the batch, adds nothing to the loss, and is reported as a SampleFailure.
 #pragma once
 
-#include "data/batch.h"
-#include "data/jpeg.h"
+#include "data/samples/batch.h"
+#include "data/pixels/jpeg.h"
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 // Decoding of JPEG and PNG images from bytes in memory, straight to the pixels one sample needs: the crop
-// box of a transform (data/transforms.h) resized to the network's input, RGB, uint8, (H, W, C).
+// box of a transform (data/pixels/transforms.h) resized to the network's input, RGB, uint8, (H, W, C).
 //
 // JPEG goes through libjpeg-turbo's libjpeg API and decodes only what the crop needs:
 //   - DCT-domain downscaling (scale 1/2, 1/4, 1/8) when the crop is at least that many times larger than
@@ -11,7 +11,7 @@
 // The resize is an antialiasing triangle (bilinear) filter whose support widens with the reduction,
 // computed like Pillow's Image.resize(..., BILINEAR) (the filter torchvision applies to PIL images):
 // a horizontal pass into 8-bit rows, then a vertical pass, both with 22-bit fixed-point weights
-// (data/resize.h, where an AVX2 kernel computes the same bytes as the plain one). A box
+// (data/pixels/resize.h, where an AVX2 kernel computes the same bytes as the plain one). A box
 // with fractional coordinates is resized as if the whole image were resized so that the box maps onto
 // the output; the filter reads pixels around the box where the image has them.
 //
