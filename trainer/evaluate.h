@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "data/samples/dataset.h"
-#include "data/files/token_h5.h"
+#include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/forward.h"
 #include "trainer/memory/backend.h"

@@ -12,7 +12,7 @@
 
 #include "data/files/h5_check.h"
 #include "data/samples/loader.h"
-#include "data/files/token_h5.h"
+#include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/config.h"
 #include "trainer/evaluate.h"

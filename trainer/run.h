@@ -24,7 +24,7 @@
 #include "common/run_lock.h"
 #include "data/samples/dataset.h"
 #include "data/samples/loader.h"
-#include "data/files/token_h5.h"
+#include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/amp.h"
 #include "trainer/checkpoint/store.h"

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/compat.h"
 #include "data/files/image_h5.h"
+#include "data/files/token_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "trainer/checkpoint/state_dict.h"

@@ -86,8 +86,8 @@ void write_image_h5(const std::string& path, const torch::Tensor& images, const 
 /// With in_memory = false, read() fetches the requested samples from the file: the indices are sorted,
 /// runs of consecutive indices coalesced, and each run read as one hyperslab (the HDF5 chunk cache is
 /// off for uncompressed files, so a read touches only the requested bytes). HDF5 calls hold
-/// hdf5_lock() (data/files/hdf5_lock.h), so reads from several threads take turns. With in_memory = true the whole /images
-/// dataset is loaded at construction and read() copies from memory (no lock).
+/// hdf5_lock() (data/files/hdf5_lock.h), so reads from several threads take turns. With in_memory = true
+/// the whole /images dataset is loaded at construction and read() copies from memory (no lock).
 class ImageH5Dataset : public ImageDataset {
  public:
   explicit ImageH5Dataset(std::string path, bool in_memory = false);

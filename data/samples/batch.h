@@ -1,5 +1,6 @@
 // What every loader returns and how a stream's place is stored: shared by the image loader
-// (data/samples/loader.h) and the token loader (data/files/token_h5.h), so the trainer drives both the same way.
+// (data/samples/loader.h) and the token loader (data/samples/token_loader.h), so the trainer drives both
+// the same way.
 #pragma once
 
 #include <torch/torch.h>
