@@ -17,7 +17,7 @@
 #include "data/files/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 #include "tools/compare.h"
 #include "tools/convert_images.h"
 #include "common/compat.h"

@@ -15,7 +15,7 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 #include "common/compat.h"
 #include "trainer/config.h"
 #include "trainer/memory/resources.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/bench_job.h"
+#include "tools/bench/bench_job.h"
 #include "trainer/config.h"
 
 namespace trainer::bench {

@@ -1,5 +1,5 @@
 // `trainer bench --loader-only`: the training data pipeline alone.
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 
 #include <chrono>
 #include <memory>
@@ -8,8 +8,8 @@
 #include "data/files/image_h5.h"
 #include "data/samples/loader.h"
 #include "data/files/token_h5.h"
-#include "tools/bench_job.h"
-#include "tools/host_info.h"
+#include "tools/bench/bench_job.h"
+#include "tools/bench/host_info.h"
 #include "trainer/memory/backend.h"
 #include "trainer/from_config.h"
 #include "trainer/memory/resources.h"

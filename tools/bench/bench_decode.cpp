@@ -1,5 +1,5 @@
-#include "tools/bench_decode.h"
-#include "tools/host_info.h"
+#include "tools/bench/bench_decode.h"
+#include "tools/bench/host_info.h"
 
 #include "data/pixels/jpeg.h"
 #include "data/pixels/resize.h"

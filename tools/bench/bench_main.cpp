@@ -1,5 +1,5 @@
 // The `trainer bench` command line.
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 
 #include <cxxopts.hpp>
 
@@ -7,8 +7,8 @@
 #include <iostream>
 
 #include "common/signals.h"
-#include "tools/bench_decode.h"
-#include "tools/bench_job.h"
+#include "tools/bench/bench_decode.h"
+#include "tools/bench/bench_job.h"
 #include "trainer/memory/backend.h"
 
 using nlohmann::json;
@@ -163,7 +163,7 @@ void print_summary(const json& j, const Config& cfg, const std::string& out) {
 }  // namespace
 
 int bench_main(int argc, char** argv) {
-  // The decoder alone (tools/bench_decode.h) takes no config and has its own options.
+  // The decoder alone (tools/bench/bench_decode.h) takes no config and has its own options.
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--decode-only") return bench_decode_main(argc, argv);
   cxxopts::Options o = bench_options();

@@ -1,4 +1,4 @@
-#include "tools/host_info.h"
+#include "tools/bench/host_info.h"
 
 #include <spdlog/spdlog.h>
 
@@ -19,7 +19,7 @@
 #include "common/clock.h"
 #include "common/compat.h"
 #include "common/versions.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 #include "trainer/memory/resources.h"
 
 using nlohmann::json;

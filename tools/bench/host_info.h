@@ -1,5 +1,5 @@
 // What a measurement ran on: the host, this process and the GPU, read from /proc, getrusage and CUDA.
-// bench_environment() (tools/bench.h) puts them into every result.
+// bench_environment() (tools/bench/bench.h) puts them into every result.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "tools/bench_search.h"
+#include "tools/bench/bench_search.h"
 
 #include "common/signals.h"
 

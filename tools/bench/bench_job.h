@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/run_lock.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/percentile.h"
 #include "trainer/config.h"
 
 namespace trainer {
@@ -33,7 +34,7 @@ struct BenchOptions {
   std::string config_path;    ///< recorded in the result ("" = the built-in job)
   std::vector<std::string> overrides;  ///< the --set assignments, recorded in the result
   std::string command_line;   ///< recorded in the result
-  /// --profile: write a Chrome trace of the timed steps here (tools/bench_profile.h); the result then has a
+  /// --profile: write a Chrome trace of the timed steps here (tools/bench/bench_profile.h); the result then has a
   /// "profile" object and its timings are taken under the profiler. "" = no profile.
   std::string profile_path;
 };
@@ -53,11 +54,6 @@ struct StepRecord {
 /// Reads the step lines (those without an "event" field) of a metrics.jsonl, in file order. Throws
 /// std::runtime_error naming the path and line number for a missing file or a malformed line.
 std::vector<StepRecord> read_step_records(const std::string& metrics_path);
-
-/// The q-th percentile (q in [0, 100]) of `values`, interpolating linearly between the two nearest
-/// order statistics (numpy.percentile's default): rank = q/100 * (n-1). Throws std::invalid_argument
-/// for no values or q outside [0, 100].
-double percentile(std::vector<double> values, double q);
 
 /// Statistics of the timed steps, i.e. the records with step > warmup (exactly `steps` of them, or
 /// std::runtime_error naming what is missing). `wall_s` is the wall time of those steps (<= 0: use the

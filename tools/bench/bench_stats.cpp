@@ -1,5 +1,6 @@
-// The statistics of `trainer bench`: the step lines of metrics.jsonl, percentiles and the timed steps' summary.
-#include "tools/bench.h"
+// The statistics of `trainer bench`: the step lines of metrics.jsonl and the timed steps' summary
+// (percentile() is tools/percentile.cpp's).
+#include "tools/bench/bench.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,16 +39,6 @@ std::vector<StepRecord> read_step_records(const std::string& metrics_path) {
     }
   }
   return out;
-}
-
-double percentile(std::vector<double> values, double q) {
-  if (values.empty()) throw std::invalid_argument("percentile: no values");
-  if (!(q >= 0 && q <= 100)) throw std::invalid_argument("percentile: q must lie in [0, 100], got " + std::to_string(q));
-  std::sort(values.begin(), values.end());
-  const double rank = q / 100.0 * static_cast<double>(values.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(rank));
-  const size_t hi = std::min(lo + 1, values.size() - 1);
-  return values[lo] + (rank - static_cast<double>(lo)) * (values[hi] - values[lo]);
 }
 
 json summarize_steps(const std::vector<StepRecord>& records, int64_t warmup, int64_t steps, int64_t global_batch,

@@ -1,4 +1,4 @@
-#include "tools/bench_profile.h"
+#include "tools/bench/bench_profile.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>

@@ -1,12 +1,12 @@
 // `trainer bench`: a job through the real training loop, timed from its metrics lines.
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 
 #include <filesystem>
 
 #include "common/signals.h"
-#include "tools/bench_job.h"
-#include "tools/bench_profile.h"
-#include "tools/host_info.h"
+#include "tools/bench/bench_job.h"
+#include "tools/bench/bench_profile.h"
+#include "tools/bench/host_info.h"
 #include "trainer/from_config.h"
 
 namespace fs = std::filesystem;

@@ -2,8 +2,8 @@
 // and with activation checkpointing, its fit, what the fit predicts under given limits, and (--check)
 // how the predictions compare with the exhaustive search, whether the fit's start makes `micro_batch:
 // auto` faster, and what a run with `activation_checkpointing: auto` picks from the curve. Phases: the
-// curves, the predictions, the checks, the result (tools/bench.h).
-#include "tools/bench.h"
+// curves, the predictions, the checks, the result (tools/bench/bench.h).
+#include "tools/bench/bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,8 +12,8 @@
 #include <map>
 
 #include "common/signals.h"
-#include "tools/bench_job.h"
-#include "tools/bench_search.h"
+#include "tools/bench/bench_job.h"
+#include "tools/bench/bench_search.h"
 #include "trainer/from_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/curve.h"

@@ -1,4 +1,4 @@
-#include "tools/bench_job.h"
+#include "tools/bench/bench_job.h"
 
 #include <torch/torch.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
-#include "tools/host_info.h"
+#include "tools/bench/host_info.h"
 #include "tools/metrics_watch.h"
 #include "trainer/from_config.h"
 #include "trainer/train.h"

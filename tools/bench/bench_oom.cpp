@@ -1,6 +1,6 @@
 // `trainer bench --oom`: the OOM recovery benchmark (docs/BENCHMARKS.md "OOM recovery"), in the phases
-// tools/bench.h lists: calibration, auto against exhaustive search, the rounds, the result.
-#include "tools/bench.h"
+// tools/bench/bench.h lists: calibration, auto against exhaustive search, the rounds, the result.
+#include "tools/bench/bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,9 +10,9 @@
 #include <map>
 
 #include "common/signals.h"
-#include "tools/bench_job.h"
-#include "tools/bench_search.h"
-#include "tools/host_info.h"
+#include "tools/bench/bench_job.h"
+#include "tools/bench/bench_search.h"
+#include "tools/bench/host_info.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
