@@ -34,6 +34,9 @@ class Rng {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------------------
+// Sources
+
 torch::Tensor TokenSource::slice(int64_t begin, int64_t n) const {
   auto t = torch::empty({n}, torch::kLong);
   read(begin, n, t.data_ptr<int64_t>());
