@@ -12,12 +12,12 @@
 #include <cuda_runtime_api.h>  // CUDART_VERSION, for --version
 #endif
 
-#include "data/idx.h"
-#include "data/tokens.h"
-#include "data/image_h5.h"
+#include "data/files/idx.h"
+#include "data/files/token_h5.h"
+#include "data/files/image_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 #include "tools/compare.h"
 #include "tools/convert_images.h"
 #include "common/compat.h"

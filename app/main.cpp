@@ -11,10 +11,10 @@
 #include "app/cli.h"
 #include "common/log.h"
 #include "common/signals.h"
-#include "data/h5_check.h"
+#include "data/files/h5_check.h"
 
 int main(int argc, char** argv) {
-  // First: as the child that checks an HDF5 file (data/h5_check.h) this process does nothing else; as the
+  // First: as the child that checks an HDF5 file (data/files/h5_check.h) this process does nothing else; as the
   // trainer it turns that check on before any command can open a user's file.
   if (const auto code = data::serve_h5_check(argc, argv)) return *code;
   try {

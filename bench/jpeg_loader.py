@@ -6,9 +6,9 @@ transforms, JSON out.
         [--trainer build/trainer] [--torch-python /usr/bin/python3] \
         [--dali-python ~/.cache/trainer/jpeg-bench-venv/bin/python] [--cores N] [--epochs 2]
 
-- trainer:     `trainer bench --decode-only --src DIR --train|--eval --threads N` (data/jpeg.h): read,
+- trainer:     `trainer bench --decode-only --src DIR --train|--eval --threads N` (data/pixels/jpeg.h): read,
                decode only the crop (DCT scaling, partial decoding), resize, flip; uint8 HWC out. The
-               CPU's best resize kernel (data/resize.h: avx2 on x86-64 with AVX2).
+               CPU's best resize kernel (data/pixels/resize.h: avx2 on x86-64 with AVX2).
 - trainer_plain: the same with `--resize-kernel plain` (Pillow's loops; the same bytes), to measure the
                kernel's share.
 - trainer_loader: the whole loader as training runs it, `trainer bench --loader-only` with

@@ -27,7 +27,7 @@ on speed:
              NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's
              loader makes its batches in background threads instead.
              data.kind synthetic with a GPT: the trainer's own first 4 global batches, token for token
-             (data/tokens.h SyntheticTokens and TokenLoader's window order, repeated in numpy below).
+             (data/files/token_h5.h SyntheticTokens and TokenLoader's window order, repeated in numpy below).
              data.kind tokens: a pool of 4 batches of random windows of context + 1 token ids, uniform in
              [0, vocab) (the file is not read: the step's cost does not depend on the ids); inputs are
              the first T tokens, targets the last T, as the trainer's TokenLoader.
@@ -243,14 +243,14 @@ def check_mirrored(cfg):
         raise ConfigError("config: key 'data.shape': expected (C, H, W), got %r" % cfg["data"]["shape"])
 
 
-# ---- synthetic tokens: data/tokens.h's SyntheticTokens and TokenLoader, repeated ----------------------
+# ---- synthetic tokens: data/files/token_h5.h's SyntheticTokens and TokenLoader, repeated ----------------------
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9e3779b97f4a7c15
 
 
 def mix64(z):
-    """splitmix64's output function (data/rng.h), on a Python int."""
+    """splitmix64's output function (data/pixels/rng.h), on a Python int."""
     z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
     z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
     return z ^ (z >> 31)

@@ -1,6 +1,6 @@
-// IDX files (data/idx.h), gzipped or not: read_idx_images and read_idx_labels throw std::runtime_error
+// IDX files (data/files/idx.h), gzipped or not: read_idx_images and read_idx_labels throw std::runtime_error
 // for anything they do not accept. An accepted file must be exactly its header's size.
-#include "data/idx.h"
+#include "data/files/idx.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

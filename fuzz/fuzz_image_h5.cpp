@@ -1,6 +1,6 @@
-// trainer.images HDF5 files (data/image_h5.h): ImageH5Dataset throws std::runtime_error for anything it
+// trainer.images HDF5 files (data/files/image_h5.h): ImageH5Dataset throws std::runtime_error for anything it
 // does not accept, from disk and in memory; an accepted file serves its first and last samples.
-#include "data/image_h5.h"
+#include "data/files/image_h5.h"
 #include "fuzz_util.h"
 
 #include <vector>

@@ -1,10 +1,10 @@
-// JPEG and PNG images (data/jpeg.h): read_header, decode_crop_resize and decode_rgb throw DecodeError for
+// JPEG and PNG images (data/pixels/jpeg.h): read_header, decode_crop_resize and decode_rgb throw DecodeError for
 // anything they do not accept. The limit is 4 M pixels so a header's claim cannot make an accepted input
 // allocate past libFuzzer's memory limit; an accepted header is decoded through a train box (which
 // takes DCT scaling and partial decoding where the box allows) and a whole-image box, and small images
 // are decoded whole too. The crop box and the flip come from the input's last bytes.
-#include "data/jpeg.h"
-#include "data/transforms.h"
+#include "data/pixels/jpeg.h"
+#include "data/pixels/transforms.h"
 #include "fuzz_util.h"
 
 #include <vector>

@@ -1,7 +1,7 @@
-// trainer.tokens HDF5 files (data/tokens.h): TokenDataset throws std::runtime_error for anything it does
+// trainer.tokens HDF5 files (data/files/token_h5.h): TokenDataset throws std::runtime_error for anything it does
 // not accept, from disk and in memory; an accepted file serves its first and last tokens, each in
 // [0, vocab_size) or refused with std::runtime_error.
-#include "data/tokens.h"
+#include "data/files/token_h5.h"
 #include "fuzz_util.h"
 
 #include <algorithm>

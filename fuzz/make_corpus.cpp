@@ -5,14 +5,14 @@
 //
 // The HDF5 files are written with the C API and small chunks (the project's writers chunk /labels and
 // /tokens by 16384 and 65536 values, which makes files of 128 KiB and more); one comes from the writer.
-#include "data/image_h5.h"
-#include "data/jpeg.h"
-#include "data/tokens.h"
+#include "data/files/image_h5.h"
+#include "data/pixels/jpeg.h"
+#include "data/files/token_h5.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/state_dict.h"
 // After LibTorch's headers: c10/util/variant.h calls an unqualified data(), which clang would otherwise
 // take for the namespace.
-#include "data/hdf5_lock.h"
+#include "data/files/hdf5_lock.h"
 
 #include <hdf5.h>
 #include <zlib.h>

@@ -4,7 +4,7 @@
 # --container, buildah, podman and debootstrap (scripts/container-test.sh).
 set -euo pipefail
 # libopenblas0-openmp: LibTorch's libblas.so.3 becomes OpenBLAS instead of the netlib reference BLAS.
-# libjpeg62-turbo-dev, libpng-dev: data/jpeg.cpp decodes JPEG (libjpeg-turbo) and PNG images.
+# libjpeg62-turbo-dev, libpng-dev: data/pixels/jpeg.cpp decodes JPEG (libjpeg-turbo) and PNG images.
 # ccache: CMakeLists.txt compiles through it when it is installed (a rebuild of unchanged files is cheap).
 # libgloo-dev: the headers of the Gloo library LibTorch's c10d uses (distributed training on the CPU).
 # prometheus: `promtool` checks and unit-tests deploy/prometheus/'s alert rules, and the server scrapes a

@@ -11,11 +11,11 @@
 #include <fstream>
 #include <map>
 
-#include "data/tokens.h"
+#include "data/files/token_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 #include "common/compat.h"
 #include "trainer/config.h"
 #include "trainer/memory/resources.h"

@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
-#include "data/dataset.h"
-#include "data/idx.h"
-#include "data/hdf5_lock.h"
-#include "data/image_h5.h"
-#include "data/loader.h"
-#include "data/rng.h"
+#include "data/samples/dataset.h"
+#include "data/files/idx.h"
+#include "data/files/hdf5_lock.h"
+#include "data/files/image_h5.h"
+#include "data/samples/loader.h"
+#include "data/pixels/rng.h"
 #include "test_util.h"
 #include "trainer/memory/backend.h"
 

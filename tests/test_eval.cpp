@@ -5,9 +5,9 @@
 
 #include <cmath>
 
-#include "data/image_h5.h"
-#include "data/loader.h"
-#include "data/tokens.h"
+#include "data/files/image_h5.h"
+#include "data/samples/loader.h"
+#include "data/files/token_h5.h"
 #include "train_util.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/eval_command.h"

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "data/image_h5.h"
+#include "data/files/image_h5.h"
 #include "train_util.h"
 
 #include <hdf5.h>  // after LibTorch (train_util.h): the chunk of a sample, to damage only that one
@@ -93,7 +93,7 @@ std::pair<int64_t, int64_t> chunk_of_sample(const std::string& path, hsize_t sam
 
 // A compressed test split with one damaged image chunk in the middle (samples 128..143): opening it
 // reads the metadata, the labels and the first and last samples (so does the trainer's check of the
-// file in a child process, data/h5_check.h), all intact; an evaluation then fails to inflate the pixels
+// file in a child process, data/files/h5_check.h), all intact; an evaluation then fails to inflate the pixels
 // when it reaches that chunk (data.in_memory=false reads them late).
 void write_damaged_test_split(const TempDir& dir) {
   write_split((dir / "train.h5").string(), 64, {1, 12, 12}, 10, 9);

@@ -1,5 +1,5 @@
 // Hostile HDF5 files (issue 16). Debian's libhdf5 1.10.8 crashes, aborts or loops on the inputs kept in
-// fuzz/known/image_h5/; the trainer checks a data file in a child process first (data/h5_check.h). Each
+// fuzz/known/image_h5/; the trainer checks a data file in a child process first (data/files/h5_check.h). Each
 // input, as the data of `trainer --dry-run`, of a short training run (images and tokens) and of
 // `trainer eval`, must end the trainer with exit 2 and one `error:` line naming the file, within a
 // bounded time, leaving no process behind; a valid file trains as before, the checkpoints of a run
@@ -11,7 +11,7 @@
 
 #include "test_util.h"
 #include "train_util.h"  // torch before namespace data (c10's variant.h calls an unqualified data())
-#include "data/h5_check.h"
+#include "data/files/h5_check.h"
 
 #include <algorithm>
 #include <chrono>

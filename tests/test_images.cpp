@@ -4,11 +4,11 @@
 // ones.
 #include <gtest/gtest.h>
 
-#include "data/image_folder.h"
-#include "data/jpeg.h"
-#include "data/loader.h"
-#include "data/packed_images.h"
-#include "data/transforms.h"
+#include "data/samples/image_folder.h"
+#include "data/pixels/jpeg.h"
+#include "data/samples/loader.h"
+#include "data/files/packed_images.h"
+#include "data/pixels/transforms.h"
 #include "train_util.h"
 
 #include <cmath>
@@ -18,7 +18,7 @@
 #include <fstream>
 #include <random>
 #include <set>
-#include "data/rng.h"
+#include "data/pixels/rng.h"
 
 using namespace testutil;
 
@@ -282,7 +282,7 @@ TEST(ImageDatasets, SampleIsTheTransformOfItsFileFromSeedEpochIndex) {
 
 TEST(ImageDatasets, CropPaddingGivesTheStoredPixelPathsCropAndFlip) {
   // data.crop_padding on an encoded image: the eval view (crop_pct), then the HDF5 path's own padded
-  // crop and flip (data/loader.h's draw_augment and augment_image), as uint8 HWC.
+  // crop and flip (data/samples/loader.h's draw_augment and augment_image), as uint8 HWC.
   data::ImageTransform t = transform(true, 24);
   t.crop_padding = 3;
   t.crop_pct = 0.875;

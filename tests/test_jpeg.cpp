@@ -1,8 +1,8 @@
-// data/jpeg.h: the crop decoder against a full decode done the plain way, the resize filter against
+// data/pixels/jpeg.h: the crop decoder against a full decode done the plain way, the resize filter against
 // Pillow's, the eval transform against torchvision's, and every kind of bad input.
-#include "data/jpeg.h"
-#include "data/resize.h"
-#include "data/transforms.h"
+#include "data/pixels/jpeg.h"
+#include "data/pixels/resize.h"
+#include "data/pixels/transforms.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

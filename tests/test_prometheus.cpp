@@ -23,7 +23,7 @@
 #include <set>
 #include <thread>
 
-#include "data/image_h5.h"
+#include "data/files/image_h5.h"
 #include "test_util.h"
 #include "train_util.h"
 

@@ -5,10 +5,10 @@
 #include <hdf5.h>
 #include <zlib.h>
 
-#include "data/hdf5_lock.h"
-#include "data/idx.h"
-#include "data/image_h5.h"
-#include "data/tokens.h"
+#include "data/files/hdf5_lock.h"
+#include "data/files/idx.h"
+#include "data/files/image_h5.h"
+#include "data/files/token_h5.h"
 #include "test_util.h"
 
 #include <atomic>

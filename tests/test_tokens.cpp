@@ -1,12 +1,12 @@
-// Tests of data/tokens.h: the trainer.tokens format (written, read back, attributes, errors), the text
+// Tests of data/files/token_h5.h: the trainer.tokens format (written, read back, attributes, errors), the text
 // converter on hand-written files (exact bytes) and on the real fortunes, the uint16 .bin converter, and
 // the loaders (determinism per (seed, epoch), resume by seek, targets = inputs shifted by one against the
 // raw stream, rank slices, the evaluation pass), and the synthetic token stream against its definition.
-// data/tokens.h first: it brings torch, whose c10/util/variant.h calls a function `data(...)` and does
+// data/files/token_h5.h first: it brings torch, whose c10/util/variant.h calls a function `data(...)` and does
 // not compile after a `namespace data` is declared (hdf5_lock.h, rng.h) without the precompiled header.
-#include "data/tokens.h"
-#include "data/hdf5_lock.h"
-#include "data/rng.h"
+#include "data/files/token_h5.h"
+#include "data/files/hdf5_lock.h"
+#include "data/pixels/rng.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

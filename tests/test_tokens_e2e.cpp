@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "data/tokens.h"
+#include "data/files/token_h5.h"
 #include "train_util.h"
 #include "trainer/config.h"
 #include "trainer/from_config.h"

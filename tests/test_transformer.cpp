@@ -3,10 +3,10 @@
 // logits equal PyTorch's with the same weights; causality; the fused and plain attention paths (or, on
 // LibTorch 1.13, the plain path against explicit loops); gradients; the ViT; the registry options; and a
 // short learning run of the tiny GPT on the fortunes text.
-#include "data/idx.h"
-#include "data/image_h5.h"
-#include "data/loader.h"
-#include "data/tokens.h"
+#include "data/files/idx.h"
+#include "data/files/image_h5.h"
+#include "data/samples/loader.h"
+#include "data/files/token_h5.h"
 #include "models/attention.h"
 #include "models/gpt.h"
 #include "models/registry.h"

@@ -1,6 +1,6 @@
-// data/transforms.h: RandomResizedCrop's boxes against torchvision's get_params (distributions), the eval
+// data/pixels/transforms.h: RandomResizedCrop's boxes against torchvision's get_params (distributions), the eval
 // box against torchvision's Resize + CenterCrop (exact), and the (seed, epoch, index) determinism.
-#include "data/transforms.h"
+#include "data/pixels/transforms.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

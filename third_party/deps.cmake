@@ -33,7 +33,7 @@ find_package(spdlog REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(ZLIB REQUIRED)
-# Image decoding (data/jpeg.cpp): libjpeg-turbo's libjpeg API (Debian: libjpeg62-turbo-dev) and libpng
+# Image decoding (data/pixels/jpeg.cpp): libjpeg-turbo's libjpeg API (Debian: libjpeg62-turbo-dev) and libpng
 # (libpng-dev). Both are the system's, also under a pip-wheel LibTorch, which ships neither.
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "tools/bench.h"
+#include "tools/percentile.h"
 #include "trainer/memory/backend.h"
 
 namespace fs = std::filesystem;

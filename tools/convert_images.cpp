@@ -1,7 +1,7 @@
 #include "tools/convert_images.h"
 
-#include "data/image_folder.h"
-#include "data/packed_images.h"
+#include "data/samples/image_folder.h"
+#include "data/files/packed_images.h"
 #include "trainer/memory/resources.h"
 
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // `trainer convert-images`: an ImageFolder tree (SRC/train/<class>/*, SRC/val/<class>/*) to one packed
-// file per split (data/packed_images.h, docs/DATA.md).
+// file per split (data/files/packed_images.h, docs/DATA.md).
 #pragma once
 
 #include <cstdint>

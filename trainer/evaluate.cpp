@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "data/loader.h"
+#include "data/samples/loader.h"
 #include "trainer/dist.h"
 
 namespace trainer {

@@ -10,8 +10,8 @@
 #include <functional>
 #include <memory>
 
-#include "data/dataset.h"
-#include "data/tokens.h"
+#include "data/samples/dataset.h"
+#include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/forward.h"
 #include "trainer/memory/backend.h"

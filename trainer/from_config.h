@@ -10,9 +10,9 @@
 #include <optional>
 #include <vector>
 
-#include "data/h5_check.h"
-#include "data/loader.h"
-#include "data/tokens.h"
+#include "data/files/h5_check.h"
+#include "data/samples/loader.h"
+#include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/config.h"
 #include "trainer/evaluate.h"
@@ -32,7 +32,7 @@ torch::Device resolve_device(const std::string& spec, std::optional<int64_t> loc
 bool token_job(const Config& cfg);
 
 /// Checks the HDF5 file `path` of the job's kind (images, or tokens for a language model) in a child
-/// process before this process opens it (data/h5_check.h, issue 16), within data.check_timeout_s.
+/// process before this process opens it (data/files/h5_check.h, issue 16), within data.check_timeout_s.
 /// Call it before every reader of a user's file; `in_memory` as the reader that follows will read.
 /// Throws one line naming the file when the child crashed, hung, ran out of memory or refused it.
 data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, bool in_memory);
@@ -45,7 +45,7 @@ void log_data_check(const std::string& path, const data::H5CheckResult& r);
 /// forward_flops takes. data.kind hdf5 reads the training file's header (checked first).
 std::vector<int64_t> sample_shape(const Config& cfg);
 
-/// data.kind packed_images or image_folder: samples decoded from encoded images (data/image_sample.h).
+/// data.kind packed_images or image_folder: samples decoded from encoded images (data/samples/image_sample.h).
 bool encoded_image_job(const Config& cfg);
 
 /// The training (`train`) or evaluation split at `path` of an encoded-image job: a PackedImageDataset

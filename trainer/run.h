@@ -22,9 +22,9 @@
 
 #include "common/log.h"
 #include "common/run_lock.h"
-#include "data/dataset.h"
-#include "data/loader.h"
-#include "data/tokens.h"
+#include "data/samples/dataset.h"
+#include "data/samples/loader.h"
+#include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/amp.h"
 #include "trainer/checkpoint/store.h"

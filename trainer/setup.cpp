@@ -10,7 +10,8 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
-#include "data/image_h5.h"
+#include "data/files/image_h5.h"
+#include "data/files/token_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "trainer/checkpoint/state_dict.h"
@@ -165,7 +166,7 @@ void TrainingRun::setup_memory() {
 
 namespace {
 
-// Checks the training and the test file (data/h5_check.h) side by side: each check is mostly the start
+// Checks the training and the test file (data/files/h5_check.h) side by side: each check is mostly the start
 // of a fresh process (loading LibTorch), which takes longer than reading the file. The log says how
 // long, so a slow start can be told apart from a slow check. An error is the training file's first;
 // the other check still ends (or times out) before it propagates: no child is left behind.

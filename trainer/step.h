@@ -21,7 +21,7 @@
 
 #include "common/log.h"
 #include "common/rng.h"
-#include "data/batch.h"
+#include "data/samples/batch.h"
 #include "models/model.h"
 #include "trainer/amp.h"
 #include "trainer/dist.h"

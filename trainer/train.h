@@ -11,7 +11,7 @@ namespace trainer {
 
 /// Told on the training thread when each optimizer step's turn of the loop begins (before its batch is
 /// fetched) and ends (after its record and any evaluation, before checkpoints): what `trainer bench
-/// --profile` hooks its profiler to (tools/bench_profile.cpp). `step` is 1-based. A step that ends the
+/// --profile` hooks its profiler to (tools/bench/bench_profile.cpp). `step` is 1-based. A step that ends the
 /// run early (a stop, an error) may see no after_step.
 struct StepObserver {
   virtual ~StepObserver() = default;

@@ -1,7 +1,7 @@
 // The memory curve of a job: the peak tensor memory of one training step as a function of the
 // micro-batch, fitted as fixed bytes (weights, gradients, optimizer state, the batch) plus bytes per
 // sample (activations), and what it predicts: the largest micro-batch under a limit. `trainer bench
-// --memory-curve` (tools/bench_curve.cpp) measures the points and writes them with their fits;
+// --memory-curve` (tools/bench/bench_curve.cpp) measures the points and writes them with their fits;
 // `train.micro_batch: auto` may start its search at the prediction (memory.curve), and with
 // `memory.activation_checkpointing: auto` take the setting the curve predicts faster (choose_setting).
 // Pure arithmetic and one file reader; docs/MEMORY.md "The memory curve".
