@@ -57,7 +57,7 @@ RunFolder RunFolder::make(const std::string& dir, const std::string& prefix) {
   }
   std::string tmpl = (fs::temp_directory_path() / (prefix + "-XXXXXX")).string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error(tmpl + ": cannot create a temporary run folder");
-  return {tmpl, true};
+  return {tmpl, true, nullptr};  // a folder of its own: no other process knows its name
 }
 
 void RunFolder::finish(json& result) const {
