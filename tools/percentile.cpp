@@ -17,4 +17,6 @@ double percentile(std::vector<double> values, double q) {
   return values[lo] + (rank - static_cast<double>(lo)) * (values[hi] - values[lo]);
 }
 
+double median_of(const std::vector<double>& values) { return values.empty() ? 0.0 : percentile(values, 50); }
+
 }  // namespace trainer

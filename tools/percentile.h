@@ -11,4 +11,7 @@ namespace trainer {
 /// for no values or q outside [0, 100].
 double percentile(std::vector<double> values, double q);
 
+/// The median (the 50th percentile), or 0 for no values: a summary that a run with no steps still has.
+double median_of(const std::vector<double>& values);
+
 }  // namespace trainer

@@ -93,10 +93,20 @@ hid_t h5_check_id(hid_t id, const std::string& what) {
   return id;
 }
 
+bool h5_has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
+
 H5Handle h5_open_attr(hid_t loc, const char* name) {
   if (H5Aexists(loc, name) <= 0) throw H5FormatError(std::string("missing root attribute '") + name + "'");
   return H5Handle(h5_check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"),
                   H5Aclose);
+}
+
+void h5_write_int64(hid_t loc, const char* name, int64_t value) {
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle attr(h5_check_id(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                            std::string("creating attribute '") + name + "'"),
+                H5Aclose);
+  h5_check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
 }
 
 int64_t h5_attr_points(hid_t attr) {

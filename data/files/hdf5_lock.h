@@ -88,8 +88,12 @@ std::string h5_error();
 void h5_check(herr_t status, const std::string& what);
 hid_t h5_check_id(hid_t id, const std::string& what);
 
+/// Whether `loc` has an attribute `name`.
+bool h5_has_attr(hid_t loc, const char* name);
 /// Attribute `name` of `loc`; H5FormatError "missing root attribute '<name>'" when there is none.
 H5Handle h5_open_attr(hid_t loc, const char* name);
+/// Writes a scalar little-endian int64 attribute.
+void h5_write_int64(hid_t loc, const char* name, int64_t value);
 /// Its number of elements.
 int64_t h5_attr_points(hid_t attr);
 /// A string attribute, scalar or 1-D, variable or fixed length (as h5py and h5py-like tools write).

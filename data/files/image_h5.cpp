@@ -29,20 +29,12 @@ H5Handle create_attr(hid_t loc, const char* name, hid_t type, hid_t space) {
                   H5Aclose);
 }
 
-void write_int64_attr(hid_t loc, const char* name, int64_t value) {
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle attr = create_attr(loc, name, H5T_STD_I64LE, space.get());
-  h5_check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
-}
-
 void write_floats_attr(hid_t loc, const char* name, const std::vector<float>& values) {
   const hsize_t n = values.size();
   H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
   H5Handle attr = create_attr(loc, name, H5T_IEEE_F32LE, space.get());
   h5_check(H5Awrite(attr.get(), H5T_NATIVE_FLOAT, values.data()), std::string("writing attribute '") + name + "'");
 }
-
-bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
 
 std::vector<int64_t> read_ints_attr(hid_t loc, const char* name) {
   H5Handle attr = h5_open_attr(loc, name);
@@ -239,8 +231,8 @@ void ImageH5Writer::finish(const ImageMeta& meta) {
     H5Quiet quiet;
     try {
       h5_write_strings(file_, "format", {kImageH5Format}, /*scalar=*/true);
-      write_int64_attr(file_, "format_version", kImageH5Version);
-      write_int64_attr(file_, "num_classes", meta.num_classes);
+      h5_write_int64(file_, "format_version", kImageH5Version);
+      h5_write_int64(file_, "num_classes", meta.num_classes);
       h5_write_strings(file_, "class_names", names, /*scalar=*/false);
       write_floats_attr(file_, "mean", meta.mean);
       write_floats_attr(file_, "std", meta.std);
@@ -283,7 +275,7 @@ namespace {
 
 void check_image_format(hid_t f) {
   const std::string hint = " (make trainer.images files with `trainer convert-idx`, or as docs/DATA.md describes)";
-  if (!has_attr(f, "format")) throw H5FormatError("missing root attribute 'format'" + hint);
+  if (!h5_has_attr(f, "format")) throw H5FormatError("missing root attribute 'format'" + hint);
   const auto format = h5_read_strings(f, "format");
   if (format.size() != 1 || format[0] != kImageH5Format) {
     throw H5FormatError("root attribute 'format' is \"" + (format.empty() ? "" : format[0]) + "\", expected \"" +
@@ -418,7 +410,7 @@ ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::mo
     check_labels_dataset(f, labels.get(), n);
 
     meta_.num_classes = read_int_scalar(f, "num_classes");
-    if (has_attr(f, "class_names")) meta_.class_names = h5_read_strings(f, "class_names");
+    if (h5_has_attr(f, "class_names")) meta_.class_names = h5_read_strings(f, "class_names");
     meta_.mean = read_floats_attr(f, "mean");
     meta_.std = read_floats_attr(f, "std");
     const std::string problem = meta_problem(meta_, shape_[0], -1);

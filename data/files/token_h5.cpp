@@ -50,16 +50,6 @@ void write_string_attr(hid_t loc, const char* name, const std::string& value) {
   check(H5Awrite(attr.get(), type.get(), &p), std::string("writing attribute '") + name + "'");
 }
 
-void write_int64_attr(hid_t loc, const char* name, int64_t value) {
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle attr(check_id(H5Acreate2(loc, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                         std::string("creating attribute '") + name + "'"),
-                H5Aclose);
-  check(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), std::string("writing attribute '") + name + "'");
-}
-
-bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
-
 // A scalar string attribute, variable or fixed length (h5py writes the former, some tools the latter).
 std::string read_string_attr(hid_t loc, const char* name) {
   H5Handle attr(check_id(H5Aopen(loc, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
@@ -191,10 +181,10 @@ int64_t TokenWriter::finish() {
     H5Quiet quiet;
     try {
       write_string_attr(file_, "format", kTokensFormat);
-      write_int64_attr(file_, "format_version", kTokensVersion);
-      write_int64_attr(file_, "vocab_size", vocab_);
+      h5_write_int64(file_, "format_version", kTokensVersion);
+      h5_write_int64(file_, "vocab_size", vocab_);
       write_string_attr(file_, "source", source_);
-    } catch (const H5Problem& e) {
+    } catch (const std::runtime_error& e) {  // H5Problem, or H5FormatError from h5_write_int64
       throw std::runtime_error("token file '" + path_ + "': " + e.what());
     }
     H5Dclose(dset_);
@@ -404,23 +394,23 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw std::runtime_error(where + "cannot open the HDF5 file");
   try {
-    if (!has_attr(file.get(), "format")) {
+    if (!h5_has_attr(file.get(), "format")) {
       throw H5Problem("no root attribute 'format'; expected a trainer.tokens file (docs/TRANSFORMERS.md)");
     }
     const std::string format = read_string_attr(file.get(), "format");
     if (format != kTokensFormat) {
       throw H5Problem("format is '" + format + "', expected '" + kTokensFormat + "' (docs/TRANSFORMERS.md)");
     }
-    if (!has_attr(file.get(), "format_version")) throw H5Problem("no root attribute 'format_version'");
+    if (!h5_has_attr(file.get(), "format_version")) throw H5Problem("no root attribute 'format_version'");
     const int64_t version = read_int_attr(file.get(), "format_version");
     if (version != kTokensVersion) {
       throw H5Problem("format_version " + std::to_string(version) + " is not supported (this build reads " +
                       std::to_string(kTokensVersion) + ")");
     }
-    if (!has_attr(file.get(), "vocab_size")) throw H5Problem("no root attribute 'vocab_size'");
+    if (!h5_has_attr(file.get(), "vocab_size")) throw H5Problem("no root attribute 'vocab_size'");
     vocab_ = read_int_attr(file.get(), "vocab_size");
     if (vocab_ < 1 || vocab_ > INT32_MAX) throw H5Problem("vocab_size " + std::to_string(vocab_) + " is not in [1, 2^31)");
-    if (has_attr(file.get(), "source")) source_ = read_string_attr(file.get(), "source");
+    if (h5_has_attr(file.get(), "source")) source_ = read_string_attr(file.get(), "source");
 
     if (H5Lexists(file.get(), "tokens", H5P_DEFAULT) <= 0) throw H5Problem("no dataset /tokens");
     H5Handle dset(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);

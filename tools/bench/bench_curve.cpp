@@ -29,10 +29,6 @@ namespace {
 
 const std::vector<std::string> kSettings = {"none", "all"};  // memory.activation_checkpointing
 
-std::string num(int64_t v) { return std::to_string(v); }
-
-double median_of(const std::vector<double>& v) { return v.empty() ? 0.0 : percentile(v, 50); }
-
 std::string curve_failed(const Job& j, const std::string& what) {
   return job_failed(j, "bench --memory-curve: " + what);
 }
@@ -48,8 +44,8 @@ struct CurvePlan {
 CurvePlan plan_curve(Config cfg, const BenchCurveOptions& opts) {
   if (opts.steps < 2)
     throw std::invalid_argument("bench --memory-curve: --steps must be >= 2 (the first step runs without the "
-                                "optimizer state), got " + num(opts.steps));
-  if (opts.rounds < 1) throw std::invalid_argument("bench --memory-curve: --rounds must be >= 1, got " + num(opts.rounds));
+                                "optimizer state), got " + std::to_string(opts.steps));
+  if (opts.rounds < 1) throw std::invalid_argument("bench --memory-curve: --rounds must be >= 1, got " + std::to_string(opts.rounds));
   if (opts.check && opts.limits.empty())
     throw std::invalid_argument("bench --memory-curve: --check needs at least one --limit to check under");
   for (const auto& o : {"train.epochs=0", "data.test=", "checkpoint.every_steps=0", "checkpoint.every_seconds=0"})
@@ -71,7 +67,7 @@ CurvePlan plan_curve(Config cfg, const BenchCurveOptions& opts) {
 // The sets that pin a run to micro-batch m with checkpointing `setting`: no backoff, no recomputation
 // rung, no growth.
 std::vector<std::string> pinned(int64_t m, const std::string& setting) {
-  return {"train.micro_batch=" + num(m), "memory.min_micro_batch=" + num(m), "memory.ladder_checkpointing=false",
+  return {"train.micro_batch=" + std::to_string(m), "memory.min_micro_batch=" + std::to_string(m), "memory.ladder_checkpointing=false",
           "memory.activation_checkpointing=" + setting, kNoGrowth, kQuiet};
 }
 
@@ -107,14 +103,14 @@ Curve measure_curve(const CurvePlan& p, const std::string& setting) {
   c.stopped = "the global batch";
   for (int64_t m : p.sizes) {
     std::vector<std::string> sets = pinned(m, setting);
-    sets.push_back("train.steps=" + num(p.opts.steps));
-    const fs::path d = p.root.path / ("curve_" + setting + "_mb" + num(m));
+    sets.push_back("train.steps=" + std::to_string(p.opts.steps));
+    const fs::path d = p.root.path / ("curve_" + setting + "_mb" + std::to_string(m));
     Job j = run_job(p.cfg, sets, d);
     if (j.rc == kExitOomGaveUp) {
-      c.stopped = "out of memory at micro-batch " + num(m);
+      c.stopped = "out of memory at micro-batch " + std::to_string(m);
       break;
     }
-    if (j.rc != kExitOk) throw std::runtime_error(curve_failed(j, "the curve run at micro-batch " + num(m) + " failed"));
+    if (j.rc != kExitOk) throw std::runtime_error(curve_failed(j, "the curve run at micro-batch " + std::to_string(m) + " failed"));
     c.points.push_back(point_of(j, m, p.G));
     std::cerr << "bench --memory-curve: " << setting << " micro-batch " << m << ": peak "
               << format_bytes(c.points.back().peak_bytes) << ", step " << c.points.back().step_time_s << " s"
@@ -184,10 +180,10 @@ json truth_of(const CurvePlan& p, const std::string& setting, int64_t limit, con
   json j = {{"micro_batch", s.largest}, {"searched", s.tried}, {"runs", s.tried.size()}};
   if (s.largest == 0) return j;
   std::vector<std::string> sets = pinned(s.largest, setting);
-  sets.push_back("memory.limit=" + num(limit));
-  sets.push_back("train.steps=" + num(p.opts.steps + 2));
+  sets.push_back("memory.limit=" + std::to_string(limit));
+  sets.push_back("train.steps=" + std::to_string(p.opts.steps + 2));
   Job t = run_job(p.cfg, sets, p.root.path / ("time_" + tag + "_" + setting));
-  if (t.rc != kExitOk) throw std::runtime_error(curve_failed(t, "the timing run at micro-batch " + num(s.largest) + " failed"));
+  if (t.rc != kExitOk) throw std::runtime_error(curve_failed(t, "the timing run at micro-batch " + std::to_string(s.largest) + " failed"));
   const Point pt = point_of(t, s.largest, p.G);
   j["step_time_s"] = pt.step_time_s;
   j["samples_per_s"] = pt.samples_per_s;
@@ -199,7 +195,7 @@ json truth_of(const CurvePlan& p, const std::string& setting, int64_t limit, con
 // with `extra` sets.
 json auto_run(const CurvePlan& p, int64_t limit, const fs::path& curve_file, bool with_start, const std::string& name,
               const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"train.micro_batch=auto", "memory.limit=" + num(limit), "train.steps=1", kNoGrowth,
+  std::vector<std::string> sets = {"train.micro_batch=auto", "memory.limit=" + std::to_string(limit), "train.steps=1", kNoGrowth,
                                    kQuiet};
   if (with_start) sets.push_back("memory.curve=" + curve_file.string());
   sets.insert(sets.end(), extra.begin(), extra.end());
@@ -233,7 +229,7 @@ json auto_side_by_side(const CurvePlan& p, int64_t limit, const fs::path& curve_
     json row = {{"round", r}, {"order", r % 2 == 1 ? "with start first" : "without start first"}};
     for (bool with_start : r % 2 == 1 ? std::vector<bool>{true, false} : std::vector<bool>{false, true}) {
       const std::string key = with_start ? "with_start" : "without_start";
-      row[key] = auto_run(p, limit, curve_file, with_start, "auto_" + tag + "_" + key + "_r" + num(r));
+      row[key] = auto_run(p, limit, curve_file, with_start, "auto_" + tag + "_" + key + "_r" + std::to_string(r));
       times[with_start].push_back(row[key]["search_s"].get<double>());
       probes[with_start].push_back(row[key]["probes"].get<double>());
     }

@@ -23,10 +23,6 @@ using namespace bench;
 
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
-
-double median_of(const std::vector<double>& v) { return v.empty() ? 0.0 : percentile(v, 50); }
-
 std::string oom_failed(const Job& j, const std::string& what) { return job_failed(j, "bench --oom: " + what); }
 
 // The operator's way to move the cap of a running trainer: control.yaml, written aside and renamed so the
@@ -101,17 +97,17 @@ OomPlan plan_oom(Config cfg, const BenchOomOptions& opts) {
 // ladder takes), to place the caps between them.
 void calibrate(OomPlan& p) {
   for (int64_t m : {p.G, p.h1, p.h2}) {
-    Job j = run_job(p.cfg, {"train.micro_batch=" + num(m), "memory.limit=none", "train.steps=3", kNoGrowth, kQuiet},
-                    p.root.path / ("calibrate_mb" + num(m)));
+    Job j = run_job(p.cfg, {"train.micro_batch=" + std::to_string(m), "memory.limit=none", "train.steps=3", kNoGrowth, kQuiet},
+                    p.root.path / ("calibrate_mb" + std::to_string(m)));
     if (j.rc != kExitOk)
-      throw std::runtime_error(oom_failed(j, "the uncapped run at micro-batch " + num(m) + " failed"));
+      throw std::runtime_error(oom_failed(j, "the uncapped run at micro-batch " + std::to_string(m) + " failed"));
     for (const auto& l : j.steps()) p.peak[m] = std::max(p.peak[m], l.value("mem_peak_bytes", int64_t{0}));
   }
   auto& peak = p.peak;
   if (!(peak[p.h2] < peak[p.h1] && peak[p.h1] < peak[p.G]))
-    throw std::runtime_error("bench --oom: the peak memory does not grow with the micro-batch (" + num(peak[p.h2]) +
-                             ", " + num(peak[p.h1]) + ", " + num(peak[p.G]) + " bytes at " + num(p.h2) + ", " +
-                             num(p.h1) + ", " + num(p.G) + "), so no cap separates them; use a model or batch " +
+    throw std::runtime_error("bench --oom: the peak memory does not grow with the micro-batch (" + std::to_string(peak[p.h2]) +
+                             ", " + std::to_string(peak[p.h1]) + ", " + std::to_string(peak[p.G]) + " bytes at " + std::to_string(p.h2) + ", " +
+                             std::to_string(p.h1) + ", " + std::to_string(p.G) + "), so no cap separates them; use a model or batch " +
                              "whose activations count");
   p.cap_high = peak[p.G] + peak[p.G] / 4;       // the global batch fits with room to spare
   p.cap_cut = (peak[p.h2] + peak[p.h1]) / 2;    // a quarter of the global batch fits, half does not
@@ -131,14 +127,14 @@ Search search_under(const OomPlan& p, const std::string& name, int64_t cap) {
                                  /*remove_runs=*/p.root.temporary)
                  : exhaustive_search(p.cfg, {}, p.G, cap, p.root.path, "search_" + name, /*below=*/true,
                                      /*remove_runs=*/p.root.temporary);
-  if (s.largest == 0) throw std::runtime_error("bench --oom: nothing fits under the " + name + " cap " + num(cap));
+  if (s.largest == 0) throw std::runtime_error("bench --oom: nothing fits under the " + name + " cap " + std::to_string(cap));
   return s;
 }
 
 // A 3-step run with `micro_batch: auto` under the same cap: its pick against the search's, how long its
 // search took, and where it is after 3 steps (lower if the pick had to back off).
 json auto_against(const OomPlan& p, const std::string& name, int64_t cap, const Search& s) {
-  Job a = run_job(p.cfg, {"train.micro_batch=auto", "memory.limit=" + num(cap), "train.steps=3", kNoGrowth, kQuiet},
+  Job a = run_job(p.cfg, {"train.micro_batch=auto", "memory.limit=" + std::to_string(cap), "train.steps=3", kNoGrowth, kQuiet},
                   p.root.path / ("auto_" + name));
   if (a.rc != kExitOk) throw std::runtime_error(oom_failed(a, "the micro_batch: auto run failed"));
   const auto picked_ev = a.events("auto_micro_batch");
@@ -192,7 +188,7 @@ struct BackoffRun {
 
 BackoffRun run_backoff(const OomPlan& p, int64_t r) {
   BackoffRun a;
-  const fs::path da = p.root.path / ("round" + num(r) + "_backoff");
+  const fs::path da = p.root.path / ("round" + std::to_string(r) + "_backoff");
   auto hook = [&](const json& l) {
     if (l.contains("event")) {
       if (l.value("event", "") == "oom" && a.cut && a.oom_step == 0) a.oom_step = l.value("step", int64_t{0});
@@ -213,7 +209,7 @@ BackoffRun run_backoff(const OomPlan& p, int64_t r) {
       }
     }
   };
-  a.job = run_job(p.cfg, {"train.micro_batch=0", "memory.limit=" + num(p.cap_high), "train.steps=" + num(p.total)},
+  a.job = run_job(p.cfg, {"train.micro_batch=0", "memory.limit=" + std::to_string(p.cap_high), "train.steps=" + std::to_string(p.total)},
                   da, hook);
   if (a.job.rc != kExitOk) throw std::runtime_error(oom_failed(a.job, "the backoff run failed"));
   if (!a.cut || a.oom_step == 0 || !a.raised) {
@@ -227,8 +223,8 @@ BackoffRun run_backoff(const OomPlan& p, int64_t r) {
 
 // Run B: from `micro` under the high cap, with no growth.
 Job run_fresh(const OomPlan& p, int64_t r, int64_t micro) {
-  Job b = run_job(p.cfg, {"train.micro_batch=" + num(micro), "memory.limit=" + num(p.cap_high),
-                          "train.steps=" + num(p.total), kNoGrowth}, p.root.path / ("round" + num(r) + "_fresh"));
+  Job b = run_job(p.cfg, {"train.micro_batch=" + std::to_string(micro), "memory.limit=" + std::to_string(p.cap_high),
+                          "train.steps=" + std::to_string(p.total), kNoGrowth}, p.root.path / ("round" + std::to_string(r) + "_fresh"));
   if (b.rc != kExitOk) throw std::runtime_error(oom_failed(b, "the fresh run failed"));
   return b;
 }
@@ -242,7 +238,7 @@ struct OomReports {
 // catches one); the report's time_unix_s marks it. Several OOMs in the step: several reports.
 OomReports oom_reports(const fs::path& dir, int64_t step) {
   OomReports out;
-  const std::string prefix = "memory_report_" + num(step);
+  const std::string prefix = "memory_report_" + std::to_string(step);
   for (const auto& f : fs::directory_iterator(dir)) {
     const std::string n = f.path().filename().string();
     if (n.rfind(prefix, 0) != 0 || f.path().extension() != ".json") continue;
@@ -312,12 +308,12 @@ GrowBack grow_back_of(const OomPlan& p, const BackoffRun& a, const std::vector<j
   }
   const std::string da = a.job.dir.string();
   if (g.settled > p.window_start)
-    throw std::runtime_error("bench --oom: " + da + ": the run settled at micro-batch " + num(g.final_micro) +
-                             " only at step " + num(g.settled) + ", after the compared steps began (" +
-                             num(p.window_start) + "); lower memory.grow_after");
+    throw std::runtime_error("bench --oom: " + da + ": the run settled at micro-batch " + std::to_string(g.final_micro) +
+                             " only at step " + std::to_string(g.settled) + ", after the compared steps began (" +
+                             std::to_string(p.window_start) + "); lower memory.grow_after");
   if (fresh_first && g.final_micro != last_final_micro)
-    throw std::runtime_error("bench --oom: " + da + ": grew back to micro-batch " + num(g.final_micro) + ", not to " +
-                             num(last_final_micro) + " as in the round before, at which the fresh run of this round "
+    throw std::runtime_error("bench --oom: " + da + ": grew back to micro-batch " + std::to_string(g.final_micro) + ", not to " +
+                             std::to_string(last_final_micro) + " as in the round before, at which the fresh run of this round "
                              "started; run --rounds 1 to see why");
   return g;
 }
@@ -440,7 +436,7 @@ struct Pools {
 json oom_result(const OomPlan& p, const json& autos, const Pools& pools) {
   json j = describe_run(p.cfg, p.opts.config_path, p.opts.overrides, p.opts.command_line);
   j["mode"] = "oom";
-  j["calibration_peak_bytes"] = {{num(p.G), p.peak.at(p.G)}, {num(p.h1), p.peak.at(p.h1)}, {num(p.h2), p.peak.at(p.h2)}};
+  j["calibration_peak_bytes"] = {{std::to_string(p.G), p.peak.at(p.G)}, {std::to_string(p.h1), p.peak.at(p.h1)}, {std::to_string(p.h2), p.peak.at(p.h2)}};
   j["limits_bytes"] = {{"high", p.cap_high}, {"cut", p.cap_cut}, {"mid", p.cap_mid}};
   j["auto_vs_exhaustive"] = autos;
   j["recovery"] = {{"recovery_s_median", median_of(pools.recovery)},
