@@ -65,4 +65,44 @@ inline std::string request(int port, const std::string& raw, double timeout_s = 
   return out;
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released), so that tests
+/// running in parallel do not collide; -1 if none could be had.
+inline int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  return ok ? ntohs(a.sin_port) : -1;
+}
+
+/// A response split into its status, headers and body (status 0 when none came).
+struct HttpReply {
+  int status = 0;
+  std::string headers, body;
+};
+
+inline HttpReply parse_reply(const std::string& all) {
+  HttpReply r;
+  const auto sep = all.find("\r\n\r\n");
+  if (sep == std::string::npos) return r;
+  r.headers = all.substr(0, sep);
+  r.body = all.substr(sep + 4);
+  r.status = status_of(all);
+  return r;
+}
+
+/// GET with HTTP/1.1 and `Connection: close`, as a scraper or the kubelet sends it.
+inline HttpReply http_get(int port, const std::string& path) {
+  return parse_reply(request(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10));
+}
+
+/// GET with HTTP/1.0, so that no server answers in chunks (the Prometheus server's own API).
+inline HttpReply http10_get(int port, const std::string& path) {
+  return parse_reply(request(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", 10));
+}
+
 }  // namespace testutil

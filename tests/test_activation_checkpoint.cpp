@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_activation_checkpoint {
+
 namespace {
 
 // ---- blocks written for the tests -----------------------------------------------------------------
@@ -115,7 +118,7 @@ StepResult run_step(Block& block, const torch::Tensor& x0, bool use_checkpoint, 
 }
 
 // Max |a - b| <= tol * max(1, max |b|): equal up to float rounding of the magnitudes involved.
-::testing::AssertionResult close(const torch::Tensor& a, const torch::Tensor& b, double tol = 1e-6) {
+::testing::AssertionResult all_close(const torch::Tensor& a, const torch::Tensor& b, double tol = 1e-6) {
   if (!a.defined() || !b.defined()) {
     if (a.defined() == b.defined()) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure() << "one tensor is undefined";
@@ -131,12 +134,12 @@ StepResult run_step(Block& block, const torch::Tensor& x0, bool use_checkpoint, 
 }
 
 void expect_same_step(const StepResult& plain, const StepResult& ckpt, double tol = 1e-6) {
-  EXPECT_TRUE(close(ckpt.output, plain.output, tol)) << "output";
-  EXPECT_TRUE(close(ckpt.input_grad, plain.input_grad, tol)) << "input gradient";
+  EXPECT_TRUE(all_close(ckpt.output, plain.output, tol)) << "output";
+  EXPECT_TRUE(all_close(ckpt.input_grad, plain.input_grad, tol)) << "input gradient";
   ASSERT_EQ(ckpt.param_grads.size(), plain.param_grads.size());
   for (size_t i = 0; i < plain.param_grads.size(); ++i) {
     ASSERT_TRUE(plain.param_grads[i].defined()) << "param " << i << " got no gradient without checkpointing";
-    EXPECT_TRUE(close(ckpt.param_grads[i], plain.param_grads[i], tol)) << "param " << i;
+    EXPECT_TRUE(all_close(ckpt.param_grads[i], plain.param_grads[i], tol)) << "param " << i;
   }
   ASSERT_EQ(ckpt.buffers.size(), plain.buffers.size());
   for (size_t i = 0; i < plain.buffers.size(); ++i) {
@@ -192,7 +195,7 @@ TEST(ActivationCheckpoint, TransformerLayerWithDropoutGradientsEqualPlain) {
   // Dropout really draws masks here, so a recomputation with another mask would have been seen.
   auto no_drop = make_layer(0.0);
   const auto without_dropout = run_step(no_drop, x, false);
-  EXPECT_FALSE(close(plain.input_grad, without_dropout.input_grad, 1e-3)) << "dropout had no effect";
+  EXPECT_FALSE(all_close(plain.input_grad, without_dropout.input_grad, 1e-3)) << "dropout had no effect";
 }
 
 TEST(ActivationCheckpoint, ChainOfCheckpointedLayersEqualsPlainChain) {
@@ -244,7 +247,7 @@ TEST(ActivationCheckpointAutocast, Bf16GradientsEqualPlainWhenBackwardRunsOutsid
   // fp32 (autocast state not restored) would have failed the comparison above.
   auto fp32_layer = make_layer();
   const auto fp32 = run_step(fp32_layer, x, false, /*autocast=*/false);
-  EXPECT_FALSE(close(plain.param_grads[2], fp32.param_grads[2], 1e-4)) << "autocast had no effect";
+  EXPECT_FALSE(all_close(plain.param_grads[2], fp32.param_grads[2], 1e-4)) << "autocast had no effect";
 }
 
 TEST(ActivationCheckpointAutocast, Bf16GradientsEqualPlainWhenBackwardRunsInsideTheGuard) {
@@ -290,7 +293,7 @@ TEST(ActivationCheckpointAutocast, WeightUsedAgainOutsideTheCheckpointKeepsItsGr
   // Without checkpointing both uses share one cached bf16 copy, so their two gradients are summed in
   // bf16 before the cast back to fp32; with it they are summed in fp32. That differs by bf16 rounding
   // (2^-8 relative); a lost contribution would differ by far more.
-  EXPECT_TRUE(close(ckpt, plain, 1e-2));
+  EXPECT_TRUE(all_close(ckpt, plain, 1e-2));
 }
 
 TEST(ActivationCheckpointAutocast, ResNetBlockBf16GradientsEqualPlain) {
@@ -380,7 +383,7 @@ TEST(ActivationCheckpointMemory, CheckpointedChainKeepsNoIntermediateActivations
   const auto [ckpt_alive, ckpt_grad] = alive_after_forward(kBlocks, true);
   EXPECT_EQ(plain_alive, 2 * kBlocks);
   EXPECT_EQ(ckpt_alive, 0);
-  EXPECT_TRUE(close(ckpt_grad, plain_grad));
+  EXPECT_TRUE(all_close(ckpt_grad, plain_grad));
 }
 
 // ---- CUDA (runs only where a GPU is present) ----------------------------------------------------------
@@ -398,3 +401,5 @@ TEST(ActivationCheckpointCuda, TransformerLayerWithDropoutGradientsEqualPlain) {
 }
 
 }  // namespace
+
+}  // namespace test_activation_checkpoint

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_amp {
+
 namespace {
 
 using trainer::AutocastGuard;
@@ -660,3 +663,5 @@ TEST(GradScaler, CudaStepWithPlantedInf) {
 }
 
 }  // namespace
+
+}  // namespace test_amp

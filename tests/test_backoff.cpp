@@ -21,6 +21,9 @@
 #include "trainer/memory/report.h"
 #include "trainer/step.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_backoff {
+
 using nlohmann::json;
 using testutil::TempDir;
 namespace fs = std::filesystem;
@@ -713,7 +716,7 @@ TEST(BackoffCuda, TimingUnderACapDoesNotTurnAFittingSizeIntoAnOom) {
 TEST(AutoSearch, AnOomInBackwardLeavesNothingHeldForTheNextAttempt) {
   const int64_t G = 16;
   auto small_job = [](const std::string& p, int64_t g) {
-    auto c = ::small_job(p, g);
+    auto c = test_backoff::small_job(p, g);
     c.model.name = "resnet50";
     return c;
   };
@@ -747,3 +750,5 @@ TEST(AutoSearch, AnOomInBackwardLeavesNothingHeldForTheNextAttempt) {
     EXPECT_EQ(r.memory->current_bytes(), held) << "the failed probe left tensors held";
   }
 }
+
+}  // namespace test_backoff

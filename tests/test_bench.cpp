@@ -15,10 +15,14 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
+#include "train_util.h"
 #include "tools/bench/bench.h"
 #include "common/compat.h"
 #include "trainer/config.h"
 #include "trainer/memory/resources.h"
+
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_bench {
 
 using nlohmann::json;
 using testutil::TempDir;
@@ -553,8 +557,6 @@ TEST(BenchCompare, SyntheticGpt2VocabularyOnBothSides) {
 }
 
 // ---- the OOM recovery benchmark -------------------------------------------------------------------------
-// (Its own include here: this section is appended to a file that another suite also edits.)
-#include "train_util.h"
 
 namespace {
 
@@ -855,3 +857,5 @@ TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_GT(jp["packed_run"]["cores_used"].get<double>(), 0.0) << jp;
   EXPECT_TRUE(jp["met"].is_null()) << "no target is judged on the CPU";
 }
+
+}  // namespace test_bench

@@ -24,6 +24,9 @@
 #include <random>
 #include <thread>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_checkpoint {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -843,3 +846,5 @@ TEST(CheckpointSignals, ExitCodesAreDistinct) {
 }
 
 }  // namespace
+
+}  // namespace test_checkpoint

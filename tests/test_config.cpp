@@ -4,6 +4,9 @@
 #include "test_util.h"
 #include "trainer/config.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_config {
+
 using trainer::Config;
 using trainer::ConfigError;
 
@@ -144,3 +147,5 @@ TEST(Config, ShippedConfigsAreValid) {
   }
   EXPECT_GE(n, 2);
 }
+
+}  // namespace test_config

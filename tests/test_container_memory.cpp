@@ -14,6 +14,9 @@
 #include "test_util.h"
 #include "train_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_container_memory {
+
 using nlohmann::json;
 using testutil::TempDir;
 
@@ -301,3 +304,5 @@ TEST(HostMemory, EveryShippedConfigNamesWhatAutoResolvesTo) {
   }
   EXPECT_GE(checked, 10);
 }
+
+}  // namespace test_container_memory

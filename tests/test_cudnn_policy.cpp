@@ -9,6 +9,9 @@
 #include "trainer/from_config.h"
 #include "trainer/memory/cudnn_policy.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_cudnn_policy {
+
 using trainer::CudnnAttempt;
 using trainer::CudnnMode;
 using trainer::CudnnPolicy;
@@ -234,3 +237,5 @@ TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
   EXPECT_EQ(error("memory.cudnn_benchmark_limit=-1"),
             "config: key 'memory.cudnn_benchmark_limit': must be in [0, 10000] (0 = LibTorch's default, 10)");
 }
+
+}  // namespace test_cudnn_policy

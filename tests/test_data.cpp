@@ -19,6 +19,9 @@
 #include <set>
 #include <sstream>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_data {
+
 namespace {
 
 using testutil::TempDir;
@@ -300,7 +303,7 @@ TEST(DataMeanStd, EqualsPlainComputation) {
 
 // ---- IDX conversion of the real Fashion-MNIST -------------------------------------------------------
 
-const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+using testutil::kFashionDir;
 
 class DataIdx : public ::testing::Test {
  protected:
@@ -876,3 +879,5 @@ TEST(DataBench, DISABLED_LoaderThroughput) {
 }
 
 }  // namespace
+
+}  // namespace test_data

@@ -7,9 +7,13 @@
 
 #include <fstream>
 
+#include "http_client.h"
 #include "train_util.h"
 #include "trainer/dist.h"
 #include "trainer/memory/resources.h"
+
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_dist {
 
 using testutil::TempDir;
 
@@ -17,7 +21,7 @@ namespace {
 
 // plain_cnn (no batch statistics: replicas and the single process compute the same thing) on synthetic
 // 1x28x28 data, global batch 32.
-std::string job(const std::string& extra) {
+std::string dist_job(const std::string& extra) {
   return "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,28,28]"
          " --set data.synthetic_size=640 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
          " --set data.workers=1 --set train.global_batch=32 --set train.epochs=0 --set optim.lr=0.05"
@@ -27,20 +31,7 @@ std::string job(const std::string& extra) {
          extra;
 }
 
-// A port nobody listens on now (the kernel's pick), so tests running in parallel do not collide.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using testutil::free_port;
 
 // The rank's entry point under torchrun: records its pid (so a test can kill one rank), and gives rank 1
 // extra arguments (a lower memory cap) when RANK1_ARGS is set.
@@ -150,10 +141,10 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string single = (dir / "single").string(), two = (dir / "two").string();
-  auto r1 = testutil::run(testutil::trainer_cmd(single, job("--set train.steps=6")));
+  auto r1 = testutil::run(testutil::trainer_cmd(single, dist_job("--set train.steps=6")));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   // Small buckets (0.1 MiB for plain_cnn's 0.39 MB of gradients): several, most sent during backward.
-  auto r2 = testutil::run(torchrun(dir, two, job("--set train.steps=6 --set dist.bucket_mb=0.1")));
+  auto r2 = testutil::run(torchrun(dir, two, dist_job("--set train.steps=6 --set dist.bucket_mb=0.1")));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
 
   // Rank 0 writes the run folder's files; rank 1 its own log and metrics under rank1/.
@@ -186,7 +177,7 @@ TEST(DistTorchrun, RanksOfANodeKeepTheirShareOfTheCpus) {
   // train.threads 0: each of the node's two ranks takes half the CPUs, at setup and at every later poll
   // of the CPUs (the loop polls at step 0, then every 50 steps). The poll used to give each rank all
   // of them.
-  auto r = testutil::run(torchrun(dir, two, job("--set train.steps=2 --set train.threads=0")));
+  auto r = testutil::run(torchrun(dir, two, dist_job("--set train.steps=2 --set train.threads=0")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string share = "cpu: " + std::to_string(usable / 2) + " threads";
   for (const std::string log : {two + "/train.log", two + "/rank1/train.log"}) {
@@ -200,7 +191,7 @@ TEST(DistTorchrun, TwoNodesOfOneProcessEach) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string single = (dir / "single").string(), two = (dir / "two").string();
-  auto r1 = testutil::run(testutil::trainer_cmd(single, job("--set train.steps=4")));
+  auto r1 = testutil::run(testutil::trainer_cmd(single, dist_job("--set train.steps=4")));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   // A multi-node launch, both "nodes" on this host: one torchrun agent per node, node 0's hosts the store.
   const int port = free_port();
@@ -208,7 +199,7 @@ TEST(DistTorchrun, TwoNodesOfOneProcessEach) {
     return testutil::python() + " -m torch.distributed.run --nnodes 2 --node_rank " + std::to_string(n) +
            " --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
            " --nproc_per_node 1 --redirects 2 --tee 2 --no_python " + testutil::trainer_bin() + " --run-dir " + two +
-           " " + job("--set train.steps=4");
+           " " + dist_job("--set train.steps=4");
   };
   pid_t n0 = testutil::spawn(node(0), (dir / "node0.log").string());
   pid_t n1 = testutil::spawn(node(1), (dir / "node1.log").string());
@@ -222,11 +213,11 @@ TEST(DistTorchrun, OutOfMemoryOnOneRankBacksOffBoth) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string single = (dir / "single").string(), two = (dir / "two").string();
-  auto r1 = testutil::run(testutil::trainer_cmd(single, job("--set train.steps=4")));
+  auto r1 = testutil::run(testutil::trainer_cmd(single, dist_job("--set train.steps=4")));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   // Rank 1's cap: between the peaks of micro-batch 8 and 16 of a 16-sample slice (measured in one process
   // with global batch 16 and the same model: 2.95 MiB and 4.37 MiB on 1.13; the cap is checked below).
-  auto r2 = testutil::run(torchrun(dir, two, job("--set train.steps=4"), "RANK1_ARGS='--set memory.limit=3800000'"));
+  auto r2 = testutil::run(torchrun(dir, two, dist_job("--set train.steps=4"), "RANK1_ARGS='--set memory.limit=3800000'"));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
 
   auto own = testutil::events(two + "/rank1", "oom");
@@ -256,7 +247,7 @@ TEST(DistTorchrun, CheckpointingRungIsTakenByAllRanks) {
   const std::string plain = (dir / "plain").string(), capped = (dir / "capped").string();
   // ResNet-20 at the floor (16 per rank): rank 1's cap (17 MB) lies between the peak of a 16-sample
   // step with checkpointing (13.0 MB) and without (21.4 MB), measured in one process on LibTorch 1.13.
-  const std::string args = job("--set model.name=resnet20 --set train.steps=3 --set memory.min_micro_batch=16");
+  const std::string args = dist_job("--set model.name=resnet20 --set train.steps=3 --set memory.min_micro_batch=16");
   auto r1 = testutil::run(torchrun(dir, plain, args));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   auto r2 = testutil::run(torchrun(dir, capped, args, "RANK1_ARGS='--set memory.limit=17000000'"));
@@ -278,7 +269,7 @@ TEST(DistTorchrun, KilledRankIsRestartedAndTheJobResumes) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string plain = (dir / "plain").string(), two = (dir / "two").string();
-  const std::string args = job("--set train.steps=200 --set checkpoint.every_steps=20 --set checkpoint.async=false");
+  const std::string args = dist_job("--set train.steps=200 --set checkpoint.every_steps=20 --set checkpoint.async=false");
   auto r1 = testutil::run(torchrun(dir, plain, args));  // the same job, never interrupted
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
 
@@ -308,7 +299,7 @@ TEST(DistTorchrun, SigtermStopsEveryRankAtTheSameStep) {
   TempDir dir;
   const std::string two = (dir / "two").string();
   // torchrun forwards SIGTERM to each rank, not at the same instant; the ranks agree on the step.
-  pid_t agent = testutil::spawn(torchrun(dir, two, job("--set train.steps=100000")), (dir / "torchrun.log").string());
+  pid_t agent = testutil::spawn(torchrun(dir, two, dist_job("--set train.steps=100000")), (dir / "torchrun.log").string());
   ASSERT_TRUE(testutil::wait_for_metrics(two, [](const auto& l) { return testutil::last_step(l) >= 20; }, 60))
       << testutil::read_file(dir / "torchrun.log");
   ::kill(agent, SIGTERM);
@@ -323,7 +314,7 @@ TEST(DistTorchrun, SigtermStopsEveryRankAtTheSameStep) {
   EXPECT_EQ(ckpts.back()["step"], stop0[0]["step"]);
   // The same command resumes there.
   const int64_t at = stop0[0]["step"].get<int64_t>();
-  auto r = testutil::run(torchrun(dir, two, job("--set train.steps=" + std::to_string(at + 5))));
+  auto r = testutil::run(torchrun(dir, two, dist_job("--set train.steps=" + std::to_string(at + 5))));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resumes = testutil::events(two, "resume");
   ASSERT_EQ(resumes.size(), 1u);
@@ -334,12 +325,12 @@ TEST(DistTorchrun, ResumesWithAnotherNumberOfRanks) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string single = (dir / "single").string(), mixed = (dir / "mixed").string();
-  auto r1 = testutil::run(testutil::trainer_cmd(single, job("--set train.steps=8")));
+  auto r1 = testutil::run(testutil::trainer_cmd(single, dist_job("--set train.steps=8")));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   // 4 steps on two ranks, then 4 more in one process from the two-rank checkpoint.
-  auto r2 = testutil::run(torchrun(dir, mixed, job("--set train.steps=4")));
+  auto r2 = testutil::run(torchrun(dir, mixed, dist_job("--set train.steps=4")));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
-  auto r3 = testutil::run(testutil::trainer_cmd(mixed, job("--set train.steps=8")));
+  auto r3 = testutil::run(testutil::trainer_cmd(mixed, dist_job("--set train.steps=8")));
   ASSERT_EQ(r3.exit_code, 0) << r3.output;
   EXPECT_NE(r3.output.find("written by 2 processes, this job has 1"), std::string::npos) << r3.output;
   auto one_steps = testutil::step_lines(single), mixed_steps = testutil::step_lines(mixed);
@@ -362,7 +353,7 @@ TEST(DistManual, StuckRankBecomesATimeoutError) {
   auto env = [&](int rank) {
     return "env RANK=" + std::to_string(rank) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
   };
-  const std::string args = job("--set train.steps=100000 --set dist.timeout_s=5");
+  const std::string args = dist_job("--set train.steps=100000 --set dist.timeout_s=5");
   pid_t r0 = testutil::spawn(env(0) + testutil::trainer_cmd(run_dir, args), (dir / "rank0.log").string());
   pid_t r1 = testutil::spawn(env(1) + testutil::trainer_cmd(run_dir, args), (dir / "rank1.log").string());
   ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](const auto& l) { return testutil::last_step(l) >= 5; }, 60))
@@ -385,7 +376,7 @@ TEST(DistManual, GlobalBatchMustSplitEvenly) {
   TempDir dir;
   const int port = free_port();
   auto r = testutil::run("RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
-                         testutil::trainer_cmd((dir / "run").string(), job("--set train.steps=1")));
+                         testutil::trainer_cmd((dir / "run").string(), dist_job("--set train.steps=1")));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.global_batch: 32 is not divisible by the world size 3"), std::string::npos) << r.output;
 }
@@ -425,19 +416,19 @@ TEST(DistTorchrun, HeldRunFolderIsRefusedOnEveryRankOrWaitedFor) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string run_dir = (dir / "run").string();
-  pid_t holder = testutil::spawn(testutil::trainer_cmd(run_dir, job("--set train.steps=100000 --set checkpoint.every_steps=5")),
+  pid_t holder = testutil::spawn(testutil::trainer_cmd(run_dir, dist_job("--set train.steps=100000 --set checkpoint.every_steps=5")),
                                  (dir / "holder.log").string());
   ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](const auto& l) { return testutil::last_step(l) >= 1; }, 60))
       << testutil::read_file(dir / "holder.log");
   const std::string line = run_dir + ": the run folder is in use by pid " + std::to_string(holder);
-  auto r = testutil::run(torchrun(dir, run_dir, job("--set train.steps=10")));
+  auto r = testutil::run(torchrun(dir, run_dir, dist_job("--set train.steps=10")));
   EXPECT_NE(r.exit_code, 0) << r.output;
   size_t refusals = 0;
   for (size_t at = r.output.find(line); at != std::string::npos; at = r.output.find(line, at + 1)) ++refusals;
   EXPECT_GE(refusals, 2u) << "one line from each rank:\n" << r.output;
   EXPECT_FALSE(std::filesystem::exists(run_dir + "/rank1")) << "rank 1 wrote nothing";
 
-  pid_t agent = testutil::spawn(torchrun(dir, run_dir, job("--set train.steps=100000") + " --wait-for-run-dir 120"),
+  pid_t agent = testutil::spawn(torchrun(dir, run_dir, dist_job("--set train.steps=100000") + " --wait-for-run-dir 120"),
                                 (dir / "torchrun.log").string());
   // The job is up and rank 0 says whom it waits for.
   bool waiting = false;
@@ -461,3 +452,5 @@ TEST(DistTorchrun, HeldRunFolderIsRefusedOnEveryRankOrWaitedFor) {
   ASSERT_EQ(resumes.size(), 1u);
   EXPECT_EQ(resumes[0]["step"], stops[0]["step"]) << testutil::read_file(dir / "torchrun.log");
 }
+
+}  // namespace test_dist

@@ -7,6 +7,9 @@
 
 #include "test_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_e2e {
+
 using nlohmann::json;
 using testutil::TempDir;
 
@@ -140,3 +143,5 @@ TEST(E2E, CheckpointingPolicyHoldsFromTheFirstStep) {
   // ResNet-20 keeps about a third of its activations when every stage block is recomputed.
   EXPECT_LT(all, none * 8 / 10) << "none " << none << ", all " << all;
 }
+
+}  // namespace test_e2e

@@ -13,6 +13,9 @@
 #include "trainer/eval_command.h"
 #include "trainer/from_config.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_eval {
+
 using testutil::TempDir;
 
 namespace {
@@ -171,3 +174,5 @@ TEST(EvalCommand, TorchvisionWeightsGiveTorchvisionsLogitsAndLoss) {
   EXPECT_EQ(j["samples"], 10);
   EXPECT_TRUE(j["step"].is_null());
 }
+
+}  // namespace test_eval

@@ -10,6 +10,9 @@
 
 #include <hdf5.h>  // after LibTorch (train_util.h): the chunk of a sample, to damage only that one
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_eval_failures {
+
 namespace fs = std::filesystem;
 using testutil::TempDir;
 
@@ -34,7 +37,7 @@ void write_split(const std::string& path, int64_t n, std::array<int64_t, 3> shap
 
 // plain_cnn on the HDF5 splits in `dir`, 4 steps (less than an epoch: only the final evaluation runs),
 // no periodic checkpoints.
-std::string job(const TempDir& dir, const std::string& extra = "") {
+std::string eval_job(const TempDir& dir, const std::string& extra = "") {
   return "--set model.name=plain_cnn --set model.num_classes=10 --set data.kind=hdf5 --set data.train=" +
          (dir / "train.h5").string() + " --set data.test=" + (dir / "test.h5").string() +
          " --set train.global_batch=8 --set train.epochs=0 --set train.steps=4 --set train.eval_batch=16"
@@ -60,7 +63,7 @@ TEST(EvalSplit, MoreClassesThanTheModelIsBadInputBeforeTraining) {
   write_split((dir / "train.h5").string(), 64, {1, 12, 12}, 10, 9);
   write_split((dir / "test.h5").string(), 32, {1, 12, 12}, 12, 11);  // labels 10 and 11: no such outputs
   const std::string run = (dir / "run").string();
-  auto r = testutil::run(testutil::trainer_cmd(run, job(dir)));
+  auto r = testutil::run(testutil::trainer_cmd(run, eval_job(dir)));
   expect_bad_input(r, {"model.num_classes: 10", (dir / "test.h5").string(), "12 classes"});
   EXPECT_TRUE(testutil::step_lines(run).empty()) << "found before the first step";
 }
@@ -70,7 +73,7 @@ TEST(EvalSplit, AnotherSampleShapeIsBadInputBeforeTraining) {
   write_split((dir / "train.h5").string(), 64, {1, 12, 12}, 10, 9);
   write_split((dir / "test.h5").string(), 32, {3, 12, 12}, 10, 9);
   const std::string run = (dir / "run").string();
-  auto r = testutil::run(testutil::trainer_cmd(run, job(dir)));
+  auto r = testutil::run(testutil::trainer_cmd(run, eval_job(dir)));
   expect_bad_input(r, {"data.test", (dir / "test.h5").string(), "[3, 12, 12]", "[1, 12, 12]"});
   EXPECT_TRUE(testutil::step_lines(run).empty());
 }
@@ -112,13 +115,13 @@ TEST(EvalSplit, FailedFinalEvaluationKeepsTheTrainedSteps) {
   TempDir dir;
   write_damaged_test_split(dir);
   const std::string run = (dir / "run").string();
-  auto r = testutil::run(testutil::trainer_cmd(run, job(dir, "--set data.in_memory=false")));
+  auto r = testutil::run(testutil::trainer_cmd(run, eval_job(dir, "--set data.in_memory=false")));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("final evaluation at step 4 failed"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
   EXPECT_EQ(testutil::read_file(fs::path(run) / "checkpoints" / "latest"), "step-00000004\n") << r.output;
   // The run is complete: the same command does not train again.
-  auto again = testutil::run(testutil::trainer_cmd(run, job(dir, "--set data.in_memory=false")));
+  auto again = testutil::run(testutil::trainer_cmd(run, eval_job(dir, "--set data.in_memory=false")));
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("the run is complete"), std::string::npos) << again.output;
 }
@@ -127,7 +130,7 @@ TEST(EvalSplit, FailedEvaluationBetweenStepsDoesNotStopTraining) {
   TempDir dir;
   write_damaged_test_split(dir);
   const std::string run = (dir / "run").string();
-  auto r = testutil::run(testutil::trainer_cmd(run, job(dir, "--set data.in_memory=false --set train.eval_every=2")));
+  auto r = testutil::run(testutil::trainer_cmd(run, eval_job(dir, "--set data.in_memory=false --set train.eval_every=2")));
   EXPECT_EQ(r.exit_code, 1) << r.output;  // the final evaluation fails too
   auto failed = testutil::events(run, "eval_failed");
   ASSERT_EQ(failed.size(), 1u) << r.output;
@@ -136,3 +139,5 @@ TEST(EvalSplit, FailedEvaluationBetweenStepsDoesNotStopTraining) {
   EXPECT_EQ(testutil::last_step(testutil::read_jsonl(run + "/metrics.jsonl")), 4) << "trained on after step 2";
   EXPECT_EQ(testutil::read_file(fs::path(run) / "checkpoints" / "latest"), "step-00000004\n") << r.output;
 }
+
+}  // namespace test_eval_failures

@@ -19,6 +19,9 @@
 #include "trainer/optim.h"
 #include "trainer/step.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_fast_paths {
+
 using nlohmann::json;
 using testutil::TempDir;
 
@@ -352,3 +355,5 @@ TEST(GptVocabPadding, ReferenceBuildsThePaddedGptOfTheTrainer) {
   EXPECT_EQ(model->forward_flops({1024}), models::create_model("gpt2", models::ModelOptions().context(1024))
                                               ->forward_flops({1024}));
 }
+
+}  // namespace test_fast_paths

@@ -19,6 +19,9 @@
 #include <map>
 #include <regex>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_h5_check {
+
 namespace {
 
 using testutil::TempDir;
@@ -183,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(FuzzKnown, H5CheckKnown, ::testing::ValuesIn(kKnown), [
 
 // ---- valid files, refusals and the cost ---------------------------------------------------------
 
-const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+using testutil::kFashionDir;
 
 // The real Fashion-MNIST (47 MB train.h5, 8 MB test.h5), converted once for the suite by the trainer.
 class H5CheckFashion : public ::testing::Test {
@@ -274,3 +277,5 @@ TEST(H5CheckConfig, TimeoutMustBePositive) {
 }
 
 }  // namespace
+
+}  // namespace test_h5_check

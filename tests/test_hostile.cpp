@@ -34,6 +34,9 @@
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_hostile {
+
 using nlohmann::json;
 using testutil::TempDir;
 namespace fs = std::filesystem;
@@ -52,17 +55,7 @@ int get_status(int port, const std::string& path, double timeout_s = 5) {
   return status_of(request(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout_s));
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  close(fd);
-  return ok ? ntohs(a.sin_port) : -1;
-}
+using testutil::free_port;
 
 // Slowloris: each client starts a request and then sends one header byte every `every_ms`, which
 // never lets a per-read timeout expire, until `stop` or `max_s`.
@@ -642,3 +635,5 @@ TEST(HostileDisk, MetricsLogSaysOnceWhenTheDiskIsFullAndAgainWhenItRecovers) {
   EXPECT_EQ(lines[lines.size() - 2]["step"], 200);
   EXPECT_EQ(lines.back()["step"], 201);
 }
+
+}  // namespace test_hostile

@@ -20,6 +20,9 @@
 #include <set>
 #include "data/pixels/rng.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_images {
+
 using namespace testutil;
 
 namespace {
@@ -40,11 +43,6 @@ std::vector<uint8_t> photo(int w, int h, uint32_t seed) {
   return px;
 }
 
-void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
-  fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
 
 std::vector<uint8_t> jpeg(int w, int h, uint32_t seed) { return data::encode_jpeg(photo(w, h, seed).data(), w, h, 90); }
 
@@ -547,3 +545,5 @@ TEST(ImageRecipe, NewKeysAreValidatedWithOneLine) {
     EXPECT_NE(r.output.find(want), std::string::npos) << set << "\n" << r.output;
   }
 }
+
+}  // namespace test_images

@@ -6,6 +6,9 @@
 #include "test_util.h"
 #include "trainer/checkpoint/state_dict.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_interop {
+
 TEST(Interop, TorchvisionStateDictInAndOut) {
   testutil::TempDir dir;
   const std::string script = testutil::source_dir() + "/tests/ref/torchvision_state_dict.py";
@@ -42,3 +45,5 @@ TEST(Interop, TorchvisionStateDictInAndOut) {
     EXPECT_NE(std::string(e.what()).find("fc.weight"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace test_interop

@@ -16,6 +16,9 @@
 #include <fstream>
 #include <random>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_jpeg {
+
 namespace {
 
 using data::CropBox;
@@ -69,15 +72,8 @@ int max_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return m;
 }
 
-void write_bytes(const testutil::fs::path& p, const std::vector<uint8_t>& b) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-std::vector<uint8_t> read_bytes(const testutil::fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
+using testutil::read_bytes;
+using testutil::write_bytes;
 
 /// The JPEG's SOF marker with its height and width replaced.
 std::vector<uint8_t> with_jpeg_size(std::vector<uint8_t> jpeg, int w, int h) {
@@ -542,3 +538,5 @@ TEST(Jpeg, BenchDecodeOnlyCountsImagesAndFailures) {
 }
 
 }  // namespace
+
+}  // namespace test_jpeg

@@ -21,14 +21,17 @@
 #include <set>
 #include <thread>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_memory {
+
 namespace {
 
 namespace fs = std::filesystem;
 using trainer::cpu_allocator::live_bytes;
 using trainer::cpu_allocator::peak_bytes;
 
-constexpr int64_t kKiB = 1024;
-constexpr int64_t kMiB = 1024 * 1024;
+using testutil::kKiB;
+using testutil::kMiB;
 
 // Every test that sets a cap derives from this: the cap goes back to none when the test ends, however
 // it ends (the allocator is process-wide and the binary runs other suites too).
@@ -1020,3 +1023,5 @@ TEST(ResourcesControlFile, MalformedFilesAreReportedAndIgnored) {
   EXPECT_EQ(r.update->memory_limit, std::optional<std::string>("auto"));
   EXPECT_TRUE(r.warning.empty());
 }
+
+}  // namespace test_memory

@@ -14,6 +14,9 @@
 #include "train_util.h"
 #include "trainer/memory/curve.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_memory_curve {
+
 using nlohmann::json;
 using testutil::TempDir;
 
@@ -439,3 +442,5 @@ TEST(MemoryCurveSearch, TheFloorTheWholeRangeNoLimitAndBadArguments) {
   EXPECT_EQ(error_text([&] { trainer::find_max_micro_batch_by_curve(probe, 1, 4, 10, 1.0); }),
             "find_max_micro_batch_by_curve: accept must be in (0, 1), got 1.000000");
 }
+
+}  // namespace test_memory_curve

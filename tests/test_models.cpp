@@ -20,6 +20,9 @@
 #include <string>
 #include <vector>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_models {
+
 namespace {
 
 using models::ModelOptions;
@@ -440,3 +443,5 @@ TEST(ModelsSummary, ResNet18Table) {
 }
 
 }  // namespace
+
+}  // namespace test_models

@@ -10,6 +10,9 @@
 
 #include "test_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_oom {
+
 using trainer::MicroBatchController;
 using trainer::MicroBatchOptions;
 using trainer::OomAction;
@@ -18,7 +21,7 @@ using trainer::ProbeKind;
 
 namespace {
 
-constexpr int64_t kMiB = 1024 * 1024;
+using testutil::kMiB;
 
 std::vector<OomEventKind> kinds(const std::vector<trainer::OomEvent>& events) {
   std::vector<OomEventKind> out;
@@ -527,3 +530,5 @@ TEST(OomFindMax, FromAnyStartMatchesExhaustiveSearch) {
     }
   }
 }
+
+}  // namespace test_oom

@@ -7,12 +7,15 @@
 
 #include "train_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_oom_e2e {
+
 using testutil::TempDir;
 
 namespace {
 
 // plain_cnn (no batch statistics) on synthetic 1x28x28, global batch 32.
-std::string job(const std::string& extra) {
+std::string oom_job(const std::string& extra) {
   return "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,28,28]"
          " --set data.synthetic_size=640 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
          " --set data.workers=1 --set train.global_batch=32 --set train.epochs=0 --set optim.lr=0.05"
@@ -36,7 +39,7 @@ int64_t peak_at(const TempDir& dir, const std::string& base, int64_t mb) {
 
 TEST(OomE2E, BackoffUnderCapEqualsUncappedRun) {
   TempDir dir;
-  const std::string base = job("");
+  const std::string base = oom_job("");
   int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
   ASSERT_GT(p32, p8 + 1000000) << "the test needs a clear gap between micro-batches 8 and 32";
   const int64_t cap = (p8 + p32) / 2;  // fits 8, not 32
@@ -67,7 +70,7 @@ TEST(OomE2E, BackoffUnderCapEqualsUncappedRun) {
 
 TEST(OomE2E, ResNetSeesTheSameSamplesUnderCap) {
   TempDir dir;
-  const std::string base = job("--set model.name=resnet20");
+  const std::string base = oom_job("--set model.name=resnet20");
   int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
   ASSERT_GT(p32, p8);
   auto free_dir = (dir / "free").string(), capped_dir = (dir / "capped").string();
@@ -89,7 +92,7 @@ TEST(OomE2E, ResNetSeesTheSameSamplesUnderCap) {
 
 TEST(OomE2E, LimitCutAndRaisedThroughControlFile) {
   TempDir dir;
-  const std::string base = job("--set memory.grow_after=3 --set memory.headroom=0.0");
+  const std::string base = oom_job("--set memory.grow_after=3 --set memory.headroom=0.0");
   int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
   const int64_t cap = (p8 + p32) / 2;
   auto run_dir = (dir / "run").string();
@@ -125,8 +128,8 @@ TEST(OomE2E, LimitCutAndRaisedThroughControlFile) {
 TEST(OomE2E, NothingFitsSavesAndExitsWithCode3) {
   TempDir dir;
   // The floor is 16 and the ladder may not recompute: a cap below micro-batch 16's peak leaves nothing.
-  const std::string base = job("--set memory.min_micro_batch=16 --set memory.ladder_checkpointing=false");
-  int64_t p4 = peak_at(dir, job(""), 4), p16 = peak_at(dir, job(""), 16);
+  const std::string base = oom_job("--set memory.min_micro_batch=16 --set memory.ladder_checkpointing=false");
+  int64_t p4 = peak_at(dir, oom_job(""), 4), p16 = peak_at(dir, oom_job(""), 16);
   auto run_dir = (dir / "run").string();
   auto r = testutil::run(testutil::trainer_cmd(
       run_dir, base + " --set train.steps=3 --set memory.limit=" + std::to_string((p4 + p16) / 2)));
@@ -142,7 +145,7 @@ TEST(OomE2E, CapBelowTheLiveBytesSavesAndExitsWithCode3) {
   // the cap while it copies the state).
   TempDir dir;
   auto run_dir = (dir / "run").string();
-  pid_t pid = testutil::spawn(testutil::trainer_cmd(run_dir, job("--set train.steps=100000")),
+  pid_t pid = testutil::spawn(testutil::trainer_cmd(run_dir, oom_job("--set train.steps=100000")),
                               (dir / "run.log").string());
   ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](auto& l) { return testutil::last_step(l) >= 3; }))
       << testutil::read_file(dir / "run.log");
@@ -161,7 +164,7 @@ TEST(OomE2E, CapBelowTheLiveBytesSavesAndExitsWithCode3) {
 
 TEST(OomE2E, AutoMicroBatchFitsAndIsAtLeastHalfTheLargest) {
   TempDir dir;
-  const std::string base = job("");
+  const std::string base = oom_job("");
   int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
   const std::string cap = " --set memory.limit=" + std::to_string((p8 + p32) / 2);
   auto run_dir = (dir / "auto").string();
@@ -183,3 +186,5 @@ TEST(OomE2E, AutoMicroBatchFitsAndIsAtLeastHalfTheLargest) {
     EXPECT_GE(testutil::step_lines(dbl)[0]["oom_retries"].get<int64_t>(), 1);
   }
 }
+
+}  // namespace test_oom_e2e

@@ -31,6 +31,9 @@
 #include "trainer/observe/telemetry.h"
 #include "trainer/observe/tensorboard.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_ops {
+
 using nlohmann::json;
 using testutil::TempDir;
 namespace fs = std::filesystem;
@@ -43,22 +46,7 @@ using testutil::seconds_since;
 
 using testutil::connect_to;
 
-struct HttpReply {
-  int status = 0;
-  std::string headers, body;
-};
-
-HttpReply http_get(int port, const std::string& path) {
-  HttpReply r;
-  const std::string all =
-      testutil::request(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10);
-  auto sep = all.find("\r\n\r\n");
-  if (sep == std::string::npos) return r;
-  r.headers = all.substr(0, sep);
-  r.body = all.substr(sep + 4);
-  r.status = testutil::status_of(all);
-  return r;
-}
+using testutil::http_get;
 
 // ---- the Prometheus text format, checked line by line -----------------------------------------------
 
@@ -1072,3 +1060,5 @@ TEST(OpsPlot, PlotScriptDrawsLossThroughputMemoryAndEvents) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("nothing.jsonl"), std::string::npos) << r.output;
 }
+
+}  // namespace test_ops

@@ -13,6 +13,9 @@
 #include "common/compat.h"
 #include "test_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_profile {
+
 using nlohmann::json;
 using testutil::TempDir;
 
@@ -284,3 +287,5 @@ TEST(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
                      round["a"]["step_time_s_p50"].get<double>() / round["b"]["step_time_s_p50"].get<double>());
   }
 }
+
+}  // namespace test_profile

@@ -24,8 +24,12 @@
 #include <thread>
 
 #include "data/files/image_h5.h"
+#include "http_client.h"
 #include "test_util.h"
 #include "train_util.h"
+
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_prometheus {
 
 using nlohmann::json;
 using testutil::TempDir;
@@ -41,55 +45,8 @@ const std::string kDashboard = kDeploy + "/grafana/trainer-dashboard.json";
 using testutil::seconds_since;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-struct HttpReply {
-  int status = 0;
-  std::string body;
-};
-
-/// GET over HTTP/1.0, so that neither server answers in chunks.
-HttpReply http_get(int port, const std::string& path) {
-  HttpReply r;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return r;
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
-    std::string all;
-    char buf[8192];
-    ssize_t n;
-    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) all.append(buf, static_cast<size_t>(n));
-    auto sep = all.find("\r\n\r\n");
-    if (sep != std::string::npos) {
-      r.body = all.substr(sep + 4);
-      std::sscanf(all.c_str(), "HTTP/1.%*d %d", &r.status);
-    }
-  }
-  close(fd);
-  return r;
-}
+using testutil::free_port;
+using testutil::http10_get;
 
 std::string url_encode(const std::string& s) {
   std::string out;
@@ -238,7 +195,7 @@ void write_dataset(const fs::path& dir) {
   }
 }
 
-std::string job(const fs::path& dir, int64_t steps) {
+std::string scraped_job(const fs::path& dir, int64_t steps) {
   return "--set model.name=plain_cnn --set model.num_classes=10 --set data.kind=hdf5 --set data.train=" +
          (dir / "train.h5").string() + " --set data.test=" + (dir / "test.h5").string() +
          " --set train.global_batch=32 --set train.epochs=0 --set train.steps=" + std::to_string(steps) +
@@ -253,10 +210,10 @@ std::string job(const fs::path& dir, int64_t steps) {
 std::unique_ptr<Child> start_resumed_run(const TempDir& dir, int port) {
   write_dataset(dir.path);
   const std::string run_dir = (dir / "run").string();
-  auto first = testutil::run(testutil::trainer_cmd(run_dir, job(dir.path, 2)));
+  auto first = testutil::run(testutil::trainer_cmd(run_dir, scraped_job(dir.path, 2)));
   EXPECT_EQ(first.exit_code, 0) << first.output;
   return std::make_unique<Child>(
-      testutil::trainer_cmd(run_dir, job(dir.path, 100000000) + " --set log.http_port=" + std::to_string(port)),
+      testutil::trainer_cmd(run_dir, scraped_job(dir.path, 100000000) + " --set log.http_port=" + std::to_string(port)),
       (dir / "trainer.log").string());
 }
 
@@ -275,7 +232,7 @@ bool wait_until(Child& child, Pred pred, double timeout_s = 120) {
 /// Ready (setup and resume done) and at least one evaluation written.
 bool wait_trained_and_evaluated(Child& trainer, int port, const std::string& run_dir) {
   return wait_until(trainer, [&] {
-    if (http_get(port, "/readyz").status != 200) return false;
+    if (http10_get(port, "/readyz").status != 200) return false;
     std::vector<json> lines;
     try {
       lines = testutil::read_jsonl(run_dir + "/metrics.jsonl");
@@ -295,7 +252,7 @@ bool wait_trained_and_evaluated(Child& trainer, int port, const std::string& run
 // ---- Prometheus's HTTP API --------------------------------------------------------------------------------
 
 json api(int port, const std::string& path) {
-  auto r = http_get(port, path);
+  auto r = http10_get(port, path);
   if (r.status != 200) return json{{"status", "http " + std::to_string(r.status)}, {"body", r.body}};
   return json::parse(r.body, nullptr, false);
 }
@@ -382,7 +339,7 @@ TEST(PrometheusDeploy, DashboardAndRulesReadOnlyMetricsTheTrainerExports) {
   auto trainer = start_resumed_run(dir, port);
   const std::string run_dir = (dir / "run").string();
   ASSERT_TRUE(wait_trained_and_evaluated(*trainer, port, run_dir)) << trainer->output();
-  auto m = http_get(port, "/metrics");
+  auto m = http10_get(port, "/metrics");
   ASSERT_EQ(m.status, 200);
   const auto exported = exported_names(m.body);
 
@@ -486,7 +443,7 @@ TEST(PrometheusDeploy, PrometheusScrapesATrainingRunAndSeesTheStepRise) {
                  (dir / "tsdb").string() + " --web.listen-address=127.0.0.1:" + std::to_string(prom_port) +
                  " --log.level=warn",
              (dir / "prometheus.log").string());
-  ASSERT_TRUE(wait_until(prom, [&] { return http_get(prom_port, "/-/ready").status == 200; }, 60))
+  ASSERT_TRUE(wait_until(prom, [&] { return http10_get(prom_port, "/-/ready").status == 200; }, 60))
       << prom.output();
 
   // trainer_step as Prometheus stored it: every second the newest raw sample (a range selector returns
@@ -591,3 +548,5 @@ TEST(PrometheusDeploy, PrometheusScrapesATrainingRunAndSeesTheStepRise) {
   std::cout << "[prometheus] the trainer stopped at step " << final_step << "\n";
   EXPECT_EQ(prom.stop(SIGTERM), 0) << prom.output();
 }
+
+}  // namespace test_prometheus

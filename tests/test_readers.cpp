@@ -16,6 +16,9 @@
 #include <thread>
 #include <unistd.h>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_readers {
+
 namespace {
 
 using testutil::TempDir;
@@ -34,11 +37,7 @@ void expect_error(F&& f, const std::string& text) {
   }
 }
 
-std::string write_bytes(const fs::path& p, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  return p.string();
-}
+using testutil::write_bytes;
 
 std::string write_gzip(const fs::path& p, const std::vector<uint8_t>& bytes) {
   gzFile f = gzopen(p.c_str(), "wb");
@@ -258,3 +257,5 @@ TEST(ReadersConvertText, FileGrowingWhileReadGivesThePrefixPlanned) {
 }
 
 }  // namespace
+
+}  // namespace test_readers

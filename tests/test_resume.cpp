@@ -9,12 +9,15 @@
 #include "train_util.h"
 #include "trainer/checkpoint/store.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_resume {
+
 using testutil::TempDir;
 
 namespace {
 
 // ResNet-20 with augmentation (the loader's RNG) on synthetic 1x16x16, checkpoints every 2 steps.
-std::string job(int64_t steps, const std::string& extra = "") {
+std::string resume_job(int64_t steps, const std::string& extra = "") {
   return "--set model.name=resnet20 --set data.kind=synthetic --set data.shape=[1,16,16]"
          " --set data.synthetic_size=96 --set data.test= --set data.crop_padding=2 --set data.hflip=true"
          " --set train.global_batch=8 --set train.epochs=0 --set train.steps=" +
@@ -61,10 +64,10 @@ void rewrite_checkpoint(const std::string& run_dir, int64_t step,
 void expect_fallback_to_step_4(const std::function<void(trainer::CheckpointFiles&)>& edit, const std::string& why) {
   TempDir dir;
   auto run_dir = (dir / "run").string(), whole = (dir / "whole").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(8))).exit_code, 0);
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(6))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, resume_job(8))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, resume_job(6))).exit_code, 0);
   rewrite_checkpoint(run_dir, 6, edit);
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(8)));
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, resume_job(8)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step-00000006 is unusable: " + why), std::string::npos) << r.output;
   auto resumes = testutil::events(run_dir, "resume");
@@ -79,10 +82,10 @@ TEST(Resume, SigkillThenRestartIsBitwiseTheUninterruptedRun) {
   TempDir dir;
   const int64_t steps = 30;
   auto whole = (dir / "whole").string(), killed = (dir / "killed").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps))).exit_code, 0);
-  int code = interrupt(dir, killed, job(steps), 10, SIGKILL);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, resume_job(steps))).exit_code, 0);
+  int code = interrupt(dir, killed, resume_job(steps), 10, SIGKILL);
   ASSERT_EQ(code, 128 + SIGKILL) << "the run finished before the kill; make it longer";
-  auto r = testutil::run(testutil::trainer_cmd(killed, job(steps)));  // the same command
+  auto r = testutil::run(testutil::trainer_cmd(killed, resume_job(steps)));  // the same command
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resumes = testutil::events(killed, "resume");
   ASSERT_EQ(resumes.size(), 1u);
@@ -98,13 +101,13 @@ TEST(Resume, SigtermSavesExitsAndResumesExactly) {
   TempDir dir;
   const int64_t steps = 30;
   auto whole = (dir / "whole").string(), stopped = (dir / "stopped").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps))).exit_code, 0);
-  int code = interrupt(dir, stopped, job(steps), 6, SIGTERM);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, resume_job(steps))).exit_code, 0);
+  int code = interrupt(dir, stopped, resume_job(steps), 6, SIGTERM);
   ASSERT_EQ(code, 143) << testutil::read_file(dir / "interrupted.log");
   auto stops = testutil::events(stopped, "stop");
   ASSERT_EQ(stops.size(), 1u);
   const int64_t stop_step = stops[0]["step"].get<int64_t>();
-  auto r = testutil::run(testutil::trainer_cmd(stopped, job(steps)));
+  auto r = testutil::run(testutil::trainer_cmd(stopped, resume_job(steps)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resumes = testutil::events(stopped, "resume");
   ASSERT_EQ(resumes.size(), 1u);
@@ -119,9 +122,9 @@ TEST(Resume, WithAnotherMicroBatch) {
   const std::string plain = " --set model.name=plain_cnn";
   const int64_t steps = 30;
   auto whole = (dir / "whole").string(), resized = (dir / "resized").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps, plain))).exit_code, 0);
-  interrupt(dir, resized, job(steps, plain), 8, SIGKILL);
-  auto r = testutil::run(testutil::trainer_cmd(resized, job(steps, plain + " --set train.micro_batch=3")));
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, resume_job(steps, plain))).exit_code, 0);
+  interrupt(dir, resized, resume_job(steps, plain), 8, SIGKILL);
+  auto r = testutil::run(testutil::trainer_cmd(resized, resume_job(steps, plain + " --set train.micro_batch=3")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto s = testutil::step_lines(resized);
   EXPECT_EQ(s.back()["micro_batch"].get<int64_t>(), 3);
@@ -132,20 +135,20 @@ TEST(Resume, WithAnotherMicroBatch) {
 TEST(Resume, ChangedModelIsRefusedNamingTheKey) {
   TempDir dir;
   auto run_dir = (dir / "run").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(4))).exit_code, 0);
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(6, "--set model.name=resnet32")));
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, resume_job(4))).exit_code, 0);
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, resume_job(6, "--set model.name=resnet32")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("model.name"), std::string::npos) << r.output;
   // A longer run (more steps) is allowed: that is what a resumed, resized job does.
-  auto r2 = testutil::run(testutil::trainer_cmd(run_dir, job(6)));
+  auto r2 = testutil::run(testutil::trainer_cmd(run_dir, resume_job(6)));
   EXPECT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_EQ(testutil::step_lines(run_dir).back()["step"].get<int64_t>(), 6);
   // --no-resume refuses a non-empty folder, and starts fresh in a new one.
-  auto r3 = testutil::run(testutil::trainer_cmd(run_dir, job(8, "--no-resume")));
+  auto r3 = testutil::run(testutil::trainer_cmd(run_dir, resume_job(8, "--no-resume")));
   EXPECT_EQ(r3.exit_code, 2) << r3.output;
   EXPECT_NE(r3.output.find("--no-resume"), std::string::npos) << r3.output;
   auto fresh = (dir / "fresh").string();
-  auto r4 = testutil::run(testutil::trainer_cmd(fresh, job(2, "--no-resume")));
+  auto r4 = testutil::run(testutil::trainer_cmd(fresh, resume_job(2, "--no-resume")));
   EXPECT_EQ(r4.exit_code, 0) << r4.output;
   EXPECT_TRUE(testutil::events(fresh, "resume").empty());
 }
@@ -153,7 +156,7 @@ TEST(Resume, ChangedModelIsRefusedNamingTheKey) {
 TEST(Resume, CorruptLatestFallsBackToThePreviousCheckpoint) {
   TempDir dir;
   auto run_dir = (dir / "run").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(6))).exit_code, 0);  // checkpoints at 2, 4, 6
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, resume_job(6))).exit_code, 0);  // checkpoints at 2, 4, 6
   const std::string latest = run_dir + "/checkpoints/step-00000006/model.pt";
   ASSERT_TRUE(std::filesystem::exists(latest));
   {
@@ -165,7 +168,7 @@ TEST(Resume, CorruptLatestFallsBackToThePreviousCheckpoint) {
     c ^= 0x5a;
     f.write(&c, 1);
   }
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(8)));
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, resume_job(8)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step-00000006"), std::string::npos) << "the corrupt checkpoint is named:\n" << r.output;
   auto resumes = testutil::events(run_dir, "resume");
@@ -191,10 +194,10 @@ TEST(Resume, CheckpointWhoseDataPositionIsOutsideTheDataFallsBack) {
   // --resume of exactly that checkpoint does not fall back: one line naming it and the reason.
   TempDir dir;
   auto run_dir = (dir / "run").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, job(2))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run_dir, resume_job(2))).exit_code, 0);
   rewrite_checkpoint(run_dir, 2, move_out);
   auto other = (dir / "other").string();
-  auto r = testutil::run(testutil::trainer_cmd(other, job(4, "--resume " + run_dir + "/checkpoints/step-00000002")));
+  auto r = testutil::run(testutil::trainer_cmd(other, resume_job(4, "--resume " + run_dir + "/checkpoints/step-00000002")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("cannot resume from checkpoint " + run_dir + "/checkpoints/step-00000002: state.json's "
                           "data position"),
@@ -214,9 +217,9 @@ TEST(Resume, RunFolderWhoseNameIsNotUtf8) {
   TempDir dir;
   const std::string run_dir = (dir / "run-\xff\xfe\xc3").string();
   const std::string quoted = "'" + run_dir + "'";
-  auto r = testutil::run(testutil::trainer_cmd(quoted, job(2)));
+  auto r = testutil::run(testutil::trainer_cmd(quoted, resume_job(2)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = testutil::run(testutil::trainer_cmd(quoted, job(4)));
+  r = testutil::run(testutil::trainer_cmd(quoted, resume_job(4)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resumes = testutil::events(run_dir, "resume");
   ASSERT_EQ(resumes.size(), 1u);
@@ -229,7 +232,7 @@ TEST(Resume, RunFolderWhoseNameIsNotUtf8) {
   ASSERT_EQ(steps.size(), 4u);
   // The resumed run ends where an uninterrupted one does.
   auto whole = (dir / "whole").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(4))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, resume_job(4))).exit_code, 0);
   auto out = (dir / "w.pt").string();
   r = testutil::run(testutil::trainer_bin() + " export --run-dir " + quoted + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -237,3 +240,5 @@ TEST(Resume, RunFolderWhoseNameIsNotUtf8) {
   for (auto& [k, v] : trainer::read_tensors(out)) resumed[k] = v;
   EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), resumed));
 }
+
+}  // namespace test_resume

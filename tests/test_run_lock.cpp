@@ -8,13 +8,16 @@
 #include "common/run_lock.h"
 #include "train_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_run_lock {
+
 using testutil::TempDir;
 
 namespace {
 
 // ResNet-20 on synthetic 1x16x16, deterministic, a checkpoint every 2 steps: long enough to be
 // interrupted (`steps`), exact enough to compare bitwise.
-std::string job(int64_t steps) {
+std::string lock_job(int64_t steps) {
   return "--set model.name=resnet20 --set data.kind=synthetic --set data.shape=[1,16,16]"
          " --set data.synthetic_size=96 --set data.test= --set data.crop_padding=2 --set data.hflip=true"
          " --set train.global_batch=8 --set train.epochs=0 --set train.steps=" +
@@ -35,7 +38,7 @@ struct Holder {
   pid_t pid = -1;
   std::string log;
   Holder(const TempDir& dir, const std::string& run_dir, int64_t steps = 100000) : log((dir / "holder.log").string()) {
-    pid = testutil::spawn(testutil::trainer_cmd(run_dir, job(steps)), log);
+    pid = testutil::spawn(testutil::trainer_cmd(run_dir, lock_job(steps)), log);
     started = testutil::wait_for_metrics(run_dir, [](auto& l) { return testutil::last_step(l) >= 1; });
   }
   int stop(int sig = SIGTERM) {
@@ -105,7 +108,7 @@ TEST(RunLock, SecondTrainerIsRefusedAndWritesNothing) {
   Holder a(dir, run_dir);
   ASSERT_TRUE(a.started) << testutil::read_file(a.log);
   const auto log_before = testutil::read_file(run_dir + "/train.log");
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(100000)));
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, lock_job(100000)));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   const std::string expected = "error: " + run_dir + ": the run folder is in use by pid " + std::to_string(a.pid) +
                                " on host " + host() + " since ";
@@ -133,13 +136,13 @@ TEST(RunLock, WaitingTrainerResumesWhereTheStoppedOneSaved) {
   TempDir dir;
   const int64_t steps = 24;
   const auto whole = (dir / "whole").string(), run_dir = (dir / "run").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job(steps))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, lock_job(steps))).exit_code, 0);
   Holder a(dir, run_dir, steps);
   ASSERT_TRUE(a.started) << testutil::read_file(a.log);
   // Frozen mid-run (holding the folder), so that however slow b is to start, a is still there.
   ASSERT_EQ(kill(a.pid, SIGSTOP), 0);
   const auto b_log = (dir / "b.log").string();
-  pid_t b = testutil::spawn(testutil::trainer_cmd(run_dir, job(steps) + " --wait-for-run-dir 120"), b_log);
+  pid_t b = testutil::spawn(testutil::trainer_cmd(run_dir, lock_job(steps) + " --wait-for-run-dir 120"), b_log);
   // b says it waits, and for whom, before a is stopped.
   bool waiting = false;
   for (int i = 0; i < 400 && !waiting; ++i) {
@@ -170,7 +173,7 @@ TEST(RunLock, WaitThatRunsOutIsRefused) {
   const auto run_dir = (dir / "run").string();
   Holder a(dir, run_dir);
   ASSERT_TRUE(a.started) << testutil::read_file(a.log);
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(100000) + " --wait-for-run-dir 1"));
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, lock_job(100000) + " --wait-for-run-dir 1"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("waiting for pid " + std::to_string(a.pid)), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("error: " + run_dir + ": the run folder is in use by pid " + std::to_string(a.pid)),
@@ -190,7 +193,7 @@ TEST(RunLock, SigkillReleasesTheLock) {
   ASSERT_EQ(a.stop(SIGKILL), 128 + SIGKILL);
   // No cleanup, no wait: the kernel let go with the process.
   EXPECT_FALSE(trainer::RunFolderLock::held_by_other(run_dir).has_value());
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(6)));
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, lock_job(6)));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(testutil::events(run_dir, "resume").size(), 1u) << r.output;
 }
@@ -222,7 +225,7 @@ TEST(RunLock, BenchRefusesAHeldRunFolder) {
   const auto run_dir = (dir / "run").string();
   Holder a(dir, run_dir);
   ASSERT_TRUE(a.started) << testutil::read_file(a.log);
-  auto r = testutil::run(testutil::trainer_bin() + " bench " + job(4) + " --warmup 0 --steps 1 --run-dir " + run_dir);
+  auto r = testutil::run(testutil::trainer_bin() + " bench " + lock_job(4) + " --warmup 0 --steps 1 --run-dir " + run_dir);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("error: " + run_dir + ": the run folder is in use by pid " + std::to_string(a.pid)),
             std::string::npos)
@@ -233,7 +236,7 @@ TEST(RunLock, BenchHoldsItsRunFolderWhileItsJobsTrainThere) {
   TempDir dir;
   const auto run_dir = (dir / "bench").string();
   const auto log = (dir / "bench.log").string();
-  pid_t bench = testutil::spawn(testutil::trainer_bin() + " bench " + job(400) + " --warmup 0 --steps 300 --rounds 1 --run-dir " +
+  pid_t bench = testutil::spawn(testutil::trainer_bin() + " bench " + lock_job(400) + " --warmup 0 --steps 300 --rounds 1 --run-dir " +
                                     run_dir + " --out " + (dir / "bench.json").string(),
                                 log);
   bool held = false;
@@ -243,7 +246,9 @@ TEST(RunLock, BenchHoldsItsRunFolderWhileItsJobsTrainThere) {
     held = h && h->pid == bench;
   }
   EXPECT_TRUE(held) << testutil::read_file(log);
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, job(4)));
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, lock_job(4)));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(testutil::wait_exit(bench), 0) << testutil::read_file(log);
 }
+
+}  // namespace test_run_lock

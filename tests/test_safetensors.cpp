@@ -18,6 +18,9 @@
 #include "trainer/checkpoint/weights.h"
 #include "trainer/config.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_safetensors {
+
 namespace {
 
 using trainer::NamedTensors;
@@ -59,10 +62,7 @@ std::map<std::string, torch::Tensor> by_name(const NamedTensors& t) {
   return m;
 }
 
-void write_bytes(const testutil::fs::path& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using testutil::write_file;
 
 // A file from its header text and data, as another (or a hostile) writer would make it.
 std::string raw_file(const std::string& header, const std::string& data, uint64_t claimed = 0) {
@@ -219,7 +219,7 @@ TEST(Safetensors, HostileFilesAreRefusedWithOneLineNamingTheRule) {
     EXPECT_EQ(testutil::error_text([&] { trainer::safetensors_from_bytes(bytes, "w"); }), "w: not a valid safetensors file: " + why);
     // The same from a file, through the memory mapping.
     const std::string path = (dir / ("h" + std::to_string(i++) + ".safetensors")).string();
-    write_bytes(path, bytes);
+    write_file(path, bytes);
     EXPECT_EQ(testutil::error_text([&] { trainer::read_safetensors(path); }), path + ": not a valid safetensors file: " + why);
   }
   // Deep nesting stops at the first level the format does not have (no recursion, no huge allocation).
@@ -234,7 +234,7 @@ TEST(Safetensors, HostileInitFromFileIsOneErrorLineAndExit2) {
   TempDir dir;
   const std::string bad = (dir / "overlap.safetensors").string();
   const std::string f32 = R"("dtype":"F32","shape":[2],"data_offsets":)";
-  write_bytes(bad, raw_file("{\"a\":{" + f32 + "[0,8]},\"b\":{" + f32 + "[4,12]}}", std::string(12, '\0')));
+  write_file(bad, raw_file("{\"a\":{" + f32 + "[0,8]},\"b\":{" + f32 + "[4,12]}}", std::string(12, '\0')));
   const std::string job = "--set model.name=plain_cnn --set data.shape=[1,8,8]" + kOneStep + "--set model.init_from=" + bad;
   auto r = testutil::run(testutil::trainer_cmd((dir / "run").string(), job));
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -249,7 +249,7 @@ TEST(Safetensors, ReadWeightsTellsTheFormatsApartByTheirBytes) {
   const NamedTensors t = {{"w", torch::arange(4, torch::kFloat)}};
   const std::string st = (dir / "weights.bin").string(), pt = (dir / "weights.safetensors").string();
   trainer::write_safetensors(st, t);  // names that lie about the format
-  write_bytes(pt, trainer::tensors_to_bytes(t));
+  write_file(pt, trainer::tensors_to_bytes(t));
   auto a = trainer::read_weights(st), b = trainer::read_weights(pt);
   EXPECT_EQ(a.format, "safetensors");
   EXPECT_EQ(b.format, "torch.save");
@@ -667,3 +667,5 @@ TEST(SafetensorsExport, VocabularyPaddingLeavesAndReturnsAsZeroRows) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("transformer.wte.weight (module [128, "), std::string::npos) << r.output;
 }
+
+}  // namespace test_safetensors

@@ -10,13 +10,16 @@
 
 #include "train_util.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_save_failures {
+
 namespace fs = std::filesystem;
 using testutil::TempDir;
 
 namespace {
 
 // ResNet-20 on synthetic 1x16x16 (a checkpoint is 2.2 MB), checkpoints every `every` steps.
-std::string job(int64_t steps, int64_t every, const std::string& extra = "") {
+std::string save_job(int64_t steps, int64_t every, const std::string& extra = "") {
   return "--set model.name=resnet20 --set data.kind=synthetic --set data.shape=[1,16,16]"
          " --set data.synthetic_size=96 --set data.test= --set train.global_batch=8 --set train.epochs=0"
          " --set train.steps=" + std::to_string(steps) + " --set checkpoint.every_steps=" + std::to_string(every) +
@@ -24,7 +27,7 @@ std::string job(int64_t steps, int64_t every, const std::string& extra = "") {
          " --set data.workers=1 " + extra;
 }
 
-// A tmpfs that holds one checkpoint of job() but not two.
+// A tmpfs that holds one checkpoint of save_job() but not two.
 constexpr int64_t kOneCheckpointDisk = 3 << 20;
 
 // The last line of `out` that contains "[error]" or starts with "error:".
@@ -89,12 +92,12 @@ TEST(SaveFailures, FailedBackgroundSaveIsReportedAtOnceAndRetriedAtTheNextStep) 
   TempDir dir;
   const std::string run = (dir / "run").string();
   const std::string slow = "--set data.shape=[1,64,64]";
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, job(2, 8, slow))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, save_job(2, 8, slow))).exit_code, 0);
   fs::create_directories(run + "/checkpoints/step-00000008");  // the save of step 8 cannot replace it
   testutil::Immutable stuck(run + "/checkpoints/step-00000008");
   if (!stuck.ok()) GTEST_SKIP() << "chattr +i is not available here";
 
-  auto r = testutil::run(testutil::trainer_cmd(run, job(16, 8, slow)));
+  auto r = testutil::run(testutil::trainer_cmd(run, save_job(16, 8, slow)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto failed = testutil::events(run, "checkpoint_failed");
   ASSERT_EQ(failed.size(), 1u) << r.output;
@@ -113,13 +116,13 @@ TEST(SaveFailures, FailedBackgroundSaveIsReportedAtOnceAndRetriedAtTheNextStep) 
 TEST(SaveFailures, SigtermAfterAFailedSaveStillSavesAndResumes) {
   TempDir dir;
   const std::string run = (dir / "run").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, job(2, 4))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, save_job(2, 4))).exit_code, 0);
   fs::create_directories(run + "/checkpoints/step-00000004");
   testutil::Immutable stuck(run + "/checkpoints/step-00000004");
   if (!stuck.ok()) GTEST_SKIP() << "chattr +i is not available here";
 
   const std::string log = (dir / "run.log").string();
-  const int code = signal_when(run, job(100000, 4), log, [](const auto& l) { return testutil::last_step(l) >= 6; },
+  const int code = signal_when(run, save_job(100000, 4), log, [](const auto& l) { return testutil::last_step(l) >= 6; },
                                SIGTERM);
   ASSERT_EQ(code, 143) << testutil::read_file(log);
   auto stops = testutil::events(run, "stop");
@@ -127,7 +130,7 @@ TEST(SaveFailures, SigtermAfterAFailedSaveStillSavesAndResumes) {
   const int64_t at = stops[0]["step"].get<int64_t>();
   EXPECT_EQ(testutil::events(run, "checkpoint").back()["step"], at);
   // The same command resumes at the step SIGTERM saved, not at an earlier checkpoint.
-  auto r = testutil::run(testutil::trainer_cmd(run, job(at + 2, 4)));
+  auto r = testutil::run(testutil::trainer_cmd(run, save_job(at + 2, 4)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resumes = testutil::events(run, "resume");
   ASSERT_EQ(resumes.size(), 2u);
@@ -140,7 +143,7 @@ TEST(SaveFailures, FullDiskStopsWithExit4AndNamesTheLastGoodCheckpoint) {
   testutil::SmallDisk disk(run + "/checkpoints", kOneCheckpointDisk);
   if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
 
-  auto r = testutil::run(testutil::trainer_cmd(run, job(100, 2)));
+  auto r = testutil::run(testutil::trainer_cmd(run, save_job(100, 2)));
   ASSERT_EQ(r.exit_code, 4) << r.output;
   EXPECT_EQ(testutil::events(run, "checkpoint_failed").size(), 3u) << "checkpoint.max_failures = 3";
   const std::string line = error_line(r.output);
@@ -156,7 +159,7 @@ TEST(SaveFailures, MaxFailuresIsAConfigKey) {
   const std::string run = (dir / "run").string();
   testutil::SmallDisk disk(run + "/checkpoints", kOneCheckpointDisk);
   if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  auto r = testutil::run(testutil::trainer_cmd(run, job(100, 2, "--set checkpoint.max_failures=1")));
+  auto r = testutil::run(testutil::trainer_cmd(run, save_job(100, 2, "--set checkpoint.max_failures=1")));
   ASSERT_EQ(r.exit_code, 4) << r.output;
   EXPECT_EQ(testutil::events(run, "checkpoint_failed").size(), 1u);
 }
@@ -166,9 +169,9 @@ TEST(SaveFailures, FinalSaveRetriesAndExits4WhenItCannot) {
   const std::string run = (dir / "run").string();
   testutil::SmallDisk disk(run + "/checkpoints", kOneCheckpointDisk);
   if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, job(2, 0))).exit_code, 0);  // step-2 fills the disk
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, save_job(2, 0))).exit_code, 0);  // step-2 fills the disk
 
-  auto r = testutil::run(testutil::trainer_cmd(run, job(4, 0)));
+  auto r = testutil::run(testutil::trainer_cmd(run, save_job(4, 0)));
   ASSERT_EQ(r.exit_code, 4) << r.output;
   auto failed = testutil::events(run, "checkpoint_failed");
   ASSERT_EQ(failed.size(), 3u) << r.output;
@@ -184,10 +187,10 @@ TEST(SaveFailures, SigtermSaveThatCannotBeWrittenExits4) {
   const std::string run = (dir / "run").string();
   testutil::SmallDisk disk(run + "/checkpoints", kOneCheckpointDisk);
   if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, job(2, 0))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(run, save_job(2, 0))).exit_code, 0);
 
   const std::string log = (dir / "run.log").string();
-  const int code = signal_when(run, job(100000, 0), log, [](const auto& l) { return testutil::last_step(l) >= 4; },
+  const int code = signal_when(run, save_job(100000, 0), log, [](const auto& l) { return testutil::last_step(l) >= 4; },
                                SIGTERM);
   const std::string out = testutil::read_file(log);
   ASSERT_EQ(code, 4) << out;
@@ -205,10 +208,10 @@ TEST(SaveFailures, OomGiveUpSaveThatCannotBeWrittenExits4) {
   // Micro-batch 8 is the floor and recomputation is off: a cap at micro-batch 2's peak leaves the
   // ladder nothing to try.
   const std::string probe = (dir / "probe").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(probe, job(1, 0, "--set train.micro_batch=2"))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(probe, save_job(1, 0, "--set train.micro_batch=2"))).exit_code, 0);
   const int64_t p2 = testutil::step_lines(probe)[0]["mem_peak_bytes"].get<int64_t>();
   auto r = testutil::run(testutil::trainer_cmd(
-      run, job(4, 0, "--set memory.min_micro_batch=8 --set memory.ladder_checkpointing=false --set memory.limit=" +
+      run, save_job(4, 0, "--set memory.min_micro_batch=8 --set memory.ladder_checkpointing=false --set memory.limit=" +
                          std::to_string(p2))));
   ASSERT_EQ(r.exit_code, 4) << r.output;
   EXPECT_EQ(testutil::events(run, "oom_gave_up").size(), 1u);
@@ -216,3 +219,5 @@ TEST(SaveFailures, OomGiveUpSaveThatCannotBeWrittenExits4) {
   expect_contains(error_line(r.output), {"before giving up on memory could not be saved", "ENOSPC",
                                          "no checkpoint of this run was written"});
 }
+
+}  // namespace test_save_failures

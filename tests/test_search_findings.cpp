@@ -6,6 +6,9 @@
 #include "test_util.h"
 #include "trainer/memory/search_findings.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_search_findings {
+
 using nlohmann::json;
 using testutil::TempDir;
 
@@ -87,3 +90,5 @@ TEST(SearchFindings, AFileThatCannotBeWrittenIsOneErrorNamingIt) {
   const std::string e = testutil::error_text([&] { f.record(conditions(1, false), 1, {true, 1}); });
   EXPECT_EQ(e.rfind(path + ": cannot write the auto search's findings: ", 0), 0u) << e;
 }
+
+}  // namespace test_search_findings

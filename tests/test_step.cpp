@@ -12,6 +12,9 @@
 #include "trainer/memory/resources.h"
 #include "trainer/step.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_step {
+
 using testutil::TempDir;
 
 namespace {
@@ -238,3 +241,5 @@ TEST(StepInProcess, CapBelowTheLiveBytesGivesUpAndChangesNothing) {
   }
   EXPECT_TRUE(bitwise_equal(rig.weights(), before)) << "a step that gave up changed the weights";
 }
+
+}  // namespace test_step

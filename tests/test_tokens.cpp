@@ -20,6 +20,9 @@
 #include <string>
 #include <vector>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_tokens {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -510,3 +513,5 @@ TEST(TokensSynthetic, LoaderResumesAcrossAnEpochBoundary) {
 }
 
 }  // namespace
+
+}  // namespace test_tokens

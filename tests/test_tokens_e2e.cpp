@@ -11,13 +11,16 @@
 #include "trainer/config.h"
 #include "trainer/from_config.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_tokens_e2e {
+
 using testutil::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
 // gpt_tiny with dropout on a small byte stream, checkpoints every 2 steps.
-std::string job(const std::string& data_dir, int64_t steps, const std::string& extra = "") {
+std::string token_job(const std::string& data_dir, int64_t steps, const std::string& extra = "") {
   return "--config " + testutil::source_dir() + "/configs/gpt_tiny_fortunes.yaml --set data.train=" + data_dir +
          "/train.h5 --set data.test=" + data_dir + "/val.h5 --set model.context=16 --set model.dropout=0.1"
          " --set train.global_batch=4 --set train.steps=" + std::to_string(steps) +
@@ -43,16 +46,16 @@ TEST(TokensE2E, CheckpointedDropoutRunResumesBitwise) {
   TempDir dir;
   const auto data = make_data(dir);
   auto whole = (dir / "whole").string(), stopped = (dir / "stopped").string(), plain = (dir / "plain").string();
-  auto r = testutil::run(testutil::trainer_cmd(whole, job(data, 8, "--set memory.activation_checkpointing=all")));
+  auto r = testutil::run(testutil::trainer_cmd(whole, token_job(data, 8, "--set memory.activation_checkpointing=all")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // The same run without checkpointing: the recomputed layers draw the same dropout masks.
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(plain, job(data, 8))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(plain, token_job(data, 8))).exit_code, 0);
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(whole), testutil::final_weights(plain)), 1e-6);
 
   // A 4-step run, then the same command asking for 8 steps continues from its checkpoint (a constant
   // schedule: a cosine one depends on the total).
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(stopped, job(data, 4, "--set memory.activation_checkpointing=all"))).exit_code, 0);
-  auto r2 = testutil::run(testutil::trainer_cmd(stopped, job(data, 8, "--set memory.activation_checkpointing=all")));
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(stopped, token_job(data, 4, "--set memory.activation_checkpointing=all"))).exit_code, 0);
+  auto r2 = testutil::run(testutil::trainer_cmd(stopped, token_job(data, 8, "--set memory.activation_checkpointing=all")));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(stopped)));
 
@@ -208,3 +211,5 @@ TEST(TokensE2E, PythonReferenceBuildsTheSameSyntheticBatches) {
   }
   EXPECT_GT(pool.at("x0").max().item<int64_t>(), 256) << "the GPT-2 vocabulary, not bytes";
 }
+
+}  // namespace test_tokens_e2e

@@ -7,6 +7,9 @@
 #include "trainer/memory/backend.h"
 #include "trainer/optim.h"
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_train {
+
 using testutil::TempDir;
 
 namespace {
@@ -296,3 +299,5 @@ TEST(TrainStep, ActivationCheckpointingEqualsPlain) {
   EXPECT_LT(testutil::max_abs_diff(rp, rc), 1e-6);
   EXPECT_TRUE(rp.at("bn1.num_batches_tracked").equal(rc.at("bn1.num_batches_tracked")));
 }
+
+}  // namespace test_train

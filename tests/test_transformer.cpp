@@ -27,6 +27,9 @@
 #include <string>
 #include <vector>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_transformer {
+
 namespace {
 
 using models::AttentionBackend;
@@ -537,3 +540,5 @@ TEST(TransformerLearning, VitBeatsChanceOnFashionMnist) {
 }
 
 }  // namespace
+
+}  // namespace test_transformer

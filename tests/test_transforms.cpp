@@ -9,6 +9,9 @@
 #include <cmath>
 #include <sstream>
 
+// This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
+namespace test_transforms {
+
 namespace {
 
 struct Box {
@@ -170,3 +173,5 @@ TEST(Transforms, BadArgumentsAreRefused) {
 }
 
 }  // namespace
+
+}  // namespace test_transforms

@@ -10,9 +10,11 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <sys/wait.h>
 
 namespace testutil {
@@ -92,10 +94,30 @@ inline std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
+/// Writes `text` to `p` as it is (std::string holds any bytes), replacing what was there.
 inline void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p);
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f << text;
 }
+
+/// Writes `bytes` to `p` exactly (creating its folder); returns the path.
+inline std::string write_bytes(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return p.string();
+}
+
+inline std::vector<uint8_t> read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * 1024;
+
+/// The real Fashion-MNIST, gzipped IDX files (Debian's dataset-fashion-mnist).
+constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
 
 /// `chattr +i` on `path` while the object lives: a real EPERM for every change to it, also for root
 /// (chmod does not stop root). ok() is false where the file system or the privileges do not allow it.
