@@ -792,14 +792,40 @@ TEST(BenchOom, BadArgumentsAreOneLineErrors) {
 
 // scripts/gpu-check.sh, the GPU proof, in the CPU mode it takes on a host without a GPU: every phase
 // runs on its small job and the summary holds their figures. The CUDA-only tests skip here, each named;
-// none of them passes without a device.
-TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
-  TempDir dir;
-  const std::string out = (dir / "out").string();
-  const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
-  auto r = testutil::run("env TMPDIR=" + dir.path.string() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" +
-                         (dir / "no-bundle").string() + " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" +
-                         testutil::python() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + out);
+// none of them passes without a device. The script runs once for the suite, every phase (fixes too, which
+// a GPU run names on its own), and each test reads what its phases wrote.
+class GpuCheck : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("gpu_check");
+    out_ = new std::string((*dir_ / "out").string());
+    const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
+    run_ = new testutil::CommandResult(testutil::run(
+        "env TMPDIR=" + dir_->str() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" + (*dir_ / "no-bundle").string() +
+        " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" + testutil::python() + " bash " + testutil::source_dir() +
+        "/scripts/gpu-check.sh " + *out_ + " env tests profile cap speed jpeg fixes summary"));
+  }
+  static void TearDownTestSuite() {
+    delete run_;
+    delete out_;
+    delete dir_;
+  }
+  // A phase's exit code, from the record gpu-check.sh writes for it.
+  static int phase_rc(const std::string& phase) {
+    return read_json(*out_ + "/" + phase + ".phase.json")["rc"].get<int>();
+  }
+  static double op_count(const json& side, const std::string& op) { return side["op_counts_per_step"].value(op, 0.0); }
+  static TempDir* dir_;
+  static std::string* out_;
+  static testutil::CommandResult* run_;
+};
+TempDir* GpuCheck::dir_ = nullptr;
+std::string* GpuCheck::out_ = nullptr;
+testutil::CommandResult* GpuCheck::run_ = nullptr;
+
+TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
+  const testutil::CommandResult& r = *run_;
+  const std::string& out = *out_;
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("== gpu-check (cpu): every phase passed"), std::string::npos) << r.output;
   const json s = read_json(out + "/summary.json");
@@ -856,6 +882,56 @@ TEST(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_GE(jp["packed_data_wait_share"].get<double>(), 0.0) << jp;
   EXPECT_GT(jp["packed_run"]["cores_used"].get<double>(), 0.0) << jp;
   EXPECT_TRUE(jp["met"].is_null()) << "no target is judged on the CPU";
+}
+
+// The profile phase: both models' traces on both sides, the tables, and the same tables with the
+// candidate fixes switched on.
+TEST_F(GpuCheck, ProfilePhaseInCpuModeWritesBothTables) {
+  const std::string& out = *out_;
+  ASSERT_EQ(phase_rc("profile"), 0) << run_->output << testutil::read_file(out + "/profile.log");
+  for (const char* job : {"resnet50", "gpt2", "resnet50_fixes", "gpt2_fixes"}) {
+    const json t = read_json(out + "/profile_" + job + ".json");
+    EXPECT_EQ(t["kind"], "cpu") << job;
+    const json& a = t["sides"]["trainer"];
+    const json& b = t["sides"]["python"];
+    EXPECT_EQ(a["steps"], b["steps"]) << job;
+    for (const char* op : {"aten::convolution", "aten::batch_norm", "aten::addmm", "aten::layer_norm"})
+      EXPECT_EQ(op_count(a, op), op_count(b, op)) << job << " " << op;
+    EXPECT_NE(testutil::read_file(out + "/profile_" + std::string(job) + ".md").find("| per step | trainer | python |"),
+              std::string::npos)
+        << job;
+  }
+  EXPECT_EQ(op_count(read_json(out + "/profile_resnet50.json")["sides"]["trainer"], "aten::convolution"), 20)
+      << "CPU mode profiles ResNet-18";
+}
+
+// The fixes phase: every switch measured off and on through bench/ab.py, each side's runs made with the
+// setting it names (read back from the run's own resolved config).
+TEST_F(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
+  const std::string& out = *out_;
+  ASSERT_EQ(phase_rc("fixes"), 0) << run_->output << testutil::read_file(out + "/fixes.log");
+  struct Case {
+    const char* file;
+    const char* a;
+    const char* b;
+  };
+  for (const Case& c : {Case{"resnet50_snapshot", "snapshot: \"per_buffer\"", "snapshot: \"batched\""},
+                        Case{"resnet50_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
+                        Case{"gpt2_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
+                        Case{"gpt2_vocab", "vocab_multiple: 1\n", "vocab_multiple: 64\n"}}) {
+    const json j = read_json(out + "/fixes_" + c.file + ".json");
+    EXPECT_EQ(j["schema"], "trainer-bench-ab/1");
+    ASSERT_EQ(j["rounds"].size(), 1u) << c.file;
+    EXPECT_GT(j["median_speedup_b"].get<double>(), 0.0) << c.file;
+    const json& round = j["rounds"][0];
+    auto config_of = [&](const char* side) {
+      return read_json(round[side]["file"].get<std::string>())["config_yaml"].get<std::string>();
+    };
+    EXPECT_NE(config_of("a").find(c.a), std::string::npos) << c.file;
+    EXPECT_NE(config_of("b").find(c.b), std::string::npos) << c.file;
+    EXPECT_DOUBLE_EQ(round["speedup_b"].get<double>(),
+                     round["a"]["step_time_s_p50"].get<double>() / round["b"]["step_time_s_p50"].get<double>());
+  }
 }
 
 }  // namespace test_bench

@@ -3,7 +3,8 @@
 // a table that agrees with what is known of the models (ResNet-18 runs 20 convolutions and 20 BatchNorms a
 // step on either side; the tiny GPT 17 linear layers and 9 LayerNorms); the GPU-only parts of the table
 // (idle gaps, syncs, kernel classes, kernels on one side only) on a small hand-made CUDA trace whose every
-// figure is computed by hand below; bad input; and scripts/gpu-check.sh's profile phase in CPU mode.
+// figure is computed by hand below; and bad input. scripts/gpu-check.sh's profile phase in CPU mode is
+// tested with its other phases (test_bench.cpp, GpuCheck).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -224,68 +225,6 @@ TEST(ProfileTable, BadInputIsOneLine) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(last_line(r.output), "error: command line: --profile profiles training steps; it does not go with "
                                  "--loader-only, --oom or --memory-curve");
-}
-
-// scripts/gpu-check.sh's profile phase in the CPU mode it takes without a GPU: both models' traces on both
-// sides, the tables, and the same tables with the candidate fixes switched on.
-TEST(GpuCheck, ProfilePhaseInCpuModeWritesBothTables) {
-  TempDir dir;
-  const std::string out = (dir / "out").string();
-  const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
-  auto r = testutil::run("env TMPDIR=" + dir.path.string() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" +
-                         (dir / "no-bundle").string() + " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" +
-                         testutil::python() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + out +
-                         " profile");
-  ASSERT_EQ(r.exit_code, 0) << r.output << testutil::read_file(out + "/profile.log");
-  for (const char* job : {"resnet50", "gpt2", "resnet50_fixes", "gpt2_fixes"}) {
-    const json t = read_json(out + "/profile_" + job + ".json");
-    EXPECT_EQ(t["kind"], "cpu") << job;
-    const json& a = t["sides"]["trainer"];
-    const json& b = t["sides"]["python"];
-    EXPECT_EQ(a["steps"], b["steps"]) << job;
-    for (const char* op : {"aten::convolution", "aten::batch_norm", "aten::addmm", "aten::layer_norm"})
-      EXPECT_EQ(count(a, op), count(b, op)) << job << " " << op;
-    EXPECT_NE(testutil::read_file(out + "/profile_" + std::string(job) + ".md").find("| per step | trainer | python |"),
-              std::string::npos)
-        << job;
-  }
-  EXPECT_EQ(count(read_json(out + "/profile_resnet50.json")["sides"]["trainer"], "aten::convolution"), 20)
-      << "CPU mode profiles ResNet-18";
-}
-
-// The fixes phase in CPU mode: every switch measured off and on through bench/ab.py, each side's runs
-// made with the setting it names (read back from the run's own resolved config).
-TEST(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
-  TempDir dir;
-  const std::string out = (dir / "out").string();
-  const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
-  auto r = testutil::run("env TMPDIR=" + dir.path.string() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" +
-                         (dir / "no-bundle").string() + " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" +
-                         testutil::python() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + out +
-                         " fixes");
-  ASSERT_EQ(r.exit_code, 0) << r.output << testutil::read_file(out + "/fixes.log");
-  struct Case {
-    const char* file;
-    const char* a;
-    const char* b;
-  };
-  for (const Case& c : {Case{"resnet50_snapshot", "snapshot: \"per_buffer\"", "snapshot: \"batched\""},
-                        Case{"resnet50_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
-                        Case{"gpt2_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
-                        Case{"gpt2_vocab", "vocab_multiple: 1\n", "vocab_multiple: 64\n"}}) {
-    const json j = read_json(out + "/fixes_" + c.file + ".json");
-    EXPECT_EQ(j["schema"], "trainer-bench-ab/1");
-    ASSERT_EQ(j["rounds"].size(), 1u) << c.file;
-    EXPECT_GT(j["median_speedup_b"].get<double>(), 0.0) << c.file;
-    const json& round = j["rounds"][0];
-    auto config_of = [&](const char* side) {
-      return read_json(round[side]["file"].get<std::string>())["config_yaml"].get<std::string>();
-    };
-    EXPECT_NE(config_of("a").find(c.a), std::string::npos) << c.file;
-    EXPECT_NE(config_of("b").find(c.b), std::string::npos) << c.file;
-    EXPECT_DOUBLE_EQ(round["speedup_b"].get<double>(),
-                     round["a"]["step_time_s_p50"].get<double>() / round["b"]["step_time_s_p50"].get<double>());
-  }
 }
 
 }  // namespace test_profile
