@@ -24,15 +24,22 @@ def read_leg(folder):
     path = pathlib.Path(folder)
     results = path / "tests" / "results" if (path / "tests" / "results").is_dir() else path
     files = sorted(results.glob("*.xml"))
-    cases, suites = [], {}
+    cases, suites, setups = [], {}, []
     for f in files:
         try:
             root = ET.parse(f).getroot()
         except ET.ParseError as e:
             sys.exit(f"test-times: {f}: not a complete GoogleTest report ({e}); was its process killed?")
+        # A report is one process: its time less its suites' is what the suites' shared fixtures took
+        # (SetUpTestSuite, TearDownTestSuite), which GoogleTest counts in no test case.
+        in_suites = sum(float(s.get("time", 0)) for s in root.iter("testsuite"))
+        shared = float(root.get("time", 0)) - in_suites
         for suite in root.iter("testsuite"):
             name = suite.get("name")
-            suites[name] = suites.get(name, 0.0) + float(suite.get("time", 0))
+            suites[name] = suites.get(name, 0.0) + float(suite.get("time", 0)) + max(shared, 0.0)
+            if shared >= 0.5:
+                setups.append({"name": f"{name} (the suite's shared set-up)", "seconds": shared, "state": "set-up"})
+                shared = 0.0
             for case in suite.iter("testcase"):
                 if case.get("status") == "notrun" or case.get("result") == "suppressed":
                     state = "disabled"
@@ -46,8 +53,9 @@ def read_leg(folder):
                               "state": state})
     counts = {s: sum(1 for c in cases if c["state"] == s) for s in ("passed", "failed", "skipped", "disabled")}
     counts["run"] = counts["passed"] + counts["failed"] + counts["skipped"]
-    return {"folder": str(folder), "reports": len(files), "cases": cases, "suites": suites, "counts": counts,
-            "seconds": sum(c["seconds"] for c in cases)}
+    # The shared set-ups are listed with the test cases' times (they are a suite's cost), not counted as tests.
+    return {"folder": str(folder), "reports": len(files), "cases": cases + setups, "suites": suites,
+            "counts": counts, "seconds": sum(c["seconds"] for c in cases + setups)}
 
 
 def slowest(leg, top):
@@ -69,7 +77,7 @@ def print_leg(leg, top, markdown):
         return
     print(f"  the {len(rows)} slowest ({share:.0f} s):")
     for c in rows:
-        mark = "" if c["state"] == "passed" else f"  [{c['state']}]"
+        mark = "" if c["state"] in ("passed", "set-up") else f"  [{c['state']}]"
         print(f"  {c['seconds']:8.1f} s  {c['name']}{mark}")
 
 
