@@ -230,7 +230,9 @@ TEST(HostMemory, FallingAvailableMemoryLowersTheCapBetweenStepsAndItsReturnRaise
   write_meminfo(root, plenty);
 
   const std::string run_dir = (dir / "run").string();
-  const int64_t steps = 40;
+  // The cap falls after step 3 and memory returns at the first smaller micro-batch (a step or two
+  // later); growing back to the whole batch takes one grow-back per halving, each after 3 clean steps.
+  const int64_t steps = 24;
   const pid_t pid = testutil::spawn("env TRAINER_CGROUP_ROOT=" + root + " " +
                                         testutil::trainer_cmd(run_dir, info_job() + " --set train.steps=" + std::to_string(steps) +
                                                                            " --set memory.limit=auto"),
