@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the trainer builds and runs with (skips the apt call when all are
 # present). Needs root or sudo. With --fuzz, also clang and its libFuzzer runtime (scripts/fuzz.sh); with
-# --container, buildah, podman and debootstrap (scripts/container-test.sh).
+# --container, buildah, podman and debootstrap (scripts/container-test.sh); both flags may be given.
 set -euo pipefail
 # libopenblas0-openmp: LibTorch's libblas.so.3 becomes OpenBLAS instead of the netlib reference BLAS.
 # libjpeg62-turbo-dev, libpng-dev: data/pixels/jpeg.cpp decodes JPEG (libjpeg-turbo) and PNG images.
@@ -14,8 +14,13 @@ pkgs=(cmake ninja-build g++ ccache libtorch-dev libopenblas0-openmp libspdlog-de
       zlib1g-dev libjpeg62-turbo-dev libpng-dev libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev
       python3-torch python3-torchvision python3-matplotlib python3-protobuf python3-venv
       dataset-fashion-mnist fortunes prometheus)
-[[ ${1:-} == --fuzz ]] && pkgs+=(clang-14 libclang-rt-14-dev)
-[[ ${1:-} == --container ]] && pkgs+=(buildah podman debootstrap curl)
+for flag in "$@"; do
+  case $flag in
+    --fuzz) pkgs+=(clang-14 libclang-rt-14-dev) ;;
+    --container) pkgs+=(buildah podman debootstrap curl) ;;
+    *) echo "usage: scripts/install-deps.sh [--fuzz] [--container]" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
