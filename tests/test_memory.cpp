@@ -1024,4 +1024,74 @@ TEST(ResourcesControlFile, MalformedFilesAreReportedAndIgnored) {
   EXPECT_TRUE(r.warning.empty());
 }
 
+// ---- caps on a GPU ------------------------------------------------------------------------------------
+
+// The decision behind a cut that binds on CUDA: the cache is emptied only when a cap is set and the
+// allocator holds more than it allows.
+TEST(GpuCap, ALoweredCapEmptiesTheCacheOnlyWhenItHoldsMore) {
+  EXPECT_TRUE(trainer::cache_over_limit(3 * kMiB, 2 * kMiB));
+  EXPECT_FALSE(trainer::cache_over_limit(2 * kMiB, 2 * kMiB));  // exactly at the cap: it still fits
+  EXPECT_FALSE(trainer::cache_over_limit(1 * kMiB, 2 * kMiB));
+  EXPECT_FALSE(trainer::cache_over_limit(3 * kMiB, 0));  // no cap
+}
+
+// auto on a GPU, by hand: 20 GiB held by this process + 0.9 x 80 GiB free = 92 GiB. Two jobs on 140 GiB:
+// A holds 100 and B starts with the 40 left, allowed 0.9 x 40 = 36. Once B holds its 36, A may hold its
+// 100 + 0.9 x 4 = 103.6: at least what it holds, so B's start never pushes A into a backoff. (With the
+// margin on free + reserved, A's cap would fall to (4 + 100) x 0.9 = 93.6, below the 100 it holds: A would
+// back off, B grow into what A gave back, and so on in turn.)
+TEST(GpuCap, AutoTakesTheMarginFromWhatIsFreeNotFromWhatTheJobHolds) {
+  constexpr int64_t kGiB = 1024 * kMiB;
+  EXPECT_EQ(trainer::auto_cuda_limit(80 * kGiB, 20 * kGiB, 0.1), 92 * kGiB);
+  const int64_t b = trainer::auto_cuda_limit(40 * kGiB, 0, 0.1);
+  EXPECT_EQ(b, 36 * kGiB);
+  const int64_t a = trainer::auto_cuda_limit(140 * kGiB - 100 * kGiB - b, 100 * kGiB, 0.1);
+  EXPECT_EQ(a, 100 * kGiB + static_cast<int64_t>(std::floor(4.0 * kGiB * 0.9)));
+  EXPECT_GE(a, 100 * kGiB);
+  EXPECT_EQ(trainer::auto_cuda_limit(0, 0, 0.1), 1);  // nothing free, nothing held
+  EXPECT_EQ(trainer::auto_cuda_limit(5 * kGiB, 0, 0.0), 5 * kGiB);
+}
+
+// When auto on a GPU resolves again: falls past 2% of the device (at least 64 MiB), rises past 5%.
+TEST(GpuCap, AutoFollowsFallsPastTwoPercentAndRisesPastFive) {
+  constexpr int64_t kGiB = 1024 * kMiB;
+  const int64_t total = 100 * kGiB, was = 60 * kGiB;
+  EXPECT_FALSE(trainer::gpu_memory_moved(was, was, total));
+  EXPECT_FALSE(trainer::gpu_memory_moved(was, was - 2 * kGiB, total));  // exactly 2%: not yet
+  EXPECT_TRUE(trainer::gpu_memory_moved(was, was - 2 * kGiB - 1, total));
+  EXPECT_FALSE(trainer::gpu_memory_moved(was, was + 4 * kGiB, total));  // a rise of 4%: not yet
+  EXPECT_FALSE(trainer::gpu_memory_moved(was, was + 5 * kGiB, total));
+  EXPECT_TRUE(trainer::gpu_memory_moved(was, was + 5 * kGiB + 1, total));
+  // A small device: the 64 MiB floor, not 2% of 1 GiB (20 MiB), decides.
+  EXPECT_FALSE(trainer::gpu_memory_moved(512 * kMiB, 512 * kMiB - 64 * kMiB, kGiB));
+  EXPECT_TRUE(trainer::gpu_memory_moved(512 * kMiB, 512 * kMiB - 65 * kMiB, kGiB));
+}
+
+// On a GPU: a cap lowered below what the caching allocator holds gives the cached segments back (the
+// device's free memory rises by them) and binds: the same allocation that fitted from the cache before
+// now fails with an OOM, and fits again once the cap is lifted.
+TEST(GpuCap, ALoweredCapReleasesTheCachedSegmentsAndBindsOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the caching allocator's cap cannot run here";
+  auto m = trainer::make_memory_backend(torch::Device(torch::kCUDA, 0));
+  m->set_limit(0);
+  const auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, 0);
+  { auto t = torch::empty({256 * kMiB}, opts); }  // freed: its segment stays in the cache
+  const int64_t held = m->reserved_bytes(), live = m->current_bytes();
+  ASSERT_GE(held - live, 256 * kMiB);
+  const int64_t free_before = m->free_bytes();
+  const int64_t cap = live + 64 * kMiB;
+  m->set_limit(cap);
+  EXPECT_LE(m->reserved_bytes(), cap);
+  EXPECT_GE(m->free_bytes() - free_before, 256 * kMiB);
+  bool oom = false;
+  try {
+    auto t = torch::empty({256 * kMiB}, opts);
+  } catch (const std::exception& e) {
+    oom = trainer::is_oom_error(e);
+  }
+  EXPECT_TRUE(oom) << "a 256 MiB allocation under a cap of live + 64 MiB did not fail";
+  m->set_limit(0);
+  EXPECT_NO_THROW(torch::empty({256 * kMiB}, opts));
+}
+
 }  // namespace test_memory

@@ -195,7 +195,9 @@ std::string describe_memory_limit(const Config& cfg) {
   const AutoLimitOptions o = auto_limit_options(cfg, cuda);
   char margin[16];
   std::snprintf(margin, sizeof margin, "%.0f%%", 100 * o.margin);
-  if (cuda) return "memory.limit auto on " + device + ": the GPU's free memory when the run starts, less " + margin;
+  if (cuda)
+    return "memory.limit auto on " + device + ": the GPU's free memory (with what the run holds), less " + margin +
+           " of the GPU's memory, read again between steps";
   // Nothing is a tensor yet under the trainer's cap: everything this process holds counts as other memory.
   const AutoCpuLimit a = smaller_auto_cpu_limit(read_memory_bounds(o.system_root), host_rss_bytes(), 0,
                                                 o.reserve_bytes, o.margin);

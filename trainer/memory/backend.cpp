@@ -260,6 +260,8 @@ int64_t CpuMemoryBackend::free_bytes() const { return host_available_bytes(); }
 // (the heap tops and, since glibc 2.8, whole free pages inside every arena), so the machine sees it.
 void CpuMemoryBackend::empty_cache() { malloc_trim(0); }
 
+bool cache_over_limit(int64_t reserved, int64_t limit) { return limit > 0 && reserved > limit; }
+
 #ifdef TRAINER_WITH_CUDA
 namespace cca = c10::cuda::CUDACachingAllocator;
 
@@ -295,6 +297,9 @@ void CudaMemoryBackend::set_limit(int64_t bytes) {
   const double fraction = bytes == 0 ? 1.0 : std::min(1.0, static_cast<double>(bytes) / total);
   cca::setMemoryFraction(fraction, index_);
   limit_ = bytes;
+  // Between steps the cached segments are free blocks: giving them back makes the next step reserve
+  // again, under the new fraction.
+  if (cache_over_limit(reserved_bytes(), bytes)) empty_cache();
 }
 void CudaMemoryBackend::empty_cache() { cca::emptyCache(); }
 int64_t CudaMemoryBackend::total_bytes() const {

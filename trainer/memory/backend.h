@@ -98,7 +98,9 @@ class MemoryBackend {
   /// Starts a new peak from the current value.
   virtual void reset_peak() = 0;
   /// Caps tensor memory at `bytes` (0 = none). Allocations past the cap throw c10::OutOfMemoryError.
-  /// CUDA caps the caching allocator's reserved memory at the fraction bytes / total_bytes().
+  /// CUDA caps the caching allocator's reserved memory at the fraction bytes / total_bytes(), and a cap
+  /// lowered below what the allocator holds empties its cache (cache_over_limit): the cap then binds at
+  /// the next step, and the memory goes back to the device for other processes.
   virtual void set_limit(int64_t bytes) = 0;
   /// The cap set last (0 = none).
   virtual int64_t limit() const = 0;
@@ -166,6 +168,12 @@ class CudaMemoryBackend : public MemoryBackend {
   int64_t limit_ = 0;
 };
 #endif
+
+/// Whether setting the cap `limit` (0 = none) must empty the caching allocator's cache, which holds
+/// `reserved` bytes. CUDA's allocator checks its cap (a memory fraction) only when it reserves a new
+/// segment: a steady step reuses the segments it holds, so a cap lowered below them would cause no OOM,
+/// no backoff, and give no memory back to the device. True when a cap is set and `reserved` exceeds it.
+bool cache_over_limit(int64_t reserved, int64_t limit);
 
 /// The backend for `device`: CpuMemoryBackend for CPU, CudaMemoryBackend for CUDA (std::runtime_error
 /// if this build has no CUDA), std::invalid_argument for other device types.

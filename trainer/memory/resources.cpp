@@ -355,6 +355,15 @@ void validate_memory_limit_spec(const std::string& spec) {
                                 std::to_string(bytes) + " bytes); write e.g. 300MiB, or none for no limit");
 }
 
+int64_t auto_cuda_limit(int64_t free, int64_t reserved, double margin) {
+  return std::max<int64_t>(1, reserved + static_cast<int64_t>(std::floor(static_cast<double>(free) * (1 - margin))));
+}
+
+bool gpu_memory_moved(int64_t was, int64_t is, int64_t total) {
+  constexpr int64_t kMinMove = int64_t{64} << 20;
+  return is < was - std::max(kMinMove, total / 50) || is > was + std::max(kMinMove, total / 20);
+}
+
 int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, const AutoLimitOptions& o) {
   if (!(o.margin >= 0 && o.margin < 1))
     throw std::invalid_argument("memory.limit '" + spec + "': margin must be a fraction in [0, 1), got " +
@@ -363,11 +372,9 @@ int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backe
   const std::string s = lower(trim(spec));
   if (s.empty() || s == "none") return 0;
   if (s != "auto") return parse_bytes(s);
-  if (backend.device().is_cuda()) {
-    // Free device memory does not count what this process's caching allocator already holds.
-    const double avail = static_cast<double>(backend.free_bytes() + backend.reserved_bytes());
-    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(avail * (1 - o.margin))));
-  }
+  // Free device memory does not count what this process's caching allocator already holds.
+  if (backend.device().is_cuda())
+    return auto_cuda_limit(backend.free_bytes(), backend.reserved_bytes(), o.margin);
   return resolve_auto_cpu_limit(backend, o).cap;
 }
 

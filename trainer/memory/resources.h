@@ -134,12 +134,29 @@ AutoCpuLimit smaller_auto_cpu_limit(const MemoryBounds& bounds, int64_t rss_byte
 /// set and `backend`'s live tensor bytes.
 AutoCpuLimit resolve_auto_cpu_limit(const MemoryBackend& backend, const AutoLimitOptions& o);
 
+/// The CUDA "auto" rule: what this process's caching allocator already reserved, plus (1 - margin) of
+/// the device's free memory: reserved + floor(free * (1 - margin)), at least 1 byte. The margin is taken
+/// from what is free, never from what the process holds: when another job starts on the same GPU and
+/// takes memory, this job's cap falls to what it holds plus a share of what is left, so it keeps its
+/// memory and only growing further ends in a backoff, while the newcomer starts with (1 - margin) of what
+/// this one left. (A margin on free + reserved would push the first job below what it holds as soon as
+/// the second took its share; each backoff of one would then let the other grow, in turn.)
+int64_t auto_cuda_limit(int64_t free, int64_t reserved, double margin);
+
+/// Whether `auto` on a GPU resolves its cap again between steps: `was` and `is` are free + reserved
+/// (what the process may hold: it does not move when the process itself allocates or frees, only when
+/// another process takes or gives back device memory) when the cap was set and now. A fall of 2% of
+/// `total` is acted on, a rise only past 5%, as on the host, so that a neighbour's small swings do not
+/// move the cap every step; at least 64 MiB either way.
+bool gpu_memory_moved(int64_t was, int64_t is, int64_t total);
+
 /// Resolves a `memory.limit` spec to a cap in bytes (0 = none):
 ///   "none" or ""  -> 0
 ///   a byte size   -> that size (parse_bytes: "6GiB", "1.5GB", "123"); at least 1 byte ("0", "0.5" are invalid)
 ///   "auto"        -> CPU: resolve_auto_cpu_limit(backend, o).cap: the smaller of the container's and the
 ///                    machine's caps; 0 only where neither bound can be read;
-///                    CUDA: (free device memory + what this process's allocator reserved) * (1 - margin).
+///                    CUDA: auto_cuda_limit(free device memory, what this process's allocator reserved,
+///                    margin).
 /// o.margin is a fraction in [0, 1): the share of the memory held back for what the cap does not see
 /// (non-tensor memory, fragmentation, other processes). Throws std::invalid_argument naming the spec for
 /// an invalid spec, margin or reserve.
