@@ -11,6 +11,9 @@ Stages, in this order, each one or more trainer processes (docs/BENCHMARKS.md "T
   calibrate      one run that grows h2 -> h1 -> G with no cap (cuDNN off): the step peaks that place the
                  caps (high = 1.25 p(G), cut between p(h2) and p(h1), mid between p(h1) and p(G)), and what
                  a new size costs with the heuristics (the grow-back steps against the steps after them).
+                 On CUDA the peaks are the caching allocator's reserved bytes (memory reports asked for
+                 with SIGUSR2 after every step), since that is what the cap binds; on the CPU, where
+                 reserved = allocated, the step lines' allocated peaks (cap_basis in the JSON says which).
   cut:POLICY     a run at G under the high cap; control.yaml cuts the cap after --warmup steps (OOM,
                  backoff), raises it --low-steps steps after the OOM step (grow-back probes h2 -> h1 -> G).
                  From its metrics.jsonl: the recovery (the OOM step's recovery_s: from the first OOM to the
@@ -40,9 +43,10 @@ import sys
 import time
 
 SCHEMA = "trainer-cap-check/1"
-# Every run: no evaluation, no periodic checkpoints, its own steps.
+# Every run: no evaluation, no checkpoints (periodic or final: a ResNet-50's takes a second to write), its
+# own steps.
 COMMON = ["train.epochs=0", "data.test=", "checkpoint.every_steps=0", "checkpoint.every_seconds=0",
-          "checkpoint.keep_last=1"]
+          "checkpoint.keep_last=1", "checkpoint.final=false"]
 
 
 def median(v):
@@ -62,6 +66,27 @@ def read_jsonl(path):
                 except ValueError:
                     pass  # a line being written
     return out
+
+
+def at_size(points, m):
+    """The value at micro-batch m of sorted (size, bytes) points: measured, or on the line between the two
+    measured sizes around it (the nearest measured one outside them)."""
+    d = dict(points)
+    if m in d:
+        return d[m]
+    lo = max((p for p in points if p[0] < m), default=points[0])
+    hi = min((p for p in points if p[0] > m), default=points[-1])
+    if hi[0] == lo[0]:
+        return lo[1]
+    return int(lo[1] + (hi[1] - lo[1]) * (m - lo[0]) / (hi[0] - lo[0]))
+
+
+def process_executable(pid):
+    """The executable a process runs (/proc/PID/exe: a script's interpreter, not the script), or None."""
+    try:
+        return os.readlink("/proc/%d/exe" % pid)
+    except OSError:
+        return None
 
 
 def write_control(run_dir, limit):
@@ -88,9 +113,17 @@ class Budget:
 
 
 class Run:
-    """One trainer process: its folder, exit code, metrics lines and wall time."""
+    """One trainer process: its folder, exit code, metrics lines and wall time.
 
-    def __init__(self, check, name, sets, hook=None):
+    report_until: after every step line before step report_until, SIGUSR2 (the trainer writes
+    memory_report_<step>.json after the step it is in: the allocator's reserved bytes, which no metrics
+    line has). None after the last step: no step would write its report, and a process that puts back
+    the default actions as it ends would die of it. Sent only to a process
+    whose executable is named trainer: a wrapper that runs the trainer without exec (a shell, Python)
+    would die of it (its default action); `reports_refused` then names that executable, and no report is
+    asked for."""
+
+    def __init__(self, check, name, sets, hook=None, report_until=0):
         self.name = name
         self.dir = os.path.join(check.workdir, name.replace(":", "_").replace("+", "_"))
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -99,6 +132,7 @@ class Run:
         for s in check.sets + COMMON + sets:
             self.cmd += ["--set", s]
         self.timed_out = False
+        self.reports_refused = None
         t0 = time.time()
         limit = max(1.0, check.budget.left())
         with open(os.path.join(self.dir, "console.log"), "w") as log:
@@ -111,11 +145,22 @@ class Run:
                     p.wait()
                     self.timed_out = True
                     break
-                if hook:
+                if hook or report_until:
                     lines = read_jsonl(metrics)
-                    for l in lines[seen:]:
-                        hook(l)
+                    new = lines[seen:]
+                    for l in new:
+                        if hook:
+                            hook(l)
                     seen = len(lines)
+                    if report_until and any("event" not in l and l.get("step", 0) < report_until for l in new):
+                        # A step line: the trainer has installed its handlers (before its first step).
+                        # None: it has just ended (a zombie has no exe), or /proc cannot be read: no signal.
+                        exe = process_executable(p.pid)
+                        if exe is not None and os.path.basename(exe) != "trainer":
+                            self.reports_refused = exe
+                            report_until = 0
+                        elif exe is not None:
+                            p.send_signal(signal.SIGUSR2)  # not reaped yet: the pid is still the trainer's
                 time.sleep(0.01)
         self.rc = p.returncode
         self.wall_s = time.time() - t0
@@ -127,6 +172,17 @@ class Run:
 
     def events(self, kind):
         return [l for l in self.lines if l.get("event") == kind]
+
+    def memory_reports(self):
+        """The memory reports in the run folder (oldest first by step), each as its JSON."""
+        out = []
+        for path in glob.glob(os.path.join(self.dir, "memory_report_*.json")):
+            try:
+                with open(path) as f:
+                    out.append(json.load(f))
+            except ValueError:
+                pass  # written aside and renamed over: not expected, but one bad file costs only itself
+        return sorted(out, key=lambda j: j.get("step", 0))
 
     def error(self, what):
         """The exception for a run that did not end as it should: BudgetKilled if the budget ended it."""
@@ -220,8 +276,10 @@ class Check:
         G = self.result["global_batch"]
         h1 = (G + 1) // 2
         h2 = (h1 + 1) // 2
+        cuda, n = a.mode == "cuda", 8
         r = Run(self, "calibrate", ["train.micro_batch=%d" % h2, "memory.limit=none", "memory.grow_after=2",
-                                    "memory.headroom=0", "memory.cudnn_policy=off", "train.steps=8"])
+                                    "memory.headroom=0", "memory.cudnn_policy=off", "train.steps=%d" % n],
+                report_until=n if cuda else 0)
         if r.rc != 0:
             raise r.error("the uncapped run failed")
         steps = r.steps()
@@ -235,18 +293,36 @@ class Check:
         if len(pts) < 2:
             raise RuntimeError("calibrate: the run did not grow past micro-batch %d: %s" % (h2, sorted(times)))
 
-        def peak(m):  # measured, or on the line between the two measured sizes around it
-            if m in peaks:
-                return peaks[m]
-            lo = max((p for p in pts if p[0] < m), default=pts[0])
-            hi = min((p for p in pts if p[0] > m), default=pts[-1])
-            if hi[0] == lo[0]:
-                return lo[1]
-            return int(lo[1] + (hi[1] - lo[1]) * (m - lo[0]) / (hi[0] - lo[0]))
-
-        p = {m: peak(m) for m in (h2, h1, G)}
+        p = {m: at_size(pts, m) for m in (h2, h1, G)}
         if not p[h2] < p[h1] < p[G]:
             raise RuntimeError("calibrate: the peak does not grow with the micro-batch: %s" % p)
+        # What the caps are placed from. CUDA enforces the cap on the caching allocator's reserved memory
+        # (a memory fraction, checked when it reserves a segment), and reserved exceeds allocated by the
+        # segments' rounding, fragmentation and cuDNN's workspaces: caps placed from allocated peaks can
+        # run out of memory at a size the check expects to fit, which is not the logic under test. On
+        # the CPU reserved = allocated (the capped allocator caches nothing): the step lines' peaks.
+        rpts, rp = None, None
+        basis, why = "allocated_peak", "--mode cpu: reserved = allocated (the capped allocator caches nothing)"
+        if cuda:
+            rpts, device = self.reserved_peaks(r)
+            if r.reports_refused is not None:
+                why = ("no memory report asked for: the trainer command's process runs %r, not the trainer "
+                       "(a wrapper must exec it), and SIGUSR2 would end it" % r.reports_refused)
+            elif device is not None and not device.startswith("cuda"):
+                why = "the run's device is %s: reserved = allocated" % device
+                rpts = None
+            elif len(rpts) < 2:
+                why = "memory reports at %d micro-batch size(s) (%s): too few for the caps" % (len(rpts), rpts)
+            else:
+                rp = {m: at_size(rpts, m) for m in (h2, h1, G)}
+                if rp[h2] < rp[h1] < rp[G]:
+                    basis, why = "reserved_peak", "cuda: the cap binds the caching allocator's reserved memory"
+                else:
+                    why = "the reserved peak does not grow with the micro-batch: %s" % rp
+            if basis != "reserved_peak":
+                print("cap check: caps from the ALLOCATED peaks on a GPU (%s): an OOM under them may be the "
+                      "allocator's reserve, not the logic under test" % why, flush=True)
+        b = rp if basis == "reserved_peak" else p
         # A new size with the heuristics: its first step (the grow-back probe) against the steps after it.
         first_use = []
         for m, ts in sorted(times.items()):
@@ -254,10 +330,16 @@ class Check:
                 first_use.append({"micro_batch": m, "first_step_s": ts[0], "steady_step_s": median(ts[1:])})
         steady_G = median(times.get(G, [])[1:]) or median(times.get(G, []))
         first_line = r.lines[0] if r.lines else {}
-        self.cal = {"G": G, "h1": h1, "h2": h2, "peak": p,
-                    "high": p[G] + p[G] // 4, "cut": (p[h2] + p[h1]) // 2, "mid": (p[h1] + p[G]) // 2}
+        self.cal = {"G": G, "h1": h1, "h2": h2, "peak": b, "basis": basis,
+                    "high": b[G] + b[G] // 4, "cut": (b[h2] + b[h1]) // 2, "mid": (b[h1] + b[G]) // 2}
         self.result["calibration"] = {
+            # peak_bytes and measured_peak_bytes are allocated peaks (their meaning before cap_basis);
+            # cap_peak_bytes are the ones the limits were placed from.
+            "cap_basis": basis, "cap_basis_why": why,
+            "cap_peak_bytes": {str(m): v for m, v in b.items()},
             "peak_bytes": {str(m): v for m, v in p.items()}, "measured_peak_bytes": {str(m): v for m, v in pts},
+            "reserved_peak_bytes": {str(m): v for m, v in rp.items()} if rp else None,
+            "measured_reserved_peak_bytes": {str(m): v for m, v in rpts} if rpts else None,
             "limits_bytes": {"high": self.cal["high"], "cut": self.cal["cut"], "mid": self.cal["mid"]},
             "heuristics_first_use": first_use, "steady_step_s_at_global_batch": steady_G, "wall_s": r.wall_s,
             "run_dir": r.dir}
@@ -267,6 +349,27 @@ class Check:
         if first_line.get("device"):
             self.result["device"] = first_line["device"]
         return self.result["calibration"]
+
+    def reserved_peaks(self, r):
+        """The calibration run's reserved peak per micro-batch, from the memory reports SIGUSR2 asked for:
+        sorted (size, bytes) points, and the reports' device (None without reports).
+
+        A report has the reserved bytes at the end of a step, not a peak; in this run they are one: with no
+        cap and no OOM nothing empties the allocator's cache, so what it reserved only grows, and the
+        reserved bytes after step s are the highest since the start. A size's value is its last reported
+        step's (from step 2: step 1 carries no optimizer state), so it also holds what the smaller sizes
+        before it left reserved: for h1 and G at most what a fresh process at that size would reserve
+        plus the earlier sizes' segments it could not reuse."""
+        sizes = {l["step"]: l["micro_batch"] for l in r.steps()}
+        peaks, device = {}, None
+        for rep in r.memory_reports():
+            s, reserved = rep.get("step"), rep.get("reserved_bytes")
+            device = rep.get("device", device)
+            if s is None or s < 2 or s not in sizes or not isinstance(reserved, int):
+                continue
+            m = sizes[s]
+            peaks[m] = max(peaks.get(m, 0), reserved)
+        return sorted(peaks.items()), device
 
     def cut(self, policy):
         a, c = self.args, self.cal
@@ -368,7 +471,8 @@ class Check:
         if not failed:
             raise RuntimeError(reports[0] + ": no attempt names the phase it failed in")
         return {"report": reports[0], "reports": len(reports), "step": rep["step"], "failed_in": failed,
-                "limit_bytes": rep["limit_bytes"], "peak_bytes": rep["peak_bytes"], "device": rep["device"],
+                "limit_bytes": rep["limit_bytes"], "peak_bytes": rep["peak_bytes"],
+                "reserved_bytes": rep.get("reserved_bytes"), "device": rep["device"],
                 "error": rep["error"]}
 
     def auto(self, method, cap_name):

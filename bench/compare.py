@@ -8,9 +8,12 @@
 Each round runs the trainer, then Python (trainer, python, trainer, python, ...), so a change in the
 machine's load touches both sides alike. Per round it prints ratio = trainer step_time_s_p50 / python
 step_time_s_p50 (below 1.0: the trainer is faster), the same with the data wait included and of the
-fastest steps (the least disturbed on a shared machine), and at the end the medians over the rounds. When the
-trainer chose its micro-batch itself (train.micro_batch: auto), Python is given the same one; for a token
-job Python builds its GPT with the trainer's vocabulary (the token file's: --vocab-size).
+fastest steps (the least disturbed on a shared machine), and at the end the medians over the rounds. It
+also reports ratio_samples_per_s = trainer samples/s / python samples/s, both by wall time over the timed
+steps (samples_per_s_aggregate: the time between steps counts, which the step times leave out; above 1.0:
+the trainer is faster), per round and as the median (None with --warmup 0: no step starts the clock).
+When the trainer chose its micro-batch itself (train.micro_batch: auto), Python is given the same one; for
+a token job Python builds its GPT with the trainer's vocabulary (the token file's: --vocab-size).
 Unless --no-loader, it then measures the loader alone (`trainer bench --loader-only`) and reports
 loader_headroom = loader samples/s / the trainer's median samples/s (the target is >= 3).
 
@@ -29,6 +32,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = "trainer-bench-compare/1"
+# The wall_source of a side that had no warmup step to start its clock at (both write the same words):
+# its samples_per_s_aggregate is then the sum of its step times, not wall time.
+SUMMED = "sum of step_time + data_wait"
 
 
 def run_json(cmd, out_path, what):
@@ -41,6 +47,24 @@ def run_json(cmd, out_path, what):
         res = json.load(f)
     res["_seconds"] = time.time() - t
     return res
+
+
+def wall_samples_per_s(res):
+    """samples/s by wall time over the timed steps (steps x global batch / wall_s, the bench's and
+    reference.py's samples_per_s_aggregate), or None where a side summed its step times instead."""
+    if res.get("wall_source") in (None, SUMMED) or not res.get("samples_per_s_aggregate"):
+        return None
+    return res["samples_per_s_aggregate"]
+
+
+def median_or_none(values):
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def no_wall(*results):
+    """Why a ratio by wall time is missing: each side's wall_source."""
+    return ", ".join("%s: %s" % (r.get("implementation", "?"), r.get("wall_source")) for r in results)
 
 
 def main():
@@ -89,9 +113,13 @@ def main():
         ratio_total = tr["step_total_s_p50"] / py["step_total_s_p50"]
         # The fastest step of each side: the least disturbed by other processes on a shared machine.
         ratio_min = tr["step_time_s_min"] / py["step_time_s_min"]
+        # Throughput by wall time: the step times leave out what happens between steps (the trainer's
+        # metrics line, polling, the loader hand-off; Python's loop), which a user's job pays too.
+        t_sps, p_sps = wall_samples_per_s(tr), wall_samples_per_s(py)
+        ratio_sps = t_sps / p_sps if t_sps and p_sps else None
         keys = ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "step_total_s_p50", "data_wait_share",
-                "samples_per_s_median", "samples_per_s_aggregate", "tokens_per_s_median", "mem_peak_bytes",
-                "rss_peak_bytes", "micro_batch", "timed_steps")
+                "samples_per_s_median", "samples_per_s_aggregate", "wall_s", "wall_source", "tokens_per_s_median",
+                "mem_peak_bytes", "rss_peak_bytes", "micro_batch", "timed_steps")
         row = {
             "round": r, "load_avg_1m_before": load,
             "trainer": {k: tr.get(k) for k in keys},
@@ -99,13 +127,15 @@ def main():
             "ratio_step_time_p50": ratio,
             "ratio_step_total_p50": ratio_total,
             "ratio_step_time_min": ratio_min,
+            "ratio_samples_per_s": ratio_sps,
             "trainer_file": t_out, "python_file": p_out,
         }
         rounds.append(row)
         print("round %d (load %.2f): trainer step p50 %.4f s (p90 %.4f, min %.4f), python %.4f s (p90 %.4f, min %.4f): "
-              "ratio %.3f; with data wait %.3f; of the minima %.3f"
+              "ratio %.3f; with data wait %.3f; of the minima %.3f; samples/s by wall time trainer/python %s"
               % (r, load, tr["step_time_s_p50"], tr["step_time_s_p90"], tr["step_time_s_min"], py["step_time_s_p50"],
-                 py["step_time_s_p90"], py["step_time_s_min"], ratio, ratio_total, ratio_min), flush=True)
+                 py["step_time_s_p90"], py["step_time_s_min"], ratio, ratio_total, ratio_min,
+                 "%.3f" % ratio_sps if ratio_sps else "n/a (%s)" % no_wall(tr, py)), flush=True)
 
     summary = {
         "schema": SCHEMA,
@@ -116,6 +146,11 @@ def main():
         "median_ratio_step_time_min": statistics.median(r["ratio_step_time_min"] for r in rounds),
         "trainer_samples_per_s_median": statistics.median(r["trainer"]["samples_per_s_median"] for r in rounds),
         "python_samples_per_s_median": statistics.median(r["python"]["samples_per_s_median"] for r in rounds),
+        # Above 1.0 the trainer is faster (the step-time ratios are the other way round); None where a side
+        # had no wall time (--warmup 0), the rounds without one left out.
+        "median_ratio_samples_per_s": median_or_none(r["ratio_samples_per_s"] for r in rounds),
+        "trainer_samples_per_s_wall_median": median_or_none(wall_samples_per_s(r["trainer"]) for r in rounds),
+        "python_samples_per_s_wall_median": median_or_none(wall_samples_per_s(r["python"]) for r in rounds),
         "commands": commands,
         "workdir": workdir,
     }
@@ -136,6 +171,10 @@ def main():
     print("median ratio trainer/python step time p50 over %d rounds: %.3f (with data wait %.3f; of the minima %.3f)"
           % (len(rounds), summary["median_ratio_step_time_p50"], summary["median_ratio_step_total_p50"],
              summary["median_ratio_step_time_min"]))
+    if summary["median_ratio_samples_per_s"] is not None:
+        print("median ratio trainer/python samples/s by wall time over the timed steps: %.3f (%.1f against %.1f)"
+              % (summary["median_ratio_samples_per_s"], summary["trainer_samples_per_s_wall_median"],
+                 summary["python_samples_per_s_wall_median"]))
 
     if not args.no_loader:
         l_out = os.path.join(workdir, "loader.json")

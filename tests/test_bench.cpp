@@ -276,6 +276,10 @@ TEST(BenchHarness, TrainingResultIsCompleteAndMatchesTheRunsMetrics) {
   }
   EXPECT_EQ(lines, 5);
   ASSERT_EQ(times.size(), 3u);
+  // A benchmark saves nothing: no checkpoint at all, the final one included (checkpoint.final=false).
+  const testutil::fs::path saved = testutil::fs::path(run_dir) / "checkpoints";
+  EXPECT_TRUE(!testutil::fs::exists(saved) || testutil::fs::is_empty(saved));
+  EXPECT_EQ(std::count(j["bench_overrides"].begin(), j["bench_overrides"].end(), "checkpoint.final=false"), 1);
   std::sort(times.begin(), times.end());
   EXPECT_EQ(j["step_time_s_p50"].get<double>(), times[1]);
   EXPECT_EQ(j["step_time_s_max"].get<double>(), times[2]);

@@ -118,6 +118,7 @@ std::vector<Field> fields(Config& c) {
       {"checkpoint.keep_last", &c.checkpoint.keep_last, false},
       {"checkpoint.async", &c.checkpoint.async, false},
       {"checkpoint.max_failures", &c.checkpoint.max_failures, false},
+      {"checkpoint.final", &c.checkpoint.final, false},
       {"log.every", &c.log.every, false},
       {"log.level", &c.log.level, false},
       {"log.http_port", &c.log.http_port, false},

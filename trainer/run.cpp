@@ -428,7 +428,7 @@ int TrainingRun::give_up(const OomGaveUp& e) {
 
 int TrainingRun::finish() {
   // The final checkpoint comes before the final evaluation: an error there must not cost the training.
-  if (!save_before_exit("final"))
+  if (cfg_.checkpoint.final && !save_before_exit("final"))
     return exit_not_saved("the final checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
   if (has_eval()) {
     if (const auto e = evaluate_and_log(true); !e.empty()) {

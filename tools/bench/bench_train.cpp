@@ -30,7 +30,7 @@ double known_peak_tflops(const std::string& name, const std::string& precision) 
 std::vector<std::string> bench_overrides(const BenchOptions& opts) {
   // The job itself is untouched; only what would pollute the timing is switched off.
   return {"train.steps=" + std::to_string(opts.warmup + opts.steps), "train.epochs=0", "data.test=",
-          "checkpoint.every_steps=0", "checkpoint.every_seconds=0"};
+          "checkpoint.every_steps=0", "checkpoint.every_seconds=0", "checkpoint.final=false"};
 }
 
 namespace {
