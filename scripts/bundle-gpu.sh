@@ -8,7 +8,10 @@
 #                                    (glibc, libstdc++, libgcc_s: every host has them)
 #   run                              sets LD_LIBRARY_PATH to lib/ and the host's torch/lib, then runs
 #                                    bin/<first argument>
-#   src/                             what the tests and jobs read at run time: configs/, tests/ref/, bench/
+#   src/                             what the tests and jobs read at run time: configs/, tests/ref/,
+#                                    tests/fixtures/, bench/
+#   STAMP                            the commit the bundle was made from (git describe --always --dirty),
+#                                    what `trainer --version` says, and when: a stale bundle shows at once
 #
 # Usage: scripts/bundle-gpu.sh [BUILD_DIR (build-cuda)] [OUT (.gpu-run/bundle)]
 # On the host:  OUT/run trainer --config OUT/src/configs/...   or   OUT/run trainer_tests --gtest_filter=...
@@ -55,7 +58,7 @@ done
 strip --strip-unneeded "$out"/lib/*.so* 2>/dev/null || true
 
 cp -r configs bench "$out/src/"
-mkdir -p "$out/src/tests" && cp -r tests/ref "$out/src/tests/"
+mkdir -p "$out/src/tests" && cp -r tests/ref tests/fixtures "$out/src/tests/"
 rm -rf "$out/src/bench/results"
 
 cat >"$out/run" <<'RUN'
@@ -82,5 +85,11 @@ export TRAINER_TEST_BIN="$here/bin/trainer" TRAINER_TEST_SOURCE_DIR="$here/src"
 exec "$here/bin/$prog" "$@"
 RUN
 chmod +x "$out/run"
+{
+  echo "source: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "binary: $(LD_LIBRARY_PATH="$out/lib:$wheel_path" "$out/bin/trainer" --version 2>/dev/null | head -n 1)"
+  echo "bundled: $(date -u +%Y-%m-%dT%H:%M:%SZ) from $build"
+} >"$out/STAMP"
+cat "$out/STAMP"
 du -sh "$out" | awk '{print "bundle: " $2 ", " $1}'
 ls -1 "$out/lib" | tr '\n' ' '; echo

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU proof in one window of a GPU host: two calls of at most 600 s each, one after the other on the
+# same machine, each bringing back at most 8 files (docs/BENCHMARKS.md "One window on a GPU host").
+#
+#   part  phases of scripts/gpu-check.sh          usual time on an H200
+#   1     env tests share cap speed               about 7.5 min: versions, the CUDA tests, two jobs on one
+#                                                 GPU, the cut, backoff and grow-back per cuDNN policy and
+#                                                 auto against the search (budget 120 s), both models
+#                                                 against Python (2 rounds)
+#   2     fixes profile summary                   about 4 min: each candidate fix off and on, the profile
+#                                                 tables
+#
+# Everything is written to WORK (default /tmp/trainer-window), outside PACK, and kept there between the
+# two calls; after each phase PACK gets that phase's small files as <phase>.tgz (no checkpoints, no
+# datasets), the profiler's traces as traces_<job>.tar, and summary.json rewritten from all that WORK
+# holds. A call cut short still brings back every phase it finished. A phase that would end past
+# TRAINER_GPU_DEADLINE_S (default 540) seconds is skipped and listed in the summary.
+#
+# Usage: scripts/gpu-window.sh PACK 1|2|all [WORK]
+# On the host (the bundle carried in .gpu-run/bundle, scripts/bundle-gpu.sh):
+#   bash scripts/gpu-window.sh "$OUT" 1     then, at once,     bash scripts/gpu-window.sh "$OUT" 2
+# Here, without a GPU, the same parts run in CPU mode on small jobs: the rehearsal (same packing, same
+# count of files). Exit codes: those of scripts/gpu-check.sh (1: a phase failed; 2: a usage error).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+(($# >= 2)) || { echo "usage: scripts/gpu-window.sh PACK 1|2|all [WORK]" >&2; exit 2; }
+pack=$1 part=$2 work=${3:-/tmp/trainer-window}
+case $part in
+  1) phases=(env tests share cap speed) ;;
+  2) phases=(fixes profile summary) ;;
+  all) phases=(env tests share cap speed fixes profile summary) ;;
+  *) echo "error: part '$part': 1, 2 or all" >&2; exit 2 ;;
+esac
+mkdir -p "$pack" "$work" || exit 2
+[[ $(cd "$pack" && pwd) != "$(cd "$work" && pwd)"* ]] || { echo "error: WORK must be outside PACK" >&2; exit 2; }
+export TRAINER_GPU_PACK=$pack TRAINER_GPU_DEADLINE_S=${TRAINER_GPU_DEADLINE_S:-540}
+export TRAINER_CAP_BUDGET_S=${TRAINER_CAP_BUDGET_S:-120} TRAINER_SPEED_ROUNDS=${TRAINER_SPEED_ROUNDS:-2}
+scripts/gpu-check.sh "$work" "${phases[@]}"
+rc=$?
+echo "== gpu-window: part $part: $(ls "$pack" | wc -l) files in $pack: $(ls "$pack" | tr '\n' ' ')"
+exit $rc
