@@ -2,6 +2,7 @@
 // `memory.limit: auto`) and the CPUs it may use.
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
 #include "trainer/from_config.h"
 #include "trainer/memory/heap.h"
 #include "trainer/run.h"
@@ -56,10 +57,10 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
   }
   // With `auto` on a GPU, the device's memory is read again: another job that starts on the same GPU
   // lowers the cap (a cap below what this job holds empties its cache, and the next step backs off if it
-  // needs more), one that ends raises it (the micro-batch can grow back).
+  // needs more), one that ends raises it once the rise has lasted (the micro-batch can grow back).
   if (limit_spec_ == "auto" && device_.is_cuda()) {
-    const int64_t was = gpu_avail_at_limit_, is = memory_->free_bytes() + memory_->reserved_bytes();
-    if (gpu_memory_moved(was, is, memory_->total_bytes())) {
+    const int64_t was = gpu_follower_.was(), is = memory_->free_bytes() + memory_->reserved_bytes();
+    if (gpu_follower_.moved(is, memory_->total_bytes(), seconds_since(start_time_))) {
       spdlog::info("memory.limit auto: the GPU memory this process may hold (free + its own) {} from {} to {}; "
                    "resolving the cap again", is < was ? "fell" : "rose", format_bytes(was), format_bytes(is));
       changed = true;
@@ -103,7 +104,7 @@ int64_t TrainingRun::resolve_limit() {
   } else {
     limit = resolve_memory_limit(limit_spec_, *memory_, o);
     limit_source_ = limit == 0 ? "none" : limit_spec_ == "auto" ? "gpu" : "config";
-    if (limit_source_ == "gpu") gpu_avail_at_limit_ = memory_->free_bytes() + memory_->reserved_bytes();
+    if (limit_source_ == "gpu") gpu_follower_.reset(memory_->free_bytes() + memory_->reserved_bytes());
   }
   rss_at_limit_ = host_rss_bytes();
   if (limit_spec_ == "auto" && !device_.is_cuda()) {

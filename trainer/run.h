@@ -193,7 +193,7 @@ class TrainingRun {
                                        // on CUDA), config (a size), none
   int64_t rss_at_limit_ = 0;          // the process's RSS then (bytes)
   int64_t nontensor_at_limit_ = 0;    // RSS less live tensor bytes then (bytes)
-  int64_t gpu_avail_at_limit_ = 0;    // auto on a GPU: free + reserved device memory then (bytes)
+  GpuMemoryFollower gpu_follower_;    // auto on a GPU: free + reserved device memory then, and its rises
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
   bool need_pretune_ = true;              // memory.cudnn_policy pretune: once, before this process's first step

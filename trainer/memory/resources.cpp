@@ -359,9 +359,20 @@ int64_t auto_cuda_limit(int64_t free, int64_t reserved, double margin) {
   return std::max<int64_t>(1, reserved + static_cast<int64_t>(std::floor(static_cast<double>(free) * (1 - margin))));
 }
 
-bool gpu_memory_moved(int64_t was, int64_t is, int64_t total) {
+void GpuMemoryFollower::reset(int64_t avail) {
+  was_ = avail;
+  rise_since_s_ = -1;
+}
+
+bool GpuMemoryFollower::moved(int64_t is, int64_t total, double now_s) {
   constexpr int64_t kMinMove = int64_t{64} << 20;
-  return is < was - std::max(kMinMove, total / 50) || is > was + std::max(kMinMove, total / 20);
+  if (is < was_ - std::max(kMinMove, total / 50)) return true;
+  if (is <= was_ + std::max(kMinMove, total / 20)) {
+    rise_since_s_ = -1;
+    return false;
+  }
+  if (rise_since_s_ < 0) rise_since_s_ = now_s;
+  return now_s - rise_since_s_ >= rise_s_;
 }
 
 int64_t resolve_memory_limit(const std::string& spec, const MemoryBackend& backend, const AutoLimitOptions& o) {

@@ -143,12 +143,28 @@ AutoCpuLimit resolve_auto_cpu_limit(const MemoryBackend& backend, const AutoLimi
 /// the second took its share; each backoff of one would then let the other grow, in turn.)
 int64_t auto_cuda_limit(int64_t free, int64_t reserved, double margin);
 
-/// Whether `auto` on a GPU resolves its cap again between steps: `was` and `is` are free + reserved
-/// (what the process may hold: it does not move when the process itself allocates or frees, only when
-/// another process takes or gives back device memory) when the cap was set and now. A fall of 2% of
-/// `total` is acted on, a rise only past 5%, as on the host, so that a neighbour's small swings do not
-/// move the cap every step; at least 64 MiB either way.
-bool gpu_memory_moved(int64_t was, int64_t is, int64_t total);
+/// When `auto` on a GPU resolves its cap again between steps. It watches free + reserved device memory:
+/// what the process may hold, which does not move when the process itself allocates or frees, only when
+/// another process takes or gives back memory. A fall of 2% of the device's `total` (at least 64 MiB) is
+/// acted on at once: the other process holds that memory now. A rise of 5% (at least 64 MiB) only once it
+/// has lasted `rise_s` seconds: a neighbour whose micro-batch search or probe frees and takes back tens
+/// of GB within a second would otherwise raise the cap, send this job probing a larger micro-batch, and
+/// fail the probe a step later (seen on an H200 with two jobs: four failed probes in 100 steps).
+class GpuMemoryFollower {
+ public:
+  explicit GpuMemoryFollower(double rise_s = 10.0) : rise_s_(rise_s) {}
+  /// The cap was resolved when free + reserved was `avail`.
+  void reset(int64_t avail);
+  /// free + reserved is `is` at time `now_s` (seconds, any monotonic origin): true when the cap is to be
+  /// resolved again.
+  bool moved(int64_t is, int64_t total, double now_s);
+  int64_t was() const { return was_; }
+
+ private:
+  double rise_s_;
+  int64_t was_ = 0;
+  double rise_since_s_ = -1;  // when the current rise was first seen; -1: none
+};
 
 /// Resolves a `memory.limit` spec to a cap in bytes (0 = none):
 ///   "none" or ""  -> 0
