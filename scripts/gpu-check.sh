@@ -12,12 +12,11 @@
 #            the retried step's CUDA RNG) and the in-process step tests                           its reason
 #   profile  a few steady steps of each model under the profiler on both     ResNet-50 fp16       ResNet-18,
 #            sides (trainer bench --profile, bench/reference.py --profile)  channels_last 256;   gpt_tiny
-#            and bench/profile_table.py's side-by-side table: by default,   GPT-2 small bf16
-#            and with the candidate fixes on (fused optimizer; GPT-2's      context 1024
-#            vocabulary padded to 50304); the traces gzipped
+#            and bench/profile_table.py's side-by-side table, the jobs as   GPT-2 small bf16
+#            they are; the traces gzipped                                   context 1024
 #   fixes    bench/ab.py, each candidate fix off and on, trainer alone:      as profile           as profile
 #            the batched snapshot, the fused optimizer, the padded
-#            vocabulary (TRAINER_FIXES_ROUNDS rounds, default 1)
+#            vocabulary, the fused bias (TRAINER_FIXES_ROUNDS, default 1)
 #   cap      bench/cap_check.py: a cap cut through control.yaml mid-run      ResNet-50 224 fp16   plain CNN
 #            (backoff, grow-back: recovery and grow-back step times) per     channels_last,       28x28,
 #            cuDNN policy, each in a fresh process, side by side; auto       batch 256            batch 16
@@ -30,16 +29,21 @@
 #            convert-images, then trained from the packed file with the      batch 256, 2048      batch 8, 64
 #            host's cores against the same job on synthetic data: speed       JPEGs                JPEGs
 #            ratio, the loader's share of the step, the CPU cores used
-#   summary  OUTDIR/summary.json: the figures above and the targets (ResNet-50 ratio >= 1.1, GPT-2 ratio
-#            >= 1.0 and MFU >= 50%), each marked met or missed
+#   share    bench/share_gpu.py: two jobs with memory.limit auto on one      ResNet-50 fp16,      plain CNN
+#            device; no crash, no lost step, each one's micro-batch, cap     global 4096 and 1024
+#            and samples/s alone and beside the other
+#   summary  OUTDIR/summary.json: the figures above and the bars (speed ratios by samples/s: ResNet-50
+#            >= 1.0, goal 1.1; GPT-2 >= 1.0; GPT-2's MFU >= 35%, goal 40%), each marked met or missed
+#
+# TRAINER_GPU_PACK and TRAINER_GPU_DEADLINE_S (below): the packing and the deadline of one window
+# (scripts/gpu-window.sh).
 #
 # Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
-# runs when named)
-# Wall times on an H200 (docs/BENCHMARKS.md): env 12 s, tests 8 s, speed 128 s with TRAINER_SPEED_ROUNDS=2,
-# jpeg 42-62 s; cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU: `cap summary` fits one call
-# of 4 minutes; stages that would not end in time are skipped and listed).
-# profile and fixes: not yet measured on a GPU; estimated from the speed phase's runs (about 15 s each) at 8
-# runs for profile (about 2-2.5 min) and 8 for fixes (about 2 min).
+# and share run when named)
+# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 5 s, tests 44 s (56 tests), share
+# 90 s, speed 105 s with TRAINER_SPEED_ROUNDS=2, profile 50 s, fixes 66 s (4 pairs), jpeg 42-62 s
+# (2026-11-26); cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in
+# time are skipped and listed).
 #
 # The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
 # `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
@@ -105,7 +109,7 @@ chmod +x "$out/bin/trainer"
 pack=${TRAINER_GPU_PACK:-}
 deadline=${TRAINER_GPU_DEADLINE_S:-0}
 [[ -z $pack ]] || { mkdir -p "$pack" && pack=$(cd "$pack" && pwd); } || exit 2
-declare -A usual_s=([env]=15 [tests]=20 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15)) [speed]=140
+declare -A usual_s=([env]=15 [tests]=50 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15)) [speed]=140
   [jpeg]=70 [fixes]=130 [share]=130 [summary]=5)
 
 failed=()
@@ -218,6 +222,7 @@ fixes_phase() {
     local sets=($job)
     local pairs=()
     [[ $name == resnet50 ]] && pairs+=("snapshot|train.snapshot=per_buffer|train.snapshot=batched")
+    [[ $name == gpt2 ]] && pairs+=("fused_bias|model.fused_bias=false|model.fused_bias=true")
     for kv in ${fixes//,/ }; do
       case ${kv%%=*} in
         optim.implementation) pairs+=("optimizer|optim.implementation=auto|$kv") ;;
