@@ -806,8 +806,9 @@ class GpuCheck : public ::testing::Test {
     const std::string build = testutil::fs::path(testutil::trainer_bin()).parent_path().string();
     run_ = new testutil::CommandResult(testutil::run(
         "env TMPDIR=" + dir_->str() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" + (*dir_ / "no-bundle").string() +
-        " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" + testutil::python() + " bash " + testutil::source_dir() +
-        "/scripts/gpu-check.sh " + *out_ + " env tests profile cap speed jpeg fixes summary"));
+        " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" + testutil::python() + " TRAINER_GPU_PACK=" +
+        (*dir_ / "pack").string() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + *out_ +
+        " env tests profile cap speed jpeg fixes share summary"));
   }
   static void TearDownTestSuite() {
     delete run_;
@@ -834,7 +835,7 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_NE(r.output.find("== gpu-check (cpu): every phase passed"), std::string::npos) << r.output;
   const json s = read_json(out + "/summary.json");
   EXPECT_EQ(s["mode"], "cpu");
-  for (const char* phase : {"env", "tests", "cap", "speed", "jpeg"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
+  for (const char* phase : {"env", "tests", "cap", "speed", "jpeg", "share"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
 
   EXPECT_GE(s["tests"]["run"].get<int>(), 20);
   EXPECT_TRUE(s["tests"]["failed"].empty()) << s["tests"];
@@ -870,8 +871,10 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_FALSE(cap["report"]["failed_in"].empty()) << "the memory report names the phase: " << cap["report"];
   EXPECT_NE(cap["report"]["error"].get<std::string>().find("out of memory"), std::string::npos) << cap["report"];
 
+  EXPECT_EQ(cap["cap_basis"], "allocated_peak") << "on the CPU reserved is allocated";
   for (const char* job : {"speed_resnet50", "speed_gpt2"}) {
     EXPECT_GT(s[job]["speed_ratio"].get<double>(), 0.0) << job;
+    EXPECT_EQ(s[job]["speed_ratio_basis"], "samples/s by wall time") << job;
     EXPECT_EQ(s[job]["per_round_speed_ratio"].size(), 2u) << job;
     EXPECT_TRUE(s[job]["met"].is_null()) << job << ": no target is judged on the CPU";
   }
@@ -888,12 +891,12 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_TRUE(jp["met"].is_null()) << "no target is judged on the CPU";
 }
 
-// The profile phase: both models' traces on both sides, the tables, and the same tables with the
-// candidate fixes switched on.
+// The profile phase: both models' traces on both sides and the tables, the jobs as they are (the fixes
+// phase measures each candidate fix).
 TEST_F(GpuCheck, ProfilePhaseInCpuModeWritesBothTables) {
   const std::string& out = *out_;
   ASSERT_EQ(phase_rc("profile"), 0) << run_->output << testutil::read_file(out + "/profile.log");
-  for (const char* job : {"resnet50", "gpt2", "resnet50_fixes", "gpt2_fixes"}) {
+  for (const char* job : {"resnet50", "gpt2"}) {
     const json t = read_json(out + "/profile_" + job + ".json");
     EXPECT_EQ(t["kind"], "cpu") << job;
     const json& a = t["sides"]["trainer"];
@@ -922,7 +925,8 @@ TEST_F(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
   for (const Case& c : {Case{"resnet50_snapshot", "snapshot: \"per_buffer\"", "snapshot: \"batched\""},
                         Case{"resnet50_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
                         Case{"gpt2_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
-                        Case{"gpt2_vocab", "vocab_multiple: 1\n", "vocab_multiple: 64\n"}}) {
+                        Case{"gpt2_vocab", "vocab_multiple: 1\n", "vocab_multiple: 64\n"},
+                        Case{"gpt2_fused_bias", "fused_bias: false\n", "fused_bias: true\n"}}) {
     const json j = read_json(out + "/fixes_" + c.file + ".json");
     EXPECT_EQ(j["schema"], "trainer-bench-ab/1");
     ASSERT_EQ(j["rounds"].size(), 1u) << c.file;
@@ -936,6 +940,46 @@ TEST_F(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
     EXPECT_DOUBLE_EQ(round["speedup_b"].get<double>(),
                      round["a"]["step_time_s_p50"].get<double>() / round["b"]["step_time_s_p50"].get<double>());
   }
+}
+
+// The share phase: two jobs on one device, both `memory.limit: auto`, the second started while the first
+// trains; neither crashes nor loses a step, and the summary carries the check's own result.
+TEST_F(GpuCheck, SharePhaseInCpuModeRunsTwoJobsAndLosesNoStep) {
+  ASSERT_EQ(phase_rc("share"), 0) << run_->output << testutil::read_file(*out_ + "/share.log");
+  const json j = read_json(*out_ + "/share.json");
+  EXPECT_TRUE(j["passed"].get<bool>()) << j.dump(1);
+  EXPECT_FALSE(j["crashed"].get<bool>());
+  EXPECT_FALSE(j["lost_steps"].get<bool>());
+  for (const char* job : {"a", "b"}) {
+    const json& x = j["jobs"][job];
+    EXPECT_EQ(x["exit_code"], 0) << job;
+    EXPECT_EQ(x["last_step"], x["steps_configured"]) << job;
+    EXPECT_EQ(x["missing_count"], 0) << job;
+    const std::string source = x["start"]["limit_source"].get<std::string>();
+    EXPECT_TRUE(source == "host" || source == "container") << job << ": auto on the CPU, resolved from " << source;
+  }
+  EXPECT_EQ(read_json(*out_ + "/summary.json")["share"]["passed"], true);
+}
+
+// With TRAINER_GPU_PACK, every phase's small files are packed as soon as it ends, without checkpoints or
+// datasets, and the summary beside them is the last one written.
+TEST_F(GpuCheck, EachPhaseIsPackedWithItsRecordAndTheSummaryIsKeptCurrent) {
+  const std::string pack = (*dir_ / "pack").string();
+  for (const char* phase : {"env", "tests", "profile", "cap", "speed", "jpeg", "fixes", "share"}) {
+    const std::string tgz = pack + "/" + phase + ".tgz";
+    ASSERT_TRUE(testutil::fs::exists(tgz)) << tgz;
+    const auto list = testutil::run("tar -tzf " + tgz);
+    ASSERT_EQ(list.exit_code, 0) << list.output;
+    EXPECT_NE(list.output.find("./" + std::string(phase) + ".phase.json"), std::string::npos) << phase << ": " << list.output;
+    EXPECT_EQ(list.output.find("/checkpoints/"), std::string::npos) << phase;
+    EXPECT_EQ(list.output.find("jpeg_src/"), std::string::npos) << phase;
+  }
+  for (const char* job : {"resnet50", "gpt2"}) {
+    const auto list = testutil::run("tar -tf " + pack + "/traces_" + job + ".tar");
+    EXPECT_NE(list.output.find("profile_" + std::string(job) + ".trainer.trace.json.gz"), std::string::npos) << list.output;
+    EXPECT_NE(list.output.find("profile_" + std::string(job) + ".python.trace.json.gz"), std::string::npos) << list.output;
+  }
+  EXPECT_EQ(testutil::read_file(pack + "/summary.json"), testutil::read_file(*out_ + "/summary.json"));
 }
 
 }  // namespace test_bench

@@ -132,12 +132,14 @@ TEST(TokensE2E, ConvertBinCommand) {
   EXPECT_EQ(r.output, "error: convert-bin: --vocab is required (see trainer convert-bin --help)\n");
 }
 
-// Without any file: GPT-2 small's vocabulary from the config, and a missing dataset is a warning.
+// Without any file: GPT-2 small's vocabulary from the config, and a missing dataset is a warning. The
+// GPT-2 configs pad the vocabulary to a multiple of 64 (model.vocab_multiple): 50304 rows of wte, 47 x 768
+// parameters more than GPT-2's 124,439,808.
 TEST(TokensE2E, DryRunWithoutADataset) {
   auto r = testutil::run(testutil::trainer_bin() + " --dry-run --config " + testutil::source_dir() +
                          "/configs/bench_gpt2_small_synthetic.yaml");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("124,439,808"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("124,475,904"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("warning"), std::string::npos);
 
   r = testutil::run(testutil::trainer_bin() + " --dry-run --config " + testutil::source_dir() +
@@ -145,10 +147,14 @@ TEST(TokensE2E, DryRunWithoutADataset) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("warning: data.train '/nonexistent/train.h5' does not exist; the model summary assumes "
                           "model.vocab_size 50257\n"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("124,439,808"), std::string::npos);
+  EXPECT_NE(r.output.find("124,475,904"), std::string::npos);
+  r = testutil::run(testutil::trainer_bin() + " --dry-run --config " + testutil::source_dir() +
+                    "/configs/gpt2_small.yaml --set data.train=/nonexistent/train.h5 --set model.vocab_multiple=1");
+  EXPECT_NE(r.output.find("124,439,808"), std::string::npos) << r.output;
   // model.vocab_size reaches the model: nanoGPT's padded 50304 adds 47 x 768 parameters.
   r = testutil::run(testutil::trainer_bin() + " --dry-run --config " + testutil::source_dir() +
-                    "/configs/gpt2_small.yaml --set data.train=/nonexistent/train.h5 --set model.vocab_size=50304");
+                    "/configs/gpt2_small.yaml --set data.train=/nonexistent/train.h5 --set model.vocab_size=50304" +
+                    " --set model.vocab_multiple=1");
   EXPECT_NE(r.output.find("124,475,904"), std::string::npos) << "124,439,808 + 47 x 768: " << r.output;
 
   // An image job without its file: the summary takes data.shape.
