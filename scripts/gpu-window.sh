@@ -16,20 +16,23 @@
 # holds. A call cut short still brings back every phase it finished. A phase that would end past
 # TRAINER_GPU_DEADLINE_S (default 540) seconds is skipped and listed in the summary.
 #
-# Usage: scripts/gpu-window.sh PACK 1|2|all [WORK]
+# Usage: scripts/gpu-window.sh PACK 1|2|all|PHASE,PHASE,... [WORK]
+# (a list of phases instead of a part: a window that measures again only what changed, e.g.
+# env,tests,speed,profile then share,fixes,summary; `summary` gathers what WORK holds from both calls)
 # On the host (the bundle carried in .gpu-run/bundle, scripts/bundle-gpu.sh):
 #   bash scripts/gpu-window.sh "$OUT" 1     then, at once,     bash scripts/gpu-window.sh "$OUT" 2
 # Here, without a GPU, the same parts run in CPU mode on small jobs: the rehearsal (same packing, same
 # count of files). Exit codes: those of scripts/gpu-check.sh (1: a phase failed; 2: a usage error).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-(($# >= 2)) || { echo "usage: scripts/gpu-window.sh PACK 1|2|all [WORK]" >&2; exit 2; }
+(($# >= 2)) || { echo "usage: scripts/gpu-window.sh PACK 1|2|all|PHASE,PHASE,... [WORK]" >&2; exit 2; }
 pack=$1 part=$2 work=${3:-/tmp/trainer-window}
 case $part in
   1) phases=(env tests share cap speed) ;;
   2) phases=(fixes profile summary) ;;
   all) phases=(env tests share cap speed fixes profile summary) ;;
-  *) echo "error: part '$part': 1, 2 or all" >&2; exit 2 ;;
+  *[a-z]*) IFS=, read -ra phases <<<"$part" ;;  # gpu-check.sh refuses a phase it does not know
+  *) echo "error: part '$part': 1, 2, all or a list of phases" >&2; exit 2 ;;
 esac
 mkdir -p "$pack" "$work" || exit 2
 [[ $(cd "$pack" && pwd) != "$(cd "$work" && pwd)"* ]] || { echo "error: WORK must be outside PACK" >&2; exit 2; }

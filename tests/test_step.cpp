@@ -5,6 +5,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
+#include <limits>
+
 #include "models/registry.h"
 #include "test_util.h"
 #include "trainer/from_config.h"
@@ -35,7 +38,9 @@ struct Rig {
 
   // micro_batch: the first size; grow_after: clean steps before a probe; allow_checkpointing: the
   // ladder's rung after the smallest size.
-  explicit Rig(int64_t micro_batch, int64_t grow_after = 1000, bool allow_checkpointing = true, int64_t min_micro = 1) {
+  // scaling: the GradScaler (off by default).
+  explicit Rig(int64_t micro_batch, int64_t grow_after = 1000, bool allow_checkpointing = true, int64_t min_micro = 1,
+               trainer::GradScalerOptions scaling = trainer::GradScalerOptions().enabled(false)) {
     at::set_num_threads(1);
     // The capped allocator first, so that the weights and the optimizer state count against the cap.
     memory = std::make_unique<trainer::PhasePeakBackend>(std::make_unique<trainer::CpuMemoryBackend>());
@@ -47,7 +52,7 @@ struct Rig {
     cfg.optim.lr = 1e-2;
     cfg.optim.weight_decay = 0;
     optimizer = std::make_unique<trainer::Optimizer>(trainer::param_slots(*model, false), cfg.optim);
-    scaler = std::make_unique<trainer::GradScaler>(trainer::GradScalerOptions().enabled(false));
+    scaler = std::make_unique<trainer::GradScaler>(scaling);
     reporter = std::make_unique<trainer::MemoryReporter>(dir.str());
     metrics.open((dir / "metrics.jsonl").string());
     cfg.train.global_batch = kBatch;
@@ -149,6 +154,45 @@ TEST(StepInProcess, BacksOffUnderARealCapAndEqualsACleanRunAtTheSmallerSize) {
   const auto reference = run_steps(clean, 2, 4, 0);
   for (size_t i = 0; i < results.size(); ++i) EXPECT_EQ(results[i].loss, reference[i].loss) << "step " << i + 2;
   EXPECT_TRUE(bitwise_equal(capped.weights(), clean.weights()));
+}
+
+// What the host reads of a step comes back in one copy (Step::read_step_values): the loss, the norm,
+// whether the scaler saw inf/NaN and its scale. A power-of-two scale changes no bit of the arithmetic,
+// so a scaled step equals an unscaled one in loss, norm and weights; a step whose gradients are not
+// finite is skipped, leaves the weights alone and halves the scale that the next step reports.
+TEST(StepInProcess, AScaledStepReadsItsLossNormAndScaleAndSkipsANonFiniteGradient) {
+  std::vector<trainer::StepResult> p, s;
+  std::map<std::string, torch::Tensor> plain_weights;
+  {
+    Rig plain(8);  // one rig at a time: each seeds the global generator, its dropout stream
+    p = run_steps(plain, 1, 3, 0);
+    plain_weights = plain.weights();
+  }
+  Rig scaled(8, 1000, true, 1, trainer::GradScalerOptions().init_scale(1024.0).growth_interval(1).growth_factor(2.0));
+  s = run_steps(scaled, 1, 3, 0);
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p[i].loss_scale, 0.0) << "no scaler, no scale";
+    EXPECT_EQ(s[i].loss_scale, 1024.0 * (1 << i)) << "step " << i + 1 << ": the scale its loss was multiplied by";
+    EXPECT_EQ(s[i].loss, p[i].loss) << "step " << i + 1;
+    EXPECT_EQ(s[i].grad_norm, p[i].grad_norm) << "step " << i + 1;
+    EXPECT_TRUE(s[i].updated);
+  }
+  EXPECT_TRUE(bitwise_equal(scaled.weights(), plain_weights));
+
+  // Step 4's gradient of one weight made infinite by a hook: skipped; step 5 runs at half the scale.
+  auto w = scaled.model->parameters().front();
+  const auto hook = w.register_hook([](torch::Tensor g) { return g * std::numeric_limits<float>::infinity(); });
+  const auto before = scaled.weights();
+  const auto o = run_steps(scaled, 4, 4, 0);
+  w.remove_hook(hook);
+  EXPECT_FALSE(o[0].updated);
+  EXPECT_TRUE(std::isfinite(o[0].loss)) << "the loss is read unscaled";
+  EXPECT_EQ(o[0].loss_scale, 8192.0);
+  EXPECT_TRUE(bitwise_equal(scaled.weights(), before)) << "a skipped step changes no weight";
+  const auto next = run_steps(scaled, 5, 5, 0);
+  EXPECT_TRUE(next[0].updated);
+  EXPECT_EQ(next[0].loss_scale, 4096.0) << "backed off after the non-finite gradient";
+  EXPECT_FALSE(bitwise_equal(scaled.weights(), before));
 }
 
 TEST(StepInProcess, GrowsBackWhenTheCapRises) {

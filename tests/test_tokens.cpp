@@ -321,6 +321,28 @@ TEST(TokensLoader, TargetsAreInputsShiftedByOneAgainstTheRawStream) {
   }
 }
 
+// With pin_memory (the trainer sets it for a CUDA device) the batches are page-locked, so that their
+// copy to the GPU does not wait for the device; the same tokens as without.
+TEST(TokensLoaderCuda, PinnedBatchesHoldTheSameTokens) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device (pinned memory needs its driver)";
+  auto ds = std::make_shared<data::SyntheticTokens>(4096, 50257, 3);
+  data::TokenLoaderOptions o;
+  o.global_batch = 4;
+  o.context = 64;
+  data::TokenLoader plain(ds, o);
+  o.pin_memory = true;
+  data::TokenLoader pinned(ds, o);
+  for (int k = 0; k < 3; ++k) {
+    const auto a = plain.next(), b = pinned.next();
+    EXPECT_FALSE(a.images.is_pinned());
+    EXPECT_TRUE(b.images.is_pinned());
+    EXPECT_TRUE(b.labels.is_pinned());
+    EXPECT_TRUE(b.images.equal(a.images));
+    EXPECT_TRUE(b.labels.equal(a.labels));
+    EXPECT_TRUE(b.images.to(torch::kCUDA, /*non_blocking=*/true).cpu().equal(a.images));
+  }
+}
+
 TEST(TokensLoader, SeekResumesExactlyAndEpochsRollOver) {
   testutil::TempDir dir("tok_seek");
   auto ds = counting_dataset(dir, 2000);

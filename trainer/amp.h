@@ -134,6 +134,10 @@ class GradScaler {
   /// Whether the most recent unscale_() found an inf/NaN gradient (false before any). Synchronizes.
   bool found_inf() const;
   bool is_enabled() const { return options_.enabled(); }
+  /// found_inf (as found_inf()) and the scale (as get_scale()) as the one-element fp32 tensors on the
+  /// device, for a caller that reads them with other values in one copy. Defined while enabled.
+  const torch::Tensor& found_inf_tensor() const { return found_inf_; }
+  const torch::Tensor& scale_tensor() const { return scale_; }
   const GradScalerOptions& options() const { return options_; }
 
   /// Scale and growth tracker, for checkpoints. Synchronizes.

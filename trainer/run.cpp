@@ -292,7 +292,7 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
                       {"oom_retries", r.oom_retries},
                       {"batch_hash", batch_hash_},
                       {"updated", r.updated}};
-  if (scaler_->is_enabled()) j["loss_scale"] = scaler_->get_scale();
+  if (scaler_->is_enabled()) j["loss_scale"] = r.loss_scale;  // the scale this step's losses were multiplied by
   // The recovery of a step that ran out of memory (from the first OOM to this step's completion), a
   // grow-back probe, and the sizes met for the first time in this process (cuDNN chose their algorithms
   // in this step, timed or not): what a GPU run reads to tell a stall from a step.

@@ -199,6 +199,7 @@ void TrainingRun::setup_data() {
     to.seed = cfg_.seed;
     to.rank = env_.rank;
     to.world_size = env_.world_size;
+    to.pin_memory = device_.is_cuda();
     loader_ = std::make_unique<StreamOf<data::TokenLoader>>(std::make_unique<data::TokenLoader>(train_tokens_, to));
     sample_shape_ = {cfg_.model.context};
   } else {

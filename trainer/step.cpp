@@ -22,33 +22,47 @@ StepSnapshot::StepSnapshot(torch::nn::Module& model, const c10::Device& device, 
     : generators_(GeneratorStates::capture(device)) {
   torch::NoGradGuard ng;
   if (!batched) {
-    for (auto& b : model.buffers()) buffers_.emplace_back(b, b.clone());
+    for (auto& b : model.buffers()) groups_.push_back({{b}, b.clone()});
     return;
   }
-  // Per (device, dtype): the flattened buffers concatenated (one copy), and a view of it per buffer.
-  std::vector<std::pair<std::pair<c10::Device, at::ScalarType>, std::vector<torch::Tensor>>> groups;
+  // Per (device, dtype): the buffers concatenated into one tensor (one copy). Nothing else is done per
+  // buffer here, on the host, while the device waits for the step's first kernel: restore() finds each
+  // buffer's part of the copy.
+  std::vector<std::pair<c10::Device, at::ScalarType>> keys;
   for (auto& b : model.buffers()) {
     const std::pair<c10::Device, at::ScalarType> key{b.device(), b.scalar_type()};
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
-    it->second.push_back(b);
-  }
-  for (auto& [key, live] : groups) {
-    std::vector<torch::Tensor> flat;
-    for (const auto& b : live) flat.push_back(b.reshape({-1}));  // logical order, whatever the memory format
-    const torch::Tensor saved = torch::cat(flat);
-    int64_t at = 0;
-    for (const auto& b : live) {
-      buffers_.emplace_back(b, saved.narrow(0, at, b.numel()).view(b.sizes()));
-      at += b.numel();
+    const auto it = std::find(keys.begin(), keys.end(), key);
+    const size_t g = static_cast<size_t>(it - keys.begin());
+    if (it == keys.end()) {
+      keys.push_back(key);
+      groups_.emplace_back();
     }
+    groups_[g].live.push_back(b);
+  }
+  for (auto& group : groups_) {
+    std::vector<torch::Tensor> flat;
+    flat.reserve(group.live.size());
+    // 1-D as they are (BatchNorm's running statistics); others flattened in logical order, whatever
+    // their memory format (a 0-dim counter: one element).
+    for (const auto& b : group.live) flat.push_back(b.dim() == 1 ? b : b.reshape({-1}));
+    group.saved = torch::cat(flat);
   }
 }
 
 void StepSnapshot::restore() const {
   {
     torch::NoGradGuard ng;
-    for (const auto& [live, saved] : buffers_) live.copy_(saved);
+    for (const auto& group : groups_) {
+      if (group.live.size() == 1 && group.live[0].sizes() == group.saved.sizes()) {
+        group.live[0].copy_(group.saved);  // a per-buffer copy (or a group of one 1-D buffer)
+        continue;
+      }
+      int64_t at = 0;
+      for (const auto& b : group.live) {
+        b.copy_(group.saved.narrow(0, at, b.numel()).view(b.sizes()));
+        at += b.numel();
+      }
+    }
   }
   generators_.restore();
 }
@@ -128,6 +142,32 @@ double Step::agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count,
   return a[world];
 }
 
+Step::HostValues Step::read_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const {
+  // (loss_sum if given, norm, and with a scaler found_inf and the scale): one fp32 vector on the
+  // device, one copy to the host.
+  const bool scaled = p_.scaler->is_enabled();
+  const c10::Device dev = loss_sum.defined() ? loss_sum.device() : norm.device();
+  std::vector<torch::Tensor> parts;
+  if (loss_sum.defined()) parts.push_back(loss_sum);
+  parts.push_back(norm);
+  if (scaled) {
+    parts.push_back(p_.scaler->found_inf_tensor());
+    parts.push_back(p_.scaler->scale_tensor());
+  }
+  for (auto& t : parts) t = t.reshape({1}).to(dev, torch::kFloat);
+  const torch::Tensor host = torch::cat(parts).cpu();
+  const float* v = host.data_ptr<float>();
+  HostValues h;
+  size_t i = 0;
+  if (loss_sum.defined()) h.loss = v[i++];
+  h.grad_norm = v[i++];
+  if (scaled) {
+    h.found_inf = v[i++] != 0.0f;
+    h.loss_scale = v[i++];
+  }
+  return h;
+}
+
 void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r) {
   // Per-phase peaks for the memory report; the last phase is recorded (as failed) also when an OOM unwinds.
   PhasePeakRecorder phases(*p_.memory, *p_.reporter, step, controller_.micro_batch());
@@ -162,16 +202,13 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
     offset += sizes[i];
   }
   // The one host sync per step: the step must be skipped on non-finite values, and the metrics line
-  // wants the loss. (GradScaler in PyTorch syncs here too.)
-  if (p_.dist) {
-    r.loss = global_loss;
-    r.grad_norm = norm.item<double>();
-  } else {
-    auto host = torch::stack({loss_sum, norm.to(loss_sum.device())}).cpu();
-    r.loss = host[0].item<double>();
-    r.grad_norm = host[1].item<double>();
-  }
-  r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !p_.scaler->found_inf();
+  // wants the loss, the norm and the loss scale. They come back in one copy (PyTorch's GradScaler reads
+  // found_inf on its own, and the loss is read after it: two syncs, each a pause of the device).
+  const HostValues host = read_step_values(p_.dist ? torch::Tensor() : loss_sum, norm);
+  r.loss = p_.dist ? global_loss : host.loss;  // data parallel: summed over the ranks by agree_on_oom
+  r.grad_norm = host.grad_norm;
+  r.loss_scale = host.loss_scale;
+  r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !host.found_inf;
   if (r.updated) p_.optimizer->step(lr);
   p_.scaler->update();
   r.micro_batch = controller_.micro_batch();

@@ -39,6 +39,7 @@ namespace trainer {
 struct StepResult {
   double loss = 0;          ///< mean loss over the global batch
   double grad_norm = 0;     ///< before clipping
+  double loss_scale = 0;    ///< the scale this step's losses were multiplied by (fp16's GradScaler; 0 without)
   bool updated = true;      ///< false: skipped (non-finite gradients)
   int64_t micro_batch = 0;  ///< micro-batch the step completed with
   int64_t accum_steps = 0;
@@ -86,8 +87,8 @@ struct SearchStopped : std::runtime_error {
 ///
 /// `batched` (train.snapshot: batched) copies the buffers of each (device, dtype) into one tensor: a
 /// concatenation, 1-2 copies where a copy per buffer is one each (ResNet-50: 161, which on a GPU are 161
-/// launches at the start of every step while the device waits). Either way restore() writes back the
-/// same values.
+/// launches at the start of every step while the device waits); the views of each buffer's part are made
+/// by restore() (an OOM), not at every step. Either way restore() writes back the same values.
 class StepSnapshot {
  public:
   StepSnapshot(torch::nn::Module& model, const c10::Device& device, bool batched = true);
@@ -95,7 +96,13 @@ class StepSnapshot {
   void restore() const;
 
  private:
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers_;  // (live buffer, saved copy)
+  /// Live buffers and their saved values: per_buffer, one group per buffer (saved: its clone); batched,
+  /// one group per (device, dtype) (saved: the buffers concatenated, flattened, in order).
+  struct Group {
+    std::vector<torch::Tensor> live;
+    torch::Tensor saved;
+  };
+  std::vector<Group> groups_;
   GeneratorStates generators_;
 };
 
@@ -220,6 +227,14 @@ class Step {
   /// Data parallel, after micro-batch i of `count`: rethrows this rank's OOM, or PeerOutOfMemory when
   /// another rank had one; returns the global loss after the last micro-batch.
   double agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum);
+  /// What the host needs of a finished attempt, read in one device-to-host copy.
+  struct HostValues {
+    double loss = 0;          ///< loss_sum's value (0 when loss_sum is undefined: data parallel has it)
+    double grad_norm = 0;
+    bool found_inf = false;   ///< the scaler saw an inf/NaN gradient (false without a scaler)
+    double loss_scale = 0;    ///< the scaler's scale (0 without a scaler)
+  };
+  HostValues read_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const;
   void drop_failed_attempt();
   /// What a backward that threw left queued in the autograd engine, dropped (see step.cpp).
   void release_autograd_leftovers();

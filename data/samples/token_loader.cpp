@@ -69,14 +69,17 @@ void SyntheticTokens::read(int64_t begin, int64_t n, int64_t* out) const {
 
 namespace {
 
-// Reads the windows starting at `starts` into a batch: inputs (B, T) and targets (B, T) shifted by one.
-void fill_windows(const TokenSource& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b) {
+// Reads the windows starting at `starts` into a batch: inputs (B, T) and targets (B, T) shifted by one,
+// in pinned memory if `pinned`.
+void fill_windows(const TokenSource& ds, const std::vector<int64_t>& starts, int64_t T, Batch& b,
+                  bool pinned = false) {
   const int64_t B = static_cast<int64_t>(starts.size());
   auto w = torch::empty({B, T + 1}, torch::kLong);  // (B, T + 1)
   int64_t* p = w.data_ptr<int64_t>();
   for (int64_t i = 0; i < B; ++i) ds.read(starts[i], T + 1, p + i * (T + 1));
-  b.images = w.slice(1, 0, T).contiguous();      // (B, T)
-  b.labels = w.slice(1, 1, T + 1).contiguous();  // (B, T)
+  const auto options = torch::TensorOptions().dtype(torch::kLong).pinned_memory(pinned);
+  b.images = torch::empty({B, T}, options).copy_(w.slice(1, 0, T));      // (B, T)
+  b.labels = torch::empty({B, T}, options).copy_(w.slice(1, 1, T + 1));  // (B, T)
   b.indices = starts;
 }
 
@@ -151,7 +154,7 @@ Batch TokenLoader::batch_at(int64_t epoch, int64_t position) const {
   const auto [lo, hi] = rank_slice(opt_.global_batch, opt_.rank, opt_.world_size);
   std::vector<int64_t> starts(order.begin() + s.position + lo, order.begin() + s.position + hi);
   Batch b;
-  fill_windows(*dataset_, starts, opt_.context, b);
+  fill_windows(*dataset_, starts, opt_.context, b, opt_.pin_memory && torch::cuda::is_available());
   b.epoch = s.epoch;
   b.position = s.position;
   b.global_size = opt_.global_batch;

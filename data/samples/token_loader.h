@@ -68,6 +68,9 @@ struct TokenLoaderOptions {
   /// This process's rank and the number of data-parallel processes.
   int64_t rank = 0;
   int64_t world_size = 1;
+  /// Batches in pinned (page-locked) host memory where CUDA is available, so that their copy to the GPU
+  /// is asynchronous (from pageable memory the copy waits for the device: a host sync per tensor).
+  bool pin_memory = false;
 };
 
 /// The training loader over one split (the windows of the file comment). Reading a window is a copy of
