@@ -206,7 +206,7 @@ TEST(CudnnPolicy, NamesAndBadOptions) {
 // with the key (exit 2 through the command line, as every config error).
 TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
   const trainer::Config d = trainer::load_config("", {"train.steps=1", "train.epochs=0"});
-  EXPECT_EQ(d.memory.cudnn_policy, "auto");
+  EXPECT_EQ(d.memory.cudnn_policy, "start");
   EXPECT_EQ(d.memory.auto_search, "curve");
   EXPECT_EQ(d.memory.ladder_sizes, "any");
   EXPECT_EQ(d.memory.cudnn_benchmark_limit, 0);
@@ -231,7 +231,7 @@ TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
     return testutil::error_text([&] { trainer::load_config("", {"train.steps=1", "train.epochs=0", set}); });
   };
   EXPECT_EQ(error("memory.cudnn_policy=fast"),
-            "config: key 'memory.cudnn_policy': 'fast' is not one of: auto, always, off, start, pretune, settle");
+            "config: key 'memory.cudnn_policy': 'fast' is not one of: always, off, start, pretune, settle");
   EXPECT_EQ(error("memory.auto_search=bisect"), "config: key 'memory.auto_search': 'bisect' is not one of: curve, doubling");
   EXPECT_EQ(error("memory.ladder_sizes=powers"), "config: key 'memory.ladder_sizes': 'powers' is not one of: any, halvings");
   EXPECT_EQ(error("memory.cudnn_benchmark_limit=-1"),

@@ -121,9 +121,7 @@ struct MemoryConfig {
   double headroom = 0.25;                     ///< grow only when peak < (1 - headroom) * limit
   std::string ladder_sizes = "any";           ///< any | halvings: grow-back probes only sizes reached by halving
   std::string auto_search = "curve";          ///< micro_batch auto: curve (a few probes, within 90%) | doubling (exact)
-  /// auto | always | off | start | pretune | settle: when cuDNN times algorithms. auto: pretune on a CUDA
-  /// device (the fastest recovery and grow-back measured on an H200, docs/MEMORY.md), start elsewhere.
-  std::string cudnn_policy = "auto";
+  std::string cudnn_policy = "start";         ///< always | off | start | pretune | settle: when cuDNN times algorithms
   int64_t cudnn_benchmark_limit = 0;          ///< algorithms cuDNN times per new shape (0 = LibTorch's default, 10)
   bool cudnn_empty_cache = true;              ///< empty the CUDA cache after each cuDNN timing (LibTorch's default)
 };

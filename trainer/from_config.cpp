@@ -243,10 +243,7 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.auto_search = cfg.memory.auto_search;
   // Deterministic runs keep cuDNN's benchmark mode off, as before the policy: timing can choose other
   // algorithms from run to run (whichever measured faster), and with them other rounding.
-  // auto: pretune where cuDNN times at all (a CUDA device); on the CPU its passes would only cost time.
-  const std::string policy =
-      cfg.memory.cudnn_policy != "auto" ? cfg.memory.cudnn_policy : device.is_cuda() ? "pretune" : "start";
-  o.cudnn.mode = cfg.train.deterministic ? CudnnMode::kOff : cudnn_mode_from(policy);
+  o.cudnn.mode = cfg.train.deterministic ? CudnnMode::kOff : cudnn_mode_from(cfg.memory.cudnn_policy);
   o.cudnn.retry_tuning_oom = device.is_cuda();
   return o;
 }
