@@ -38,9 +38,10 @@ on speed:
              loss.item(): the one host sync per step, as the trainer.
   optimizer  torch.optim.SGD (momentum, nesterov, weight decay) or AdamW, no weight decay on tensors with
              fewer than 2 dims unless optim.decay_norm_and_bias; the trainer's LR schedule per step.
-             optim.implementation as the trainer's: auto = torch.optim's default (foreach on CUDA, a loop
-             over the tensors on the CPU: what the trainer's auto picks), plain = foreach=False, foreach =
-             foreach=True, fused = fused=True (an error where this torch has no fused kernel).
+             optim.implementation as the trainer's: auto = what the trainer's auto picks (fused=True on
+             CUDA with torch 2.4+, torch.optim's default foreach before, a loop over the tensors on the
+             CPU), plain = foreach=False, foreach = foreach=True, fused = fused=True (an error where this
+             torch has no fused kernel).
   threads    torch.set_num_threads(train.threads, or the CPUs this process may use: affinity and cgroup
              quota, as trainer/memory/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
 Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
@@ -94,7 +95,7 @@ DEFAULTS = {
     "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,
                "activation_checkpointing": "none", "checkpoint_every_k": 2, "ladder_checkpointing": True,
                "grow_after": 50, "headroom": 0.25, "ladder_sizes": "any", "auto_search": "curve",
-               "cudnn_policy": "auto", "cudnn_benchmark_limit": 0, "cudnn_empty_cache": True},
+               "cudnn_policy": "start", "cudnn_benchmark_limit": 0, "cudnn_empty_cache": True},
     "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True,
                    "max_failures": 3, "final": True},
     "dist": {"backend": "auto", "timeout_s": 600.0, "bucket_mb": 25.0},
@@ -712,9 +713,16 @@ def forward_flops(model, shape, torch, nn):
     return 2.0 * macs[0]
 
 
-def optimizer_implementation(name):
-    """torch.optim's keyword arguments for optim.implementation (trainer/optim.h's choice of kernels)."""
-    return {"auto": {}, "plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[name]
+def optimizer_implementation(name, device):
+    """torch.optim's keyword arguments for optim.implementation (trainer/optim.h's choice of kernels):
+    auto is the trainer's auto, the fused kernels on CUDA where torch has them for both optimizers
+    (2.4+, as the trainer's compat::kHasFusedOptimizers), torch.optim's default (foreach) before that,
+    and a loop over the tensors on the CPU."""
+    if name == "auto":
+        if device.type != "cuda":
+            return {"foreach": False}
+        return {"fused": True} if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4) else {}
+    return {"plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[name]
 
 
 def learning_rate(cfg, step, total_steps, warmup_steps):
@@ -778,7 +786,7 @@ def run(cfg, args, torch):
     for p in model.parameters():
         (decay if o["decay_norm_and_bias"] or p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    impl = optimizer_implementation(o["implementation"])
+    impl = optimizer_implementation(o["implementation"], torch.device(device))
     try:
         if o["name"] == "sgd":
             opt = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"],

@@ -3,6 +3,7 @@
 // checkpointing against one plain batch.
 #include <gtest/gtest.h>
 
+#include "common/compat.h"
 #include "train_util.h"
 #include "trainer/memory/backend.h"
 #include "trainer/optim.h"
@@ -170,11 +171,12 @@ TEST(TrainOptimizer, ForeachMatchesThePlainUpdate) { foreach_matches_plain(torch
 TEST(TrainOptimizer, ForeachMatchesThePlainUpdateOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device (the multi-tensor CUDA kernels)";
   foreach_matches_plain(torch::kCUDA);
-  // The default there is the multi-tensor path.
+  // The default there is the fused kernels where LibTorch has them (2.4+), else the multi-tensor path.
   Net net;
   net.to(torch::kCUDA);
   trainer::OptimConfig c;
-  EXPECT_TRUE(trainer::Optimizer(trainer::param_slots(net, false), c).foreach());
+  EXPECT_EQ(trainer::Optimizer(trainer::param_slots(net, false), c).implementation(),
+            trainer::compat::kHasFusedOptimizers ? "fused" : "foreach");
 }
 
 TEST(TrainOptimizer, NoDecayOnBiasAndNormWeights) {

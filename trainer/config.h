@@ -67,8 +67,9 @@ struct OptimConfig {
   double beta2 = 0.999;         ///< adamw
   double eps = 1e-8;            ///< adamw
   double grad_clip = 0.0;       ///< max global gradient norm (0 = off)
-  /// How the update runs (trainer/optim.h): auto (foreach on CUDA, plain on the CPU), plain (tensor by
-  /// tensor), foreach (multi-tensor ops), fused (one fused kernel per group: LibTorch 2.4+).
+  /// How the update runs (trainer/optim.h): auto (fused on CUDA with LibTorch 2.4+, foreach on CUDA
+  /// before, plain on the CPU), plain (tensor by tensor), foreach (multi-tensor ops), fused (one fused
+  /// kernel per group: LibTorch 2.4+).
   std::string implementation = "auto";
 };
 

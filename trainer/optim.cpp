@@ -30,7 +30,10 @@ Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std:
   TORCH_CHECK(cfg_.name == "sgd" || cfg_.name == "adamw", "optim.name: unknown optimizer '", cfg_.name, "'");
   const std::string& impl = cfg_.implementation;
   if (foreach) impl_ = *foreach ? Impl::foreach : Impl::plain;
-  else if (impl == "auto") impl_ = on_cuda(params_) ? Impl::foreach : Impl::plain;
+  // auto: the fused kernels on CUDA where LibTorch has them (1.035x GPT-2's step on an H200, 1.014x
+  // ResNet-50's: docs/BENCHMARKS.md), else the multi-tensor ops; on the CPU the plain loop.
+  else if (impl == "auto")
+    impl_ = !on_cuda(params_) ? Impl::plain : compat::kHasFusedOptimizers ? Impl::fused : Impl::foreach;
   else if (impl == "plain") impl_ = Impl::plain;
   else if (impl == "foreach") impl_ = Impl::foreach;
   else if (impl == "fused") impl_ = Impl::fused;

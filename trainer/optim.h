@@ -10,9 +10,8 @@
 // Two ways to apply the same update: parameter by parameter (a few kernels per tensor), or with the
 // multi-tensor `_foreach_*` ops (a few kernels per step), as PyTorch's optimizers do by default on CUDA.
 // ResNet-50 has 161 parameter tensors: one by one, the update is about 650 small kernel launches after
-// the step's host sync, during which the GPU waits. The foreach path is the default for CUDA parameters;
-// on the CPU LibTorch runs the foreach ops tensor by tensor anyway, so the plain path stays the default
-// there and the foreach path is tested against it.
+// the step's host sync, during which the GPU waits. On the CPU LibTorch runs the foreach ops tensor by
+// tensor anyway, so the plain path is the default there and the foreach path is tested against it.
 //
 // A third way, optim.implementation: fused, is one fused kernel per group of tensors (at::_fused_sgd_,
 // at::_fused_adamw_: LibTorch 2.4+, CPU and CUDA), which reads and writes each parameter, gradient and
@@ -20,6 +19,8 @@
 // rounded differently (AdamW's bias corrections in float32, weight decay as p - lr*wd*p); it uses the
 // same state tensors, so checkpoints move between the three. Every step runs inside a profiler scope
 // "Optimizer.step#SGD.step" / "Optimizer.step#AdamW.step", the names torch.optim gives its steps.
+// The default for CUDA parameters (auto) is fused where LibTorch has it (2.4+: 1.035x GPT-2 small's step
+// on an H200, docs/BENCHMARKS.md), foreach before.
 #pragma once
 
 #include <torch/torch.h>
@@ -46,8 +47,8 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 
 class Optimizer {
  public:
-  /// How step() applies the update: cfg.implementation, with auto = foreach for CUDA parameters, plain
-  /// otherwise. `foreach`, when given, overrides it: true = foreach, false = plain. Throws
+  /// How step() applies the update: cfg.implementation, with auto = fused for CUDA parameters where
+  /// LibTorch has the kernels (foreach where it does not), plain otherwise. `foreach`, when given, overrides it: true = foreach, false = plain. Throws
   /// std::invalid_argument for fused where LibTorch lacks the kernels (compat::kHasFusedOptimizers).
   Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach = std::nullopt);
 
