@@ -40,9 +40,9 @@
 #
 # Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
 # and share run when named)
-# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 5 s, tests 44 s (56 tests), share
-# 90 s, speed 105 s with TRAINER_SPEED_ROUNDS=2, profile 50 s, fixes 66 s (4 pairs), jpeg 42-62 s
-# (2026-11-26); cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in
+# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 6 s, tests 46 s (58 tests), share
+# 118 s (A's 30 steps; about 180 s expected with its 90), speed 120 s with TRAINER_SPEED_ROUNDS=2, profile
+# 54 s, fixes 241 s (5 pairs, TRAINER_FIXES_ROUNDS=2), jpeg 42-62 s (2026-11-26); cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in
 # time are skipped and listed).
 #
 # The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
@@ -110,7 +110,7 @@ pack=${TRAINER_GPU_PACK:-}
 deadline=${TRAINER_GPU_DEADLINE_S:-0}
 [[ -z $pack ]] || { mkdir -p "$pack" && pack=$(cd "$pack" && pwd); } || exit 2
 declare -A usual_s=([env]=15 [tests]=50 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15)) [speed]=140
-  [jpeg]=70 [fixes]=130 [share]=130 [summary]=5)
+  [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=200 [summary]=5)
 
 failed=()
 skipped=()
@@ -215,8 +215,10 @@ profile_phase() {
 # Each candidate fix off (A: the default) and on (B), the trainer alone, in alternating rounds (bench/ab.py);
 # the snapshot the other way round: B is the default (batched), A the earlier per-buffer copies.
 fixes_phase() {
-  local rc=0 warmup=10 steps=20 name job fixes kv
-  [[ $mode == cuda ]] || { warmup=1 steps=2; }
+  # The optimizer's pair: on CUDA the multi-tensor update (the default before fused) against fused (auto
+  # now); on the CPU auto (the plain loop) against foreach.
+  local rc=0 warmup=10 steps=20 name job fixes kv optimizer_a=foreach
+  [[ $mode == cuda ]] || { warmup=1 steps=2 optimizer_a=auto; }
   while IFS='|' read -r name job fixes; do
     # shellcheck disable=SC2206
     local sets=($job)
@@ -225,7 +227,7 @@ fixes_phase() {
     [[ $name == gpt2 ]] && pairs+=("fused_bias|model.fused_bias=false|model.fused_bias=true")
     for kv in ${fixes//,/ }; do
       case ${kv%%=*} in
-        optim.implementation) pairs+=("optimizer|optim.implementation=auto|$kv") ;;
+        optim.implementation) pairs+=("optimizer|optim.implementation=$optimizer_a|$kv") ;;
         model.vocab_multiple) pairs+=("vocab|model.vocab_multiple=1|$kv") ;;
       esac
     done
@@ -246,14 +248,16 @@ fixes_phase() {
 share_phase() {
   local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --set train.micro_batch=auto
     --set checkpoint.final=false)
-  local a=(--a-set train.global_batch=4096) b=(--b-set train.global_batch=1024) steps=(--a-steps 30 --b-steps 120 --b-after 8)
+  # A's 90 steps (about 1 s each alone) outlast B's start (its search and first step, 30-45 s): the two train
+  # side by side for about a minute, which the overlap figures need.
+  local a=(--a-set train.global_batch=4096) b=(--b-set train.global_batch=1024) steps=(--a-steps 90 --b-steps 120 --b-after 8)
   if [[ $mode != cuda ]]; then
     cfg=(--config configs/bench_oom_tiny.yaml --set train.micro_batch=auto --set train.threads=1 --set checkpoint.final=false)
     a=() b=() steps=(--a-steps 300 --b-steps 400 --b-after 50)
   fi
   rm -rf "$out/share_runs"
   "$py" bench/share_gpu.py --trainer "$out/bin/trainer" "${cfg[@]}" "${a[@]}" "${b[@]}" "${steps[@]}" \
-    --timeout-s "${TRAINER_SHARE_TIMEOUT_S:-150}" --workdir "$out/share_runs" --out "$out/share.json"
+    --timeout-s "${TRAINER_SHARE_TIMEOUT_S:-240}" --workdir "$out/share_runs" --out "$out/share.json"
 }
 
 speed_phase() {

@@ -3,12 +3,12 @@
 # same machine, each bringing back at most 8 files (docs/BENCHMARKS.md "One window on a GPU host").
 #
 #   part  phases of scripts/gpu-check.sh          usual time on an H200
-#   1     env tests share cap speed               about 7.5 min: versions, the CUDA tests, two jobs on one
-#                                                 GPU, the cut, backoff and grow-back per cuDNN policy and
-#                                                 auto against the search (budget 120 s), both models
-#                                                 against Python (2 rounds)
-#   2     fixes profile summary                   about 4 min: each candidate fix off and on, the profile
-#                                                 tables
+#   1     env tests cap speed                     about 5.5 min: versions, the CUDA tests, the cut, backoff
+#                                                 and grow-back per cuDNN policy and auto against the
+#                                                 search (budget 120 s), both models against Python
+#                                                 (2 rounds)
+#   2     share fixes profile summary             about 6 min: two jobs on one GPU, each candidate fix off
+#                                                 and on, the profile tables
 #
 # Everything is written to WORK (default /tmp/trainer-window), outside PACK, and kept there between the
 # two calls; after each phase PACK gets that phase's small files as <phase>.tgz (no checkpoints, no
@@ -28,8 +28,8 @@ cd "$(dirname "$0")/.."
 (($# >= 2)) || { echo "usage: scripts/gpu-window.sh PACK 1|2|all|PHASE,PHASE,... [WORK]" >&2; exit 2; }
 pack=$1 part=$2 work=${3:-/tmp/trainer-window}
 case $part in
-  1) phases=(env tests share cap speed) ;;
-  2) phases=(fixes profile summary) ;;
+  1) phases=(env tests cap speed) ;;
+  2) phases=(share fixes profile summary) ;;
   all) phases=(env tests share cap speed fixes profile summary) ;;
   *[a-z]*) IFS=, read -ra phases <<<"$part" ;;  # gpu-check.sh refuses a phase it does not know
   *) echo "error: part '$part': 1, 2, all or a list of phases" >&2; exit 2 ;;
