@@ -48,8 +48,9 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 class Optimizer {
  public:
   /// How step() applies the update: cfg.implementation, with auto = fused for CUDA parameters where
-  /// LibTorch has the kernels (foreach where it does not), plain otherwise. `foreach`, when given, overrides it: true = foreach, false = plain. Throws
-  /// std::invalid_argument for fused where LibTorch lacks the kernels (compat::kHasFusedOptimizers).
+  /// LibTorch has the kernels (foreach where it does not), plain otherwise. `foreach`, when given,
+  /// overrides it: true = foreach, false = plain. Throws std::invalid_argument for fused where LibTorch
+  /// lacks the kernels (compat::kHasFusedOptimizers).
   Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach = std::nullopt);
 
   /// Drops every gradient (sets it to an undefined tensor, freeing its memory).

@@ -108,6 +108,7 @@ void check_context(const char* who, const TokenSource& ds, int64_t T) {
 TokenLoader::TokenLoader(std::shared_ptr<const TokenSource> dataset, TokenLoaderOptions options)
     : dataset_(std::move(dataset)), opt_(options) {
   TORCH_CHECK(dataset_, "TokenLoader: no dataset");
+  opt_.pin_memory = opt_.pin_memory && torch::cuda::is_available();  // decided once, not per batch
   check_context("token loader", *dataset_, opt_.context);
   check_rank("token loader", opt_.rank, opt_.world_size);
   const int64_t full = (dataset_->size() - 1) / opt_.context;
@@ -154,7 +155,7 @@ Batch TokenLoader::batch_at(int64_t epoch, int64_t position) const {
   const auto [lo, hi] = rank_slice(opt_.global_batch, opt_.rank, opt_.world_size);
   std::vector<int64_t> starts(order.begin() + s.position + lo, order.begin() + s.position + hi);
   Batch b;
-  fill_windows(*dataset_, starts, opt_.context, b, opt_.pin_memory && torch::cuda::is_available());
+  fill_windows(*dataset_, starts, opt_.context, b, opt_.pin_memory);
   b.epoch = s.epoch;
   b.position = s.position;
   b.global_size = opt_.global_batch;
