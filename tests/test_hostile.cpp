@@ -1,6 +1,6 @@
 // Hostile input, each against the real thing: clients on real loopback sockets (slowloris, silent,
 // huge headers, floods, pipelining, clients that never read), a control.yaml that is a FIFO or says
-// nonsense, a metrics.jsonl on a real full file system (a small tmpfs the test mounts, skipped where
+// nonsense, a FIFO, socket or device where a file must be, a metrics.jsonl on a real full file system (a small tmpfs the test mounts, skipped where
 // it cannot), and configs that used to reach LibTorch and come back as a C++ backtrace.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,6 +11,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -29,8 +31,18 @@
 #include "test_util.h"
 #include "http_client.h"
 #include "train_util.h"
+#include "common/files.h"
 #include "common/log.h"
+#include "data/files/idx.h"
+#include "data/files/image_h5.h"
+#include "data/files/packed_images.h"
+#include "data/files/token_h5.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/store.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/memory/curve.h"
 #include "trainer/memory/resources.h"
+#include "trainer/memory/search_findings.h"
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 
@@ -507,6 +519,139 @@ TEST(HostileControlFile, AFifoInPlaceOfTheFileDoesNotBlockThePoll) {
   EXPECT_NE(p.warning.find("not a regular file"), std::string::npos) << p.warning;
   // One warning, not one per step.
   EXPECT_TRUE(control.poll().warning.empty());
+}
+
+// ---- issue 40: a FIFO, a socket or a device where a file must be ------------------------------------
+
+namespace {
+
+constexpr const char* kFifo = "is a named pipe (FIFO), not a regular file";
+
+std::string make_fifo(const fs::path& path) {
+  EXPECT_EQ(mkfifo(path.c_str(), 0600), 0) << path << ": " << std::strerror(errno);
+  return path.string();
+}
+
+// `read` against the FIFO `fifo`, which no process writes: its error text. A reader that opens the FIFO
+// waits for a writer; the test then plays one (opens and closes the FIFO) so that the reader returns,
+// and fails.
+std::string refused_at_once(const std::string& fifo, const std::function<void()>& read) {
+  auto done = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      read();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  });
+  if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on the FIFO " << fifo;
+    for (int i = 0; i < 100 && done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready; ++i) {
+      const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (w >= 0) close(w);
+    }
+  }
+  return done.get();
+}
+
+}  // namespace
+
+TEST(HostileFiles, EachKindOfNonRegularFileIsNamedWithoutOpeningIt) {
+  TempDir dir;
+  EXPECT_EQ(trainer::not_a_regular_file(make_fifo(dir / "pipe")), kFifo);
+  EXPECT_EQ(trainer::not_a_regular_file("/dev/zero"), "is a character device, not a regular file");
+  EXPECT_EQ(trainer::not_a_regular_file(dir.str()), "is a directory, not a regular file");
+  // A socket, bound where a path is.
+  const int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock = (dir / "sock").string();
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock.c_str());
+  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  EXPECT_EQ(trainer::not_a_regular_file(sock), "is a socket, not a regular file");
+  close(s);
+  // A link is followed: to a regular file it is one, to a FIFO it is not.
+  testutil::write_file(dir / "file", "x");
+  fs::create_symlink(dir / "file", dir / "to_file");
+  fs::create_symlink(dir / "pipe", dir / "to_pipe");
+  EXPECT_EQ(trainer::not_a_regular_file((dir / "to_file").string()), "");
+  EXPECT_EQ(trainer::not_a_regular_file((dir / "to_pipe").string()), kFifo);
+  // What does not exist is left to the open, which names its error.
+  EXPECT_EQ(trainer::not_a_regular_file((dir / "missing").string()), "");
+  EXPECT_EQ(refused_at_once((dir / "pipe").string(), [&] { trainer::require_regular_file((dir / "to_pipe").string(), "weights file"); }),
+            "weights file '" + (dir / "to_pipe").string() + "' " + kFifo);
+}
+
+TEST(HostileFiles, WeightsCurvesAndDataFilesThatAreFifosAreRefusedAtOnce) {
+  TempDir dir;
+  const std::string p = make_fifo(dir / "pipe");
+  auto expect_refused = [&](const std::string& what, const std::function<void()>& read) {
+    const std::string e = refused_at_once(p, read);
+    EXPECT_NE(e.find(p), std::string::npos) << what << ": " << e;
+    EXPECT_NE(e.find(kFifo), std::string::npos) << what << ": " << e;
+  };
+  expect_refused("weights", [&] { trainer::read_weights(p); });
+  expect_refused("safetensors", [&] { trainer::read_safetensors(p); });
+  expect_refused("memory curve", [&] { trainer::read_memory_curve(p); });
+  expect_refused("image split", [&] { data::ImageH5Dataset(p, false); });
+  expect_refused("packed split", [&] { data::PackedImageDataset(p, data::ImageTransform{}); });
+  expect_refused("token split", [&] { data::TokenDataset(p, false); });
+  expect_refused("convert-bin", [&] { data::convert_uint16_bin(p, 50257, (dir / "out.h5").string()); });
+  expect_refused("convert-text", [&] { data::convert_text({p}, (dir / "text").string(), 0.1); });
+  expect_refused("IDX file", [&] { data::read_idx_labels(p); });
+  // The auto-search cache is set aside with a warning that says why, as any unreadable cache is.
+  trainer::SearchFindings findings(p);
+  EXPECT_NE(findings.problem().find(kFifo), std::string::npos) << findings.problem();
+}
+
+TEST(HostileFiles, ACheckpointWithAFifoForAFileIsUnusableAndNamesIt) {
+  TempDir run;
+  trainer::CheckpointStore store(run.str(), 3);
+  const std::string first = store.save(1, {{"model.pt", "weights"}});
+  const std::string second = store.save(2, {{"model.pt", "weights"}});
+  fs::remove(fs::path(second) / "model.pt");
+  const std::string data_fifo = make_fifo(fs::path(second) / "model.pt");
+  EXPECT_EQ(refused_at_once(data_fifo, [&] { trainer::CheckpointStore::load(second); }),
+            "cannot resume from checkpoint " + second + ": model.pt " + kFifo);
+  // The run's own resume passes over it to the one before, as over any corrupt checkpoint.
+  std::optional<trainer::LoadedCheckpoint> latest;
+  refused_at_once(data_fifo, [&] { latest = store.load_latest(); });
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 1);
+
+  fs::remove(fs::path(first) / "manifest.json");
+  const std::string manifest_fifo = make_fifo(fs::path(first) / "manifest.json");
+  EXPECT_EQ(refused_at_once(manifest_fifo, [&] { trainer::CheckpointStore::load(first); }),
+            "cannot resume from checkpoint " + first + ": manifest.json " + kFifo);
+
+  const fs::path latest_file = fs::path(first).parent_path() / "latest";
+  fs::remove(latest_file);
+  const std::string latest_fifo = make_fifo(latest_file);
+  const std::string e = refused_at_once(latest_fifo, [&] { trainer::CheckpointStore::load(run.str()); });
+  EXPECT_NE(e.find(latest_fifo + " " + kFifo), std::string::npos) << e;
+}
+
+// Through the executable: each is one error line and exit 2, at once. data.train and --split go through
+// the HDF5 check's child process (data/files/h5_check.h), which must not wait for a writer either.
+TEST(HostileFiles, TheCommandLineRefusesAFifoInOneLine) {
+  TempDir dir;
+  const std::string p = make_fifo(dir / "pipe");
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_one_line_error(kSynthetic + " --set model.init_from=" + p, {p, kFifo});
+  expect_one_line_error(kSynthetic + " --set train.micro_batch=auto --set memory.curve=" + p, {p, kFifo});
+  expect_one_line_error(" --set data.kind=hdf5 --set data.train=" + p + " --set data.test= --set train.steps=1 --set train.epochs=0",
+                        {p, kFifo});
+  EXPECT_LT(seconds_since(t0), 20.0) << "the HDF5 check's child waited for a writer";
+  // trainer eval --split: a finished one-step run scored on the FIFO.
+  auto trained = testutil::run(testutil::trainer_cmd((dir / "run").string(), kSynthetic));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto t1 = std::chrono::steady_clock::now();
+  auto r = testutil::run("timeout 60 " + testutil::trainer_bin() + " eval --run-dir " + (dir / "run").string() + " --split " + p);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(kFifo), std::string::npos) << r.output;
+  EXPECT_LT(seconds_since(t1), 20.0) << r.output;
 }
 
 TEST(HostileControlFile, ALimitThatIsNotAPositiveByteSizeIsRefusedAndTheCapStays) {

@@ -227,7 +227,7 @@ TEST(Safetensors, HostileFilesAreRefusedWithOneLineNamingTheRule) {
             "w: not a valid safetensors file: tensor 'a': shape holds a list, not an integer");
   EXPECT_EQ(testutil::error_text([&] { trainer::read_safetensors((dir / "none.safetensors").string()); }),
             (dir / "none.safetensors").string() + ": cannot open the safetensors file: No such file or directory");
-  EXPECT_EQ(testutil::error_text([&] { trainer::read_safetensors(dir.str()); }), dir.str() + ": not a regular file");
+  EXPECT_EQ(testutil::error_text([&] { trainer::read_safetensors(dir.str()); }), dir.str() + ": is a directory, not a regular file");
 }
 
 TEST(Safetensors, HostileInitFromFileIsOneErrorLineAndExit2) {

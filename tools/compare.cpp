@@ -175,7 +175,7 @@ nlohmann::json load_summary(const std::string& path) {
   }
   if (!fs::exists(path, ec)) throw std::runtime_error(path + ": no such file or folder");
   if (ends_with(path, ".jsonl")) return summarize_metrics(path);
-  std::ifstream in(path);
+  std::ifstream in(path);  // read once, as a stream: `<(trainer compare --summarize RUN)` works
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);

@@ -267,6 +267,8 @@ void apply_yaml_text(Config& cfg, const std::string& text, const std::string& so
   apply_node(fs, root, "", source);
 }
 
+// Read once, as a stream: a named pipe works (`--config <(render-config)`) and waits for its writer, as a
+// shell's pipe would (common/files.h has the readers that refuse one).
 void apply_yaml_file(Config& cfg, const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot read the config file (missing or unreadable)");

@@ -359,6 +359,9 @@ H5CheckResult check_h5_file(const std::string& path, const H5CheckOptions& optio
   if (!g_serves_check.load()) return {};
   struct stat st{};
   const bool exists = ::stat(path.c_str(), &st) == 0;
+  // A FIFO, a socket, a device or a folder: the reader refuses it at once, naming what it is (a child would
+  // wait on a FIFO until its timeout).
+  if (exists && !S_ISREG(st.st_mode)) return {};
   const int64_t bytes = exists ? static_cast<int64_t>(st.st_size) : 0;
   const auto key = std::make_tuple(path, bytes, exists ? static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0,
                                    static_cast<int>(options.kind));

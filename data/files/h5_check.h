@@ -44,7 +44,9 @@ struct H5CheckOptions {
 /// What check_h5_file() did.
 struct H5CheckResult {
   /// False when no child ran: the file passed an equal or stronger check in this process already (same
-  /// path, size and modification time), or this executable does not serve the check (see serve_h5_check).
+  /// path, size and modification time), the path is not a regular file (a FIFO would hold the child until
+  /// its timeout; the reader refuses it at once, common/files.h), or this executable does not serve the
+  /// check (see serve_h5_check).
   bool ran = false;
   /// Wall time from the spawn to the child's exit.
   double seconds = 0;

@@ -1,5 +1,7 @@
 #include "data/files/idx.h"
 
+#include "common/files.h"
+
 #include <zlib.h>
 
 #include <cstdio>
@@ -20,6 +22,8 @@ struct GzFile {
   std::string path;
   explicit GzFile(std::string p) : path(std::move(p)) {
     std::error_code ec;
+    if (const auto kind = trainer::not_a_regular_file(path); !kind.empty())
+      throw std::runtime_error("read_idx: " + path + " " + kind);
     if (!fs::is_regular_file(path, ec)) throw std::runtime_error("read_idx: " + path + ": file not found");
     f = gzopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error("read_idx: " + path + ": cannot open");
@@ -110,7 +114,7 @@ std::vector<int64_t> read_idx(const std::string& path, int ndims, std::vector<ui
 std::string find_idx(const fs::path& dir, const std::string& name) {
   for (const std::string& candidate : {name + ".gz", name}) {
     std::error_code ec;
-    if (fs::is_regular_file(dir / candidate, ec)) return (dir / candidate).string();
+    if (fs::exists(dir / candidate, ec)) return (dir / candidate).string();  // read_idx refuses a non-file
   }
   throw std::runtime_error("convert_idx: " + dir.string() + ": missing " + name + ".gz (expected the IDX files "
                            "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "

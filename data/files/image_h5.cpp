@@ -1,5 +1,6 @@
 #include "data/files/image_h5.h"
 
+#include "common/files.h"
 #include "data/files/hdf5_lock.h"
 
 #include <hdf5.h>
@@ -390,7 +391,7 @@ std::pair<int64_t, int> storage_layout(hid_t images) {
 ImageH5Dataset::ImageH5Dataset(std::string path, bool in_memory) : path_(std::move(path)), in_memory_(in_memory) {
   std::error_code ec;
   if (!fs::exists(path_, ec)) fail("file not found");
-  if (fs::is_directory(path_, ec)) fail("is a directory, expected a trainer.images HDF5 file");
+  if (const auto kind = trainer::not_a_regular_file(path_); !kind.empty()) fail(kind + ", expected a trainer.images HDF5 file");
 
   std::lock_guard<std::mutex> lock(hdf5_lock());
   H5Quiet quiet;

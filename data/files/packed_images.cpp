@@ -1,5 +1,6 @@
 #include "data/files/packed_images.h"
 
+#include "common/files.h"
 #include "data/files/hdf5_lock.h"
 
 #include <spdlog/spdlog.h>
@@ -196,6 +197,7 @@ PackedImageDataset::PackedImageDataset(std::string path, ImageTransform transfor
   check_transform(transform_);
   std::error_code ec;
   if (!fs::exists(path_, ec)) fail("file not found (make one with trainer convert-images)");
+  if (const auto kind = trainer::not_a_regular_file(path_); !kind.empty()) fail(kind);
   std::lock_guard<std::mutex> lock(hdf5_lock());
   H5Quiet quiet;
   try {

@@ -1,5 +1,6 @@
 #include "data/files/token_h5.h"
 
+#include "common/files.h"
 #include "data/files/hdf5_lock.h"
 
 #include <hdf5.h>
@@ -236,6 +237,8 @@ std::vector<std::string> text_files(const std::vector<std::string>& files_or_dir
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(p, ec)) {
       files.push_back(entry);
+    } else if (const auto kind = trainer::not_a_regular_file(entry); !kind.empty()) {
+      throw std::invalid_argument("convert-text: '" + entry + "' " + kind + "; give text files or folders");
     } else {
       throw std::invalid_argument("convert-text: '" + entry + "' is neither a file nor a directory");
     }
@@ -344,6 +347,8 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
 }
 
 int64_t convert_uint16_bin(const std::string& path, int64_t vocab_size, const std::string& out) {
+  if (const auto kind = trainer::not_a_regular_file(path); !kind.empty())
+    throw std::invalid_argument("convert-bin: '" + path + "' " + kind);
   std::error_code ec;
   const auto bytes = fs::file_size(path, ec);
   if (ec) throw std::invalid_argument("convert-bin: cannot read '" + path + "': " + ec.message());
@@ -388,6 +393,7 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
     throw std::runtime_error(where + "no such file (make one with `trainer convert-text` or `trainer convert-bin`; "
                                      "docs/TRANSFORMERS.md)");
   }
+  if (const auto kind = trainer::not_a_regular_file(path); !kind.empty()) throw std::runtime_error(where + kind);
   Lock lock(hdf5_lock());
   H5Quiet quiet;
   if (H5Fis_hdf5(path.c_str()) <= 0) throw std::runtime_error(where + "not an HDF5 file");

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/safetensors.h"
 
+#include "common/files.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -381,12 +383,13 @@ void emit(const NamedTensors& tensors, const SafetensorsMetadata& metadata,
 
 SafetensorsContents read_safetensors(const std::string& path) {
   auto fail = [&](const std::string& what) -> void { throw std::runtime_error(path + ": " + what); };
+  if (const auto kind = not_a_regular_file(path); !kind.empty()) fail(kind);  // before the open: a FIFO would wait
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(std::string("cannot open the safetensors file: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("not a regular file");
+    fail("is not a regular file");
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/state_dict.h"
 
+#include "common/files.h"
+
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
@@ -409,6 +411,7 @@ class Unpickler {
 };
 
 std::string read_whole_file(const std::string& path, const char* what) {
+  require_regular_file(path, what);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(std::string(what) + ": cannot open " + path + ": " + std::strerror(errno));
   std::ostringstream ss;

@@ -2,6 +2,7 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/versions.h"
 
@@ -193,6 +194,7 @@ enum class Verify { Sizes, Checksums };
 std::string verify_checkpoint(const fs::path& dir, Verify level, LoadedCheckpoint* out) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "the folder does not exist";
+  if (const auto kind = not_a_regular_file((dir / kManifest).string()); !kind.empty()) return "manifest.json " + kind;
   int err = 0;
   const auto text = read_file((dir / kManifest).string(), err);
   if (!text) return err == ENOENT ? "manifest.json is missing (incomplete save?)" : "cannot read manifest.json: " + errno_text(err);
@@ -223,6 +225,7 @@ std::string verify_checkpoint(const fs::path& dir, Verify level, LoadedCheckpoin
       return "manifest.json names a bad file '" + name + "'";
     const uint64_t size = entry["size"].get<uint64_t>();
     const fs::path p = dir / name;
+    if (const auto kind = not_a_regular_file(p.string()); !kind.empty()) return name + " " + kind;
     if (level == Verify::Sizes) {
       const auto actual = fs::file_size(p, ec);
       if (ec) return name + " is missing";
@@ -264,6 +267,10 @@ std::vector<std::pair<int64_t, fs::path>> step_folders(const fs::path& dir) {
 
 /// The folder name in `<dir>/latest`: nullopt if the file is absent; "" with `problem` set if unreadable.
 std::optional<std::string> read_latest(const fs::path& dir, std::string& problem) {
+  if (const auto kind = not_a_regular_file((dir / kLatest).string()); !kind.empty()) {
+    problem = (dir / kLatest).string() + " " + kind;
+    return "";
+  }
   int err = 0;
   const auto text = read_file((dir / kLatest).string(), err);
   if (!text) {

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/weights.h"
 
+#include "common/files.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -134,6 +136,7 @@ Translated vit_from_file(const NamedTensors& file) {
 }  // namespace
 
 WeightsFile read_weights(const std::string& path) {
+  require_regular_file(path, "weights file");
   std::string prefix(16, '\0');
   {
     std::ifstream f(path, std::ios::binary);

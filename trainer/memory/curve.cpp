@@ -1,5 +1,7 @@
 #include "trainer/memory/curve.h"
 
+#include "common/files.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -165,6 +167,7 @@ CurveSearch find_max_micro_batch_by_curve(const std::function<ProbeOutcome(int64
 }
 
 MemoryCurve read_memory_curve(const std::string& path) {
+  require_regular_file(path, "memory curve");
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot read the memory curve (write it with trainer bench --memory-curve)");
   MemoryCurve c;

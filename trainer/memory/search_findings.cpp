@@ -1,5 +1,7 @@
 #include "trainer/memory/search_findings.h"
 
+#include "common/files.h"
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -35,6 +37,7 @@ SearchFindings::SearchFindings(std::string path) : path_(std::move(path)), doc_(
   std::error_code ec;
   if (!fs::exists(path_, ec)) return;
   try {
+    if (const auto kind = not_a_regular_file(path_); !kind.empty()) throw std::runtime_error(kind);
     std::ifstream in(path_);
     if (!in) throw std::runtime_error(std::string("cannot be read: ") + std::strerror(errno));
     nlohmann::json doc = nlohmann::json::parse(in);
