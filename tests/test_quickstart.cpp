@@ -44,10 +44,11 @@ std::string first_match(const std::string& text, const std::string& pattern) {
 
 // What differs between this machine and the one `machine` (the record's) describes, "" when nothing does.
 std::string machine_difference(const json& machine) {
-  const std::string cpu = first_match(testutil::read_file("/proc/cpuinfo"), R"(model name\s*:\s*([^\n]*))");
+  const std::string cpuinfo = testutil::read_file("/proc/cpuinfo");
+  const std::string cpu = first_match(cpuinfo, R"(model name\s*:\s*([^\n]*))");
   if (cpu != machine.at("cpu").get<std::string>()) return "the CPU is " + cpu + ", not " + machine.at("cpu").get<std::string>();
   // The vector extensions among those the record looked at: the same set, none more, none less.
-  const std::string flags = " " + first_match(testutil::read_file("/proc/cpuinfo"), R"(flags\s*:\s*([^\n]*))") + " ";
+  const std::string flags = " " + first_match(cpuinfo, R"(flags\s*:\s*([^\n]*))") + " ";
   json here = json::array();
   for (const auto& isa : machine.at("isa_checked"))
     if (flags.find(" " + isa.get<std::string>() + " ") != std::string::npos) here.push_back(isa);
