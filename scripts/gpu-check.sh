@@ -16,7 +16,9 @@
 #            they are; the traces gzipped                                   context 1024
 #   fixes    bench/ab.py, each candidate fix off and on, trainer alone:      as profile           as profile
 #            the batched snapshot, the fused optimizer, the padded
-#            vocabulary, the fused bias (TRAINER_FIXES_ROUNDS, default 1)
+#            vocabulary, the fused bias, the fused loss
+#            (TRAINER_FIXES_ROUNDS, default 1; TRAINER_FIXES_ONLY=gpt2_fused_loss,...
+#            runs only the pairs named)
 #   cap      bench/cap_check.py: a cap cut through control.yaml mid-run      ResNet-50 224 fp16   plain CNN
 #            (backoff, grow-back: recovery and grow-back step times) per     channels_last,       28x28,
 #            cuDNN policy, each in a fresh process, side by side; auto       batch 256            batch 16
@@ -111,6 +113,9 @@ deadline=${TRAINER_GPU_DEADLINE_S:-0}
 [[ -z $pack ]] || { mkdir -p "$pack" && pack=$(cd "$pack" && pwd); } || exit 2
 declare -A usual_s=([env]=15 [tests]=50 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15)) [speed]=140
   [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=200 [summary]=5)
+# A pair of runs takes about 25 s a round on a GPU (5 pairs: 241 s with 2 rounds).
+[[ -z ${TRAINER_FIXES_ONLY:-} ]] ||
+  usual_s[fixes]=$((25 * $(tr ',' '\n' <<<"$TRAINER_FIXES_ONLY" | grep -c .) * ${TRAINER_FIXES_ROUNDS:-1} + 10))
 
 failed=()
 skipped=()
@@ -224,7 +229,8 @@ fixes_phase() {
     local sets=($job)
     local pairs=()
     [[ $name == resnet50 ]] && pairs+=("snapshot|train.snapshot=per_buffer|train.snapshot=batched")
-    [[ $name == gpt2 ]] && pairs+=("fused_bias|model.fused_bias=false|model.fused_bias=true")
+    [[ $name == gpt2 ]] && pairs+=("fused_bias|model.fused_bias=false|model.fused_bias=true"
+      "fused_loss|train.fused_loss=false|train.fused_loss=true")
     for kv in ${fixes//,/ }; do
       case ${kv%%=*} in
         optim.implementation) pairs+=("optimizer|optim.implementation=$optimizer_a|$kv") ;;
@@ -233,6 +239,8 @@ fixes_phase() {
     done
     for pair in "${pairs[@]}"; do
       IFS='|' read -r what a b <<<"$pair"
+      # TRAINER_FIXES_ONLY=job_fix,...: only those pairs (a window that measures again only what changed)
+      [[ -z ${TRAINER_FIXES_ONLY:-} || ,$TRAINER_FIXES_ONLY, == *",${name}_$what,"* ]] || continue
       "$py" bench/ab.py "${sets[@]}" --a "$a" --b "$b" --name "${name}_$what" \
         --rounds "${TRAINER_FIXES_ROUNDS:-1}" --warmup $warmup --steps $steps --trainer "$out/bin/trainer" \
         --workdir "$out/fixes_${name}_$what" --out "$out/fixes_${name}_$what.json" || rc=1

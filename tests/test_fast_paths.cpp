@@ -5,7 +5,10 @@
 //     gradients of the unpadded one, and its padding rows get exactly zero gradient and stay zero;
 //   - model.fused_bias: a GPT whose Linear layers add their bias inside the matmul (torch::linear) computes
 //     what nn::Linear's matmul-then-add computes, to float32 rounding;
-//   - train.snapshot: batched puts back exactly the buffers the per-buffer snapshot puts back.
+//   - train.snapshot: batched puts back exactly the buffers the per-buffer snapshot puts back;
+//   - train.fused_loss: the fused cross-entropy kernels give PyTorch's loss and gradient (float64 as the
+//     reference) for every logits type and layout, a GPT step's loss and gradients, and hold less memory;
+//     off CUDA the key changes nothing, bit for bit.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +19,9 @@
 #include "models/registry.h"
 #include "test_util.h"
 #include "trainer/config.h"
+#include "trainer/forward.h"
+#include "trainer/loss.h"
+#include "trainer/memory/backend.h"
 #include "trainer/optim.h"
 #include "trainer/step.h"
 
@@ -338,6 +344,162 @@ TEST(StepSnapshot, SnapshotKeyIsChecked) {
 
 // The Python reference pads its GPT as the trainer does: the same state shapes and parameter count (the
 // padding rows included), and the same FLOPs (which count the real vocabulary only).
+// ---- train.fused_loss -----------------------------------------------------------------------------------
+namespace {
+
+namespace F = torch::nn::functional;
+
+// PyTorch's summed cross-entropy and its gradient, in float64, on the logits as they are (already rounded
+// to their type): the reference both losses are held to.
+std::pair<torch::Tensor, torch::Tensor> reference_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                                                       double smoothing, double scale) {
+  auto x = logits.detach().to(torch::kDouble).contiguous().requires_grad_(true);
+  auto l = F::cross_entropy(x, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(smoothing));
+  (l * scale).backward();
+  return {l.detach(), x.grad()};
+}
+
+// Targets in [0, V), every fifth one PyTorch's ignore_index.
+torch::Tensor targets_for(int64_t rows, int64_t vocab, const torch::Device& device) {
+  auto t = torch::randint(vocab, {rows}, torch::kLong);
+  t.index_put_({torch::arange(0, rows, 5)}, -100);
+  return t.to(device);
+}
+
+}  // namespace
+
+TEST(FusedLoss, OffCudaTheKeyChangesNothingBitForBit) {
+  torch::manual_seed(3);
+  auto logits = (torch::randn({12, 37}) * 3).requires_grad_(true);
+  auto targets = targets_for(12, 37, torch::kCPU);
+  for (double smoothing : {0.0, 0.1}) {
+    trainer::LossOptions fused{smoothing, true}, plain{smoothing, false};
+    EXPECT_FALSE(trainer::fused_loss_runs(logits, fused)) << "a CPU tensor takes the plain loss";
+    auto a = trainer::summed_cross_entropy(logits, targets, fused);
+    a.backward();
+    auto ga = logits.grad().clone();
+    logits.mutable_grad().zero_();
+    auto b = trainer::summed_cross_entropy(logits, targets, plain);
+    b.backward();
+    EXPECT_TRUE(a.equal(b)) << smoothing;
+    EXPECT_TRUE(ga.equal(logits.grad())) << smoothing;
+    logits.mutable_grad().zero_();
+    auto r = reference_loss(logits, targets, smoothing, 1.0);
+    EXPECT_NEAR(a.item<double>(), r.first.item<double>(), 1e-5 * r.first.item<double>()) << "PyTorch's loss";
+  }
+}
+
+// Every type, contiguous rows with and without 16-byte vectors, rows narrowed from a padded vocabulary (read
+// in place; the padding columns get no gradient), label smoothing, ignored targets, and a gradient that is
+// not 1 (the loss scaler's): loss and gradient against float64.
+TEST(FusedLossCuda, LossAndGradientOfPyTorchForEveryTypeAndLayout) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!trainer::fused_loss_built()) GTEST_SKIP() << "not a CUDA build";
+  const torch::Device cuda(torch::kCUDA);
+  struct Layout { int64_t rows, vocab, stored; };  // stored > vocab: the rows are a narrowed view
+  const std::vector<Layout> layouts{{33, 50257, 50257}, {16, 1024, 1024}, {24, 50257, 50304}, {5, 7, 7}, {1, 3, 8}};
+  torch::manual_seed(11);
+  for (auto type : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    // Tolerance of the gradient: one rounding to the type (half an ulp, taken as a whole one), and fp16's
+    // subnormal spacing where a probability underflows.
+    const double rtol = type == torch::kFloat ? 1e-5 : type == torch::kHalf ? 1.0 / 1024 : 1.0 / 128;
+    const double atol = type == torch::kHalf ? 1e-7 : 1e-12;
+    for (const auto& l : layouts) {
+      for (double smoothing : {0.0, 0.1}) {
+        const std::string what = std::string(c10::toString(type)) + " " + std::to_string(l.rows) + "x" +
+                                 std::to_string(l.vocab) + " stored " + std::to_string(l.stored) +
+                                 " smoothing " + std::to_string(smoothing);
+        auto base = (torch::randn({l.rows, l.stored}) * 3).to(cuda, type).requires_grad_(true);
+        auto logits = base.narrow(1, 0, l.vocab);
+        auto targets = targets_for(l.rows, l.vocab, cuda);
+        trainer::LossOptions o{smoothing, true};
+        ASSERT_TRUE(trainer::fused_loss_runs(logits, o)) << what;
+        auto loss = trainer::summed_cross_entropy(logits, targets, o);
+        EXPECT_EQ(loss.scalar_type(), torch::kFloat) << what;
+        (loss * 3.0).backward();
+        const auto [ref_loss, ref_grad] = reference_loss(logits, targets, smoothing, 3.0);
+        EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 2e-6 * std::abs(ref_loss.item<double>()) + 1e-6)
+            << what;
+        auto grad = base.grad().narrow(1, 0, l.vocab).to(torch::kDouble);
+        const double worst = ((grad - ref_grad).abs() - rtol * ref_grad.abs()).max().item<double>();
+        EXPECT_LE(worst, atol) << what << ": the gradient differs from PyTorch's beyond one rounding";
+        if (l.stored > l.vocab)
+          EXPECT_EQ(base.grad().narrow(1, l.vocab, l.stored - l.vocab).abs().max().item<float>(), 0.0f) << what;
+      }
+    }
+  }
+  // A target outside the vocabulary makes the loss NaN (a non-finite loss skips the step) instead of
+  // reading outside the row; PyTorch stops the process with a device-side assert.
+  auto x = torch::randn({4, 10}, torch::dtype(torch::kBFloat16).device(cuda));
+  auto bad = torch::tensor({1, 2, 10, 3}, torch::kLong).to(cuda);
+  EXPECT_TRUE(std::isnan(trainer::summed_cross_entropy(x, bad, {}).item<double>()));
+}
+
+// A GPT step on CUDA under bf16 autocast, its vocabulary padded (the logits a narrowed view): the fused loss
+// gives the plain loss's value and gradients. Both round the logits' gradient to bf16 once, from float32
+// arithmetic that differs only in its order of summation.
+TEST(FusedLossCuda, AGptStepGivesThePlainLossAndGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!trainer::fused_loss_built()) GTEST_SKIP() << "not a CUDA build";
+  const torch::Device cuda(torch::kCUDA);
+  auto m = tiny_gpt(64);
+  m->to(cuda);
+  trainer::ForwardOptions fo;
+  fo.device = cuda;
+  fo.amp = true;
+  fo.amp_dtype = torch::kBFloat16;
+  auto x = torch::randint(300, {4, 16}, torch::kLong), y = torch::randint(300, {4, 16}, torch::kLong);
+  std::vector<torch::Tensor> losses;
+  std::vector<std::vector<torch::Tensor>> grads;
+  for (bool fused : {false, true}) {
+    m->zero_grad();
+    auto out = trainer::forward_logits(*m, x, y, fo);
+    ASSERT_EQ(out.logits.scalar_type(), torch::kBFloat16);
+    ASSERT_EQ(out.logits.size(1), 300);
+    trainer::LossOptions o{0.0, fused};
+    ASSERT_EQ(trainer::fused_loss_runs(out.logits, o), fused);
+    auto loss = trainer::summed_cross_entropy(out.logits, out.targets, o) / 64.0;
+    loss.backward();
+    losses.push_back(loss.detach());
+    std::vector<torch::Tensor> g;
+    for (const auto& p : m->parameters()) g.push_back(p.grad().detach().clone());
+    grads.push_back(g);
+  }
+  EXPECT_NEAR(losses[1].item<double>(), losses[0].item<double>(), 1e-5 * losses[0].item<double>());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const double norm = grads[0][i].norm().item<double>(), diff = (grads[1][i] - grads[0][i]).norm().item<double>();
+    EXPECT_LE(diff, 1e-2 * norm + 1e-8) << "parameter " << i << ": " << diff << " against a norm of " << norm;
+  }
+}
+
+// The plain loss keeps the float32 log-probabilities for its backward pass (twice the bf16 logits) and
+// makes float32 copies on the way; the fused one keeps the logits themselves and two floats a row. Peaks of
+// one forward and backward over 4096 rows of GPT-2's padded vocabulary, allocated memory.
+TEST(FusedLossCuda, HoldsLessMemoryThanThePlainLoss) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!trainer::fused_loss_built()) GTEST_SKIP() << "not a CUDA build";
+  const torch::Device cuda(torch::kCUDA);
+  auto memory = trainer::make_memory_backend(cuda);
+  auto base = torch::randn({4096, 50304}, torch::dtype(torch::kBFloat16).device(cuda)).requires_grad_(true);
+  auto targets = torch::randint(50257, {4096}, torch::kLong).to(cuda);
+  std::map<bool, int64_t> peak;
+  for (bool fused : {false, true}) {
+    base.mutable_grad() = torch::Tensor();
+    torch::cuda::synchronize();
+    memory->reset_peak();
+    const int64_t before = memory->current_bytes();
+    trainer::summed_cross_entropy(base.narrow(1, 0, 50257), targets, {0.0, fused}).backward();
+    torch::cuda::synchronize();
+    peak[fused] = memory->peak_bytes() - before;
+  }
+  const int64_t logits_bytes = base.numel() * 2;
+  std::cout << "peak over the logits: plain " << peak[false] / 1048576.0 << " MiB, fused " << peak[true] / 1048576.0
+            << " MiB (the bf16 logits: " << logits_bytes / 1048576.0 << " MiB)\n";
+  EXPECT_LT(peak[true], peak[false]);
+  // fused: the gradient of the view and the padded gradient autograd assembles from it, about 2x the logits
+  EXPECT_LE(peak[true], 2 * logits_bytes + (64 << 20));
+}
+
 TEST(GptVocabPadding, ReferenceBuildsThePaddedGptOfTheTrainer) {
   auto r = testutil::run(testutil::python() + " " + testutil::source_dir() +
                          "/bench/reference.py --describe --set model.name=gpt2 --set data.kind=tokens "

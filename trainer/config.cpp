@@ -87,6 +87,7 @@ std::vector<Field> fields(Config& c) {
       {"train.eval_batch", &c.train.eval_batch, false},
       {"train.eval_batches", &c.train.eval_batches, false},
       {"train.label_smoothing", &c.train.label_smoothing, false},
+      {"train.fused_loss", &c.train.fused_loss, false},
       {"train.device", &c.train.device, false},
       {"train.threads", &c.train.threads, false},
       {"train.deterministic", &c.train.deterministic, false},

@@ -91,6 +91,7 @@ struct TrainConfig {
   int64_t eval_batch = 500;     ///< evaluation batch (its micro-batch backs off on OOM by itself)
   int64_t eval_batches = 0;     ///< evaluate on the first N batches of the split (0 = all of it)
   double label_smoothing = 0.0; ///< cross-entropy label smoothing
+  bool fused_loss = true;       ///< the cross-entropy in one CUDA kernel each way (trainer/loss.h); CPU: plain
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)
   bool deterministic = false;   ///< deterministic algorithms (bitwise-reproducible runs)

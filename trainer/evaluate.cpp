@@ -23,10 +23,10 @@ struct EvalSums {
 
   // Everything that allocates comes before the sums change, so a chunk that runs out of memory and is
   // redone counts once.
-  void add(const Logits& out) {
-    namespace F = torch::nn::functional;
-    auto l = F::cross_entropy(out.logits, out.targets, F::CrossEntropyFuncOptions().reduction(torch::kSum));
-    auto top = std::get<1>(out.logits.topk(std::min<int64_t>(5, out.logits.size(1)), 1));  // (n, 5) class ids
+  void add(const Logits& out, const LossOptions& loss_options) {
+    auto l = summed_cross_entropy(out.logits, out.targets, loss_options);
+    auto logits = out.logits.to(torch::kFloat);  // ranked as float32, as before the fused loss
+    auto top = std::get<1>(logits.topk(std::min<int64_t>(5, logits.size(1)), 1));  // (n, 5) class ids
     auto hit = top.eq(out.targets.unsqueeze(1));
     auto c1 = hit.narrow(1, 0, 1).sum(), c5 = hit.sum();
     loss += l.to(torch::kDouble);
@@ -87,7 +87,7 @@ EvalResult evaluate_split(models::ModelImpl& model, const EvalSplit& split, cons
     for (int64_t start = 0; start < b->size();) {
       const int64_t n = std::min(micro_batch, b->size() - start);
       try {
-        sums.add(forward_logits(model, b->images.narrow(0, start, n), b->labels.narrow(0, start, n), settings.forward));
+        sums.add(forward_logits(model, b->images.narrow(0, start, n), b->labels.narrow(0, start, n), settings.forward), settings.loss);
         start += n;
       } catch (const std::exception& e) {
         if (!is_oom_error(e) || micro_batch == 1) throw;

@@ -14,6 +14,7 @@
 #include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/forward.h"
+#include "trainer/loss.h"
 #include "trainer/memory/backend.h"
 
 namespace trainer {
@@ -41,6 +42,7 @@ struct EvalSettings {
   bool pin_memory = false;  ///< page-locked image batches (CUDA)
   int64_t rank = 0, world_size = 1;
   ForwardOptions forward;
+  LossOptions loss{0.0, true};  ///< train.fused_loss; no label smoothing in a score
 };
 
 /// Optional callbacks of an evaluation.

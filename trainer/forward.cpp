@@ -20,7 +20,7 @@ Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, con
     AutocastGuard autocast(o.device.type(), o.amp_dtype, o.amp);
     logits = model.forward(x);
   }
-  return {logits.to(torch::kFloat).reshape({y.size(0), -1}), y};
+  return {logits.reshape({y.size(0), -1}), y};
 }
 
 }  // namespace trainer

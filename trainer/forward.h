@@ -1,5 +1,5 @@
 // The forward pass that training and evaluation share: the batch to the device (channels_last for
-// images when asked), the model under autocast, and the logits as float32 rows next to their targets.
+// images when asked), the model under autocast, and the logits as rows next to their targets.
 #pragma once
 
 #include <torch/torch.h>
@@ -21,7 +21,9 @@ struct ForwardOptions {
 /// One row of logits per target: images (N, classes) against N labels; language models (N*T, vocab)
 /// against N*T next tokens.
 struct Logits {
-  torch::Tensor logits;   ///< float32, on the device
+  /// On the device, as the model computed them: bfloat16 or float16 under AMP (summed_cross_entropy casts
+  /// them for the plain loss; the fused one reads them as they are). GPT's may be a view with padded rows.
+  torch::Tensor logits;
   torch::Tensor targets;  ///< int64, on the device
 };
 

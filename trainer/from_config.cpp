@@ -235,7 +235,8 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.forward.channels_last = cfg.model.channels_last;
   o.forward.amp = cfg.amp.enabled;
   o.forward.amp_dtype = cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
-  o.label_smoothing = cfg.train.label_smoothing;
+  o.loss.label_smoothing = cfg.train.label_smoothing;
+  o.loss.fused = cfg.train.fused_loss;
   o.grad_clip = cfg.optim.grad_clip;
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
@@ -259,6 +260,7 @@ EvalSettings eval_settings(const Config& cfg, const torch::Device& device, int64
   s.rank = rank;
   s.world_size = world_size;
   s.forward = step_options(cfg, device).forward;
+  s.loss.fused = cfg.train.fused_loss;  // scored without label smoothing
   return s;
 }
 

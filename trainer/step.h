@@ -26,6 +26,7 @@
 #include "trainer/amp.h"
 #include "trainer/dist.h"
 #include "trainer/forward.h"
+#include "trainer/loss.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/cudnn_policy.h"
 #include "trainer/memory/curve.h"
@@ -149,7 +150,7 @@ struct Pretune {
 
 struct StepOptions {
   ForwardOptions forward;
-  double label_smoothing = 0;  ///< train.label_smoothing
+  LossOptions loss;            ///< train.label_smoothing, train.fused_loss
   double grad_clip = 0;        ///< optim.grad_clip (0 = off)
   /// memory.activation_checkpointing: none | all | every_k | auto. `all` and the ladder's rung are the
   /// controller's flag; `every_k` checkpoints blocks 0, k, 2k, ...; `auto` leaves it to the ladder.

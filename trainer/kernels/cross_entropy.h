@@ -1,0 +1,35 @@
+// The fused cross-entropy's CUDA kernels, behind plain C++ (no LibTorch types): trainer/loss.cpp checks
+// the tensors and calls these; trainer/kernels/cross_entropy.cu is compiled by nvcc only in a CUDA build
+// (TRAINER_WITH_CUDA).
+//
+// For N rows of V logits x (bfloat16, float16 or float32; row i starts at element i * row_stride, its V
+// elements contiguous: GPT's logits narrowed from a padded vocabulary are read in place) and N targets t:
+//   lse_i  = log sum_j exp(x_ij)                                   (float32, one pass: an online max and sum)
+//   loss_i = lse_i - (1 - e) x_it - e mean_j x_ij                  (e: label smoothing; 0 where t_i = ignore)
+//   dx_ij  = g (exp(x_ij - lse_i) - e / V - (1 - e) [j = t_i])     (g: the gradient of the summed loss)
+// which is PyTorch's cross_entropy with label_smoothing and reduction 'sum', computed in float32 from the
+// logits as they are: no float32 copy of the logits, no log-probabilities kept for the backward pass, and
+// the gradient written once, in the logits' own type.
+#pragma once
+
+#include <cstdint>
+
+namespace trainer::kernels {
+
+enum class LogitsType { kFloat32, kFloat16, kBFloat16 };
+
+/// Writes loss[i] and lse[i] (float32, N each). A target outside [0, V) that is not `ignore_index` makes
+/// that row's loss NaN (a non-finite loss: the step is not applied) rather than reading out of bounds.
+/// `stream` is a cudaStream_t. Returns an error message, or nullptr.
+const char* cross_entropy_forward(const void* logits, LogitsType type, int64_t row_stride, const int64_t* targets,
+                                  int64_t rows, int64_t vocab, int64_t ignore_index, float label_smoothing,
+                                  float* loss, float* lse, void* stream);
+
+/// Writes grad (N rows of V at the same row_stride as the logits, the logits' type; what lies between rows is
+/// left as it is) from the forward pass's lse and the summed loss's gradient
+/// `grad_sum` (one float32 on the device: no host sync). Rows with target `ignore_index` get zeros.
+const char* cross_entropy_backward(const void* logits, LogitsType type, int64_t row_stride, const int64_t* targets,
+                                   const float* lse, const float* grad_sum, int64_t rows, int64_t vocab,
+                                   int64_t ignore_index, float label_smoothing, void* grad, void* stream);
+
+}  // namespace trainer::kernels

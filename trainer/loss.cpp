@@ -1,0 +1,105 @@
+#include "trainer/loss.h"
+
+#include <stdexcept>
+#include <string>
+
+#ifdef TRAINER_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "trainer/kernels/cross_entropy.h"
+#endif
+
+namespace trainer {
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default ignore_index
+
+#ifdef TRAINER_WITH_CUDA
+kernels::LogitsType logits_type(const torch::Tensor& x) {
+  switch (x.scalar_type()) {
+    case torch::kFloat: return kernels::LogitsType::kFloat32;
+    case torch::kHalf: return kernels::LogitsType::kFloat16;
+    case torch::kBFloat16: return kernels::LogitsType::kBFloat16;
+    default: throw std::invalid_argument("fused cross-entropy: logits of type " + std::string(c10::toString(x.scalar_type())));
+  }
+}
+
+void check_launch(const char* error) {
+  if (error) throw std::runtime_error(std::string("fused cross-entropy: ") + error);
+}
+
+// Rows of contiguous logits at any row stride are read in place (GPT's, narrowed from the padded
+// vocabulary); anything else is copied first.
+bool in_place_rows(const torch::Tensor& x) {
+  return (x.stride(1) == 1 || x.size(1) <= 1) && (x.size(0) <= 1 || x.stride(0) >= x.size(1));
+}
+int64_t row_stride(const torch::Tensor& x) { return x.size(0) <= 1 ? x.size(1) : x.stride(0); }
+
+void* current_stream(const torch::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
+
+// Forward: the summed loss, keeping the logits (not a copy), the targets and each row's log-sum-exp.
+// Backward: the gradient of the logits in their own type, scaled by the incoming gradient on the device.
+class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, double label_smoothing) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    auto x = in_place_rows(logits) ? logits : logits.contiguous();
+    auto t = targets.to(torch::kLong).contiguous();
+    const int64_t rows = x.size(0), vocab = x.size(1);
+    auto f32 = x.options().dtype(torch::kFloat);
+    auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
+    check_launch(kernels::cross_entropy_forward(x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<int64_t>(), rows, vocab,
+                                                kIgnoreIndex, static_cast<float>(label_smoothing),
+                                                loss.data_ptr<float>(), lse.data_ptr<float>(), current_stream(x)));
+    ctx->save_for_backward({x, t, lse});
+    ctx->saved_data["label_smoothing"] = label_smoothing;
+    return loss.sum();
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &t = saved[1], &lse = saved[2];
+    const c10::cuda::CUDAGuard guard(x.device());
+    auto g = grads[0].to(torch::kFloat).contiguous();  // a scalar on the device: read there, no host sync
+    // The same row stride as the logits (16-byte aligned rows where theirs are); the columns between rows
+    // are never read: the gradient is the (N, V) view.
+    auto dx = torch::empty({x.size(0), row_stride(x)}, x.options()).narrow(1, 0, x.size(1));
+    check_launch(kernels::cross_entropy_backward(
+        x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(), x.size(0),
+        x.size(1), kIgnoreIndex, static_cast<float>(ctx->saved_data["label_smoothing"].toDouble()), dx.data_ptr(),
+        current_stream(x)));
+    return {dx, torch::Tensor(), torch::Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+bool fused_loss_built() {
+#ifdef TRAINER_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool fused_loss_runs(const torch::Tensor& logits, const LossOptions& options) {
+  const auto type = logits.scalar_type();
+  return options.fused && fused_loss_built() && logits.is_cuda() && logits.dim() == 2 &&
+         (type == torch::kFloat || type == torch::kHalf || type == torch::kBFloat16);
+}
+
+torch::Tensor summed_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                   const LossOptions& options) {
+#ifdef TRAINER_WITH_CUDA
+  if (fused_loss_runs(logits, options)) return FusedCrossEntropy::apply(logits, targets, options.label_smoothing);
+#endif
+  namespace F = torch::nn::functional;
+  return F::cross_entropy(logits.to(torch::kFloat), targets,
+                          F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(options.label_smoothing));
+}
+
+}  // namespace trainer
