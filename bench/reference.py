@@ -713,7 +713,7 @@ def forward_flops(model, shape, torch, nn):
     return 2.0 * macs[0]
 
 
-def optimizer_implementation(name, device):
+def optimizer_implementation(name, device, torch):
     """torch.optim's keyword arguments for optim.implementation (trainer/optim.h's choice of kernels):
     auto is the trainer's auto, the fused kernels on CUDA where torch has them for both optimizers
     (2.4+, as the trainer's compat::kHasFusedOptimizers), torch.optim's default (foreach) before that,
@@ -786,7 +786,7 @@ def run(cfg, args, torch):
     for p in model.parameters():
         (decay if o["decay_norm_and_bias"] or p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    impl = optimizer_implementation(o["implementation"], torch.device(device))
+    impl = optimizer_implementation(o["implementation"], torch.device(device), torch)
     try:
         if o["name"] == "sgd":
             opt = torch.optim.SGD(groups, lr=o["lr"], momentum=o["momentum"],

@@ -54,6 +54,12 @@ GPTImpl::GPTImpl(const GPTOptions& o)
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
+  auto [logits, columns] = forward_padded(tokens);  // (B, T, padded V)
+  // The padding columns go before anything sees them: (B, T, V), a view whose rows keep the padded stride.
+  return columns == logits.size(-1) ? logits : logits.narrow(-1, 0, columns);
+}
+
+models::ModelImpl::Padded GPTImpl::forward_padded(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
               "GPT: expected int64 tokens of shape (B, T), got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);
@@ -64,9 +70,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   for (int64_t i = 0; i < num_blocks(); ++i) x = run_block(i, block_boundary(i, x));
   x = transformer->ln_f(x);
   // Weight tying (Press & Wolf 2017): the output projection is the token embedding matrix.
-  auto logits = torch::linear(x, transformer->wte->weight);  // (B, T, padded V)
-  // The padding columns go before anything sees them: (B, T, V), a view whose rows keep the padded stride.
-  return padded_vocab() == options.vocab_size() ? logits : logits.narrow(-1, 0, options.vocab_size());
+  return {torch::linear(x, transformer->wte->weight), options.vocab_size()};  // (B, T, padded V), V
 }
 
 torch::Tensor GPTImpl::run_block(int64_t i, const torch::Tensor& x) {

@@ -77,6 +77,8 @@ class GPTImpl : public ModelImpl {
   explicit GPTImpl(const GPTOptions& options);
 
   torch::Tensor forward(const torch::Tensor& tokens) override;
+  /// (B, T, padded V) and vocab_size: the logits with their padding columns (ModelImpl::forward_padded).
+  Padded forward_padded(const torch::Tensor& tokens) override;
   /// n_layer.
   int64_t num_blocks() const override { return options.n_layer(); }
   /// Forward FLOPs for one sequence of shape {T} (multiply-add = 2; PaLM appendix B / nanoGPT's MFU

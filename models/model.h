@@ -16,6 +16,20 @@ class ModelImpl : public torch::nn::Module {
   /// Images (B, C, H, W) -> logits (B, num_classes); language models: tokens (B, T) -> logits (B, T, V).
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
 
+  /// forward's logits before the model cuts off padding columns, and how many of the last dimension are
+  /// real: a model whose output width is padded for speed (GPT's vocab_multiple) returns (..., padded V)
+  /// and V, and forward(x) is its first V columns. A loss that reads the real columns in place then hands
+  /// back a gradient of the padded shape, with no zero-filled copy made by slicing's backward. Default:
+  /// forward(x), all columns real.
+  struct Padded {
+    torch::Tensor logits;
+    int64_t columns;
+  };
+  virtual Padded forward_padded(const torch::Tensor& x) {
+    auto y = forward(x);
+    return {y, y.size(-1)};
+  }
+
   /// Number of blocks that activation checkpointing can wrap: residual blocks for ResNets, layers for
   /// Transformers.
   virtual int64_t num_blocks() const = 0;

@@ -112,7 +112,7 @@ pack=${TRAINER_GPU_PACK:-}
 deadline=${TRAINER_GPU_DEADLINE_S:-0}
 [[ -z $pack ]] || { mkdir -p "$pack" && pack=$(cd "$pack" && pwd); } || exit 2
 declare -A usual_s=([env]=15 [tests]=50 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15)) [speed]=140
-  [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=200 [summary]=5)
+  [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=220 [summary]=5)
 # A pair of runs takes about 25 s a round on a GPU (5 pairs: 241 s with 2 rounds).
 [[ -z ${TRAINER_FIXES_ONLY:-} ]] ||
   usual_s[fixes]=$((25 * $(tr ',' '\n' <<<"$TRAINER_FIXES_ONLY" | grep -c .) * ${TRAINER_FIXES_ROUNDS:-1} + 10))
@@ -145,6 +145,8 @@ pack_phase() {
   (cd "$out" && find . -path "./$name*" -type f ! -path '*/checkpoints/*' ! -path './jpeg_src/*' \
     ! -path './jpeg_packed/*' ! -name '*.trace.json.gz' -size -4000k | sort) >"$out/.pack.list"
   [[ -s $out/.pack.list ]] && tar -czf "$pack/$name.tgz" -C "$out" -T "$out/.pack.list"
+  # TRAINER_GPU_TRACES=0: the traces stay in OUTDIR (a call that must bring back more phases than files)
+  [[ ${TRAINER_GPU_TRACES:-1} == 0 ]] ||
   for stem in $(cd "$out" && ls "$name"_*.trace.json.gz 2>/dev/null | sed 's/\.[a-z]*\.trace\.json\.gz$//' | sort -u); do
     tar -cf "$pack/traces_${stem#"${name}_"}.tar" -C "$out" $(cd "$out" && ls "$stem".*.trace.json.gz)
   done
@@ -256,9 +258,10 @@ fixes_phase() {
 share_phase() {
   local cfg=(--config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --set train.micro_batch=auto
     --set checkpoint.final=false)
-  # A's 90 steps (about 1 s each alone) outlast B's start (its search and first step, 30-45 s): the two train
-  # side by side for about a minute, which the overlap figures need.
-  local a=(--a-set train.global_batch=4096) b=(--b-set train.global_batch=1024) steps=(--a-steps 90 --b-steps 120 --b-after 8)
+  # A's 150 steps (about 0.9 s each alone) outlast B's start (its search and cuDNN timing before its first
+  # step: 30-67 s on an H200): the two train side by side for a minute or more, which the overlap figures
+  # need (with 90 steps B's start could take all but a few seconds of A's rest).
+  local a=(--a-set train.global_batch=4096) b=(--b-set train.global_batch=1024) steps=(--a-steps 150 --b-steps 120 --b-after 8)
   if [[ $mode != cuda ]]; then
     cfg=(--config configs/bench_oom_tiny.yaml --set train.micro_batch=auto --set train.threads=1 --set checkpoint.final=false)
     a=() b=() steps=(--a-steps 300 --b-steps 400 --b-after 50)

@@ -21,7 +21,8 @@
 #      the other legs.
 #
 # First, in under a second: scripts/check-docs.py (the figures README.md and docs/ cite against their
-# JSON under bench/results/, and the docs' voice). CTest runs one process per GoogleTest suite, each
+# JSON under bench/results/, and the docs' voice) and scripts/check-python.py (a name that bench/'s or
+# scripts/' Python reads and nothing defines, which would fail only where that branch runs: on a GPU). CTest runs one process per GoogleTest suite, each
 # writing its XML report under <build>/tests/results/; after each toolchain's tests the slowest test
 # cases are listed (scripts/test-times.py), and at the end each leg's time and the total. A total past
 # TRAINER_TEST_WARN_MIN minutes (default 45) prints a warning naming the slowest tests (docs/TESTING.md).
@@ -52,6 +53,8 @@ scripts/install-deps.sh "${extra[@]}"
 times+=("Debian packages|$((SECONDS - t0)) s")
 echo "== docs: figures against bench/results/, and the voice"
 /usr/bin/python3 scripts/check-docs.py   # under a second; one line per problem
+echo "== python: names bench/ and scripts/ read that nothing defines"
+/usr/bin/python3 scripts/check-python.py || exit 1
 
 # Work beside the legs, stopped with its children if the script ends early.
 background=()

@@ -301,7 +301,7 @@ TEST(AutoSearch, TheCurveFindsNinetyPercentOfTheExhaustiveAnswerInFewProbes) {
       for (int64_t at = 0; at < std::min<int64_t>(2 * m, G); at += m) {
         const int64_t n = std::min<int64_t>(m, G - at);
         auto out = trainer::forward_logits(*r.model, b.images.narrow(0, at, n), b.labels.narrow(0, at, n), fo);
-        trainer::summed_cross_entropy(out.logits, out.targets, {}).backward();  // the probe's loss
+        trainer::summed_cross_entropy(out.logits, out.targets, {}, out.columns).backward();  // the probe's loss
       }
       need[m] = r.memory->peak_bytes();
       r.optimizer->zero_grad();
@@ -444,7 +444,7 @@ TEST(AutoSearch, AStopEndsTheProbeAtABlockAndItsFindingsResumeTheSearch) {
       const int64_t n = std::min<int64_t>(17, G - at);
       if (at >= 34) break;  // the probe's two passes
       auto out = trainer::forward_logits(*r.model, b.images.narrow(0, at, n), b.labels.narrow(0, at, n), fo);
-      trainer::summed_cross_entropy(out.logits, out.targets, {}).backward();  // the probe's loss
+      trainer::summed_cross_entropy(out.logits, out.targets, {}, out.columns).backward();  // the probe's loss
     }
     need17 = r.memory->peak_bytes();
     r.optimizer->zero_grad();

@@ -24,8 +24,8 @@ struct EvalSums {
   // Everything that allocates comes before the sums change, so a chunk that runs out of memory and is
   // redone counts once.
   void add(const Logits& out, const LossOptions& loss_options) {
-    auto l = summed_cross_entropy(out.logits, out.targets, loss_options);
-    auto logits = out.logits.to(torch::kFloat);  // ranked as float32, as before the fused loss
+    auto l = summed_cross_entropy(out.logits, out.targets, loss_options, out.columns);
+    auto logits = out.real().to(torch::kFloat);  // ranked as float32, as before the fused loss
     auto top = std::get<1>(logits.topk(std::min<int64_t>(5, logits.size(1)), 1));  // (n, 5) class ids
     auto hit = top.eq(out.targets.unsqueeze(1));
     auto c1 = hit.narrow(1, 0, 1).sum(), c5 = hit.sum();

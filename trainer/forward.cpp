@@ -15,12 +15,12 @@ Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, con
   if (o.channels_last && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   else if (x.dim() == 4) x = x.contiguous();  // NHWC batches of uint8 images, for a model that is not
   auto y = labels.to(o.device, /*non_blocking=*/true).reshape({-1});  // (N) classes or (N*T) next tokens
-  torch::Tensor logits;
+  models::ModelImpl::Padded out;
   {
     AutocastGuard autocast(o.device.type(), o.amp_dtype, o.amp);
-    logits = model.forward(x);
+    out = model.forward_padded(x);
   }
-  return {logits.reshape({y.size(0), -1}), y};
+  return {out.logits.reshape({y.size(0), -1}), y, out.columns};
 }
 
 }  // namespace trainer

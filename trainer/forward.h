@@ -21,10 +21,15 @@ struct ForwardOptions {
 /// One row of logits per target: images (N, classes) against N labels; language models (N*T, vocab)
 /// against N*T next tokens.
 struct Logits {
-  /// On the device, as the model computed them: bfloat16 or float16 under AMP (summed_cross_entropy casts
-  /// them for the plain loss; the fused one reads them as they are). GPT's may be a view with padded rows.
+  /// (N, columns) on the device, as the model computed them: bfloat16 or float16 under AMP
+  /// (summed_cross_entropy casts them for the plain loss; the fused one reads them as they are). With a
+  /// padded output (GPT's vocab_multiple) the rows are (N, padded V), of which the first `columns` are real:
+  /// real() is what a score or a plain loss reads.
   torch::Tensor logits;
   torch::Tensor targets;  ///< int64, on the device
+  int64_t columns = 0;    ///< the real columns (the classes, the vocabulary)
+
+  torch::Tensor real() const { return columns == logits.size(1) ? logits : logits.narrow(1, 0, columns); }
 };
 
 /// Runs `model` on `inputs` with `labels` as targets. uint8 inputs are copied to the device as uint8 (a

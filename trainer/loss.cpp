@@ -38,23 +38,25 @@ int64_t row_stride(const torch::Tensor& x) { return x.size(0) <= 1 ? x.size(1) :
 
 void* current_stream(const torch::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
 
-// Forward: the summed loss, keeping the logits (not a copy), the targets and each row's log-sum-exp.
-// Backward: the gradient of the logits in their own type, scaled by the incoming gradient on the device.
+// Forward: the summed loss over the first `vocab` columns, keeping the logits (not a copy), the targets and
+// each row's log-sum-exp. Backward: the gradient of all the logits' columns (zeros past `vocab`) in their
+// own type, scaled by the incoming gradient on the device.
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& targets, double label_smoothing) {
+                               const torch::Tensor& targets, double label_smoothing, int64_t vocab) {
     const c10::cuda::CUDAGuard guard(logits.device());
     auto x = in_place_rows(logits) ? logits : logits.contiguous();
     auto t = targets.to(torch::kLong).contiguous();
-    const int64_t rows = x.size(0), vocab = x.size(1);
+    const int64_t rows = x.size(0);
     auto f32 = x.options().dtype(torch::kFloat);
     auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32);
-    check_launch(kernels::cross_entropy_forward(x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<int64_t>(), rows, vocab,
-                                                kIgnoreIndex, static_cast<float>(label_smoothing),
+    check_launch(kernels::cross_entropy_forward(x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<int64_t>(),
+                                                rows, vocab, kIgnoreIndex, static_cast<float>(label_smoothing),
                                                 loss.data_ptr<float>(), lse.data_ptr<float>(), current_stream(x)));
     ctx->save_for_backward({x, t, lse});
     ctx->saved_data["label_smoothing"] = label_smoothing;
+    ctx->saved_data["vocab"] = vocab;
     return loss.sum();
   }
 
@@ -65,13 +67,14 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const c10::cuda::CUDAGuard guard(x.device());
     auto g = grads[0].to(torch::kFloat).contiguous();  // a scalar on the device: read there, no host sync
     // The same row stride as the logits (16-byte aligned rows where theirs are); the columns between rows
-    // are never read: the gradient is the (N, V) view.
-    auto dx = torch::empty({x.size(0), row_stride(x)}, x.options()).narrow(1, 0, x.size(1));
+    // are never read: the gradient is the (N, W) view.
+    const int64_t width = x.size(1);
+    auto dx = torch::empty({x.size(0), row_stride(x)}, x.options()).narrow(1, 0, width);
     check_launch(kernels::cross_entropy_backward(
-        x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(), x.size(0),
-        x.size(1), kIgnoreIndex, static_cast<float>(ctx->saved_data["label_smoothing"].toDouble()), dx.data_ptr(),
-        current_stream(x)));
-    return {dx, torch::Tensor(), torch::Tensor()};
+        x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(),
+        x.size(0), ctx->saved_data["vocab"].toInt(), width, kIgnoreIndex,
+        static_cast<float>(ctx->saved_data["label_smoothing"].toDouble()), dx.data_ptr(), current_stream(x)));
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
@@ -93,12 +96,17 @@ bool fused_loss_runs(const torch::Tensor& logits, const LossOptions& options) {
 }
 
 torch::Tensor summed_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                   const LossOptions& options) {
+                                   const LossOptions& options, int64_t columns) {
+  if (columns < 0) columns = logits.size(-1);
+  if (columns == 0 || columns > logits.size(-1))
+    throw std::invalid_argument("summed_cross_entropy: " + std::to_string(columns) + " real columns of " +
+                                std::to_string(logits.size(-1)));
 #ifdef TRAINER_WITH_CUDA
-  if (fused_loss_runs(logits, options)) return FusedCrossEntropy::apply(logits, targets, options.label_smoothing);
+  if (fused_loss_runs(logits, options)) return FusedCrossEntropy::apply(logits, targets, options.label_smoothing, columns);
 #endif
   namespace F = torch::nn::functional;
-  return F::cross_entropy(logits.to(torch::kFloat), targets,
+  const auto real = columns == logits.size(-1) ? logits : logits.narrow(-1, 0, columns);
+  return F::cross_entropy(real.to(torch::kFloat), targets,
                           F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(options.label_smoothing));
 }
 

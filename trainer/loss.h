@@ -25,9 +25,11 @@ bool fused_loss_built();
 /// or bfloat16, two dimensions.
 bool fused_loss_runs(const torch::Tensor& logits, const LossOptions& options);
 
-/// sum_i CE(logits[i], targets[i]) as a float32 scalar, with PyTorch's label smoothing and its ignore_index
-/// (-100). logits: (N, V) in any floating type; targets: (N) int64 class ids.
+/// sum_i CE(logits[i, :columns], targets[i]) as a float32 scalar, with PyTorch's label smoothing and its
+/// ignore_index (-100). logits: (N, W) in any floating type, of which the first `columns` are real (-1: all;
+/// fewer: a padded output, Logits::columns): the plain loss slices them off first, the fused one reads the
+/// real columns in place and gives the padding columns a zero gradient. targets: (N) int64 class ids.
 torch::Tensor summed_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                   const LossOptions& options);
+                                   const LossOptions& options, int64_t columns = -1);
 
 }  // namespace trainer

@@ -97,7 +97,7 @@ torch::Tensor Step::forward_backward(const data::Batch& batch, int64_t offset, i
                               o_.forward);
   // Summed, then divided by the targets of the whole step: micro-batches of any sizes add up to the
   // mean over the global batch (no "mean of means").
-  torch::Tensor loss = summed_cross_entropy(out.logits, out.targets, o_.loss) / normalizer;
+  torch::Tensor loss = summed_cross_entropy(out.logits, out.targets, o_.loss, out.columns) / normalizer;
   phases.enter("backward");
   p_.scaler->scale(loss).backward();
   return loss.detach();
@@ -374,7 +374,7 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
       for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
         Logits out = forward_logits(*p_.model, batch.images.narrow(0, at, sizes[i]),
                                     batch.labels.narrow(0, at, sizes[i]), o_.forward);
-        summed_cross_entropy(out.logits, out.targets, o_.loss).backward();
+        summed_cross_entropy(out.logits, out.targets, o_.loss, out.columns).backward();
       }
       o.peak_bytes = p_.memory->peak_bytes();
       p_.optimizer->zero_grad();
@@ -485,7 +485,7 @@ Pretune Step::pretune(const data::Batch& batch, int64_t step) {
     apply_cudnn(CudnnAttempt::kPretune, {s}, step);
     try {
       Logits o = forward_logits(*p_.model, batch.images.narrow(0, 0, s), batch.labels.narrow(0, 0, s), o_.forward);
-      summed_cross_entropy(o.logits, o.targets, o_.loss).backward();
+      summed_cross_entropy(o.logits, o.targets, o_.loss, o.columns).backward();
       p_.optimizer->zero_grad();
       out.tuned.push_back(s);
     } catch (const std::exception& e) {

@@ -126,7 +126,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const T* __restrict__ logits, int64_t stride, const int64_t* __restrict__ targets,
                     const float* __restrict__ lse, const float* __restrict__ grad_sum, int64_t rows, int64_t vocab,
-                    int64_t ignore_index, float smoothing, T* __restrict__ grad) {
+                    int64_t width, int64_t ignore_index, float smoothing, T* __restrict__ grad) {
   const float g = *grad_sum;
   const float uniform = smoothing / static_cast<float>(vocab);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<Pack<T, VEC>*>(dx + j) = d;
     }
     for (int64_t j = body + threadIdx.x; j < vocab; j += kThreads) dx[j] = grad_of(to_float(x[j]), j);
+    for (int64_t j = vocab + threadIdx.x; j < width; j += kThreads) dx[j] = from_float<T>(0.f);  // padding
   }
 }
 
@@ -181,16 +182,16 @@ const char* forward_as(const void* logits, int64_t stride, const int64_t* target
 
 template <typename T>
 const char* backward_as(const void* logits, int64_t stride, const int64_t* targets, const float* lse,
-                        const float* grad_sum, int64_t rows, int64_t vocab, int64_t ignore_index, float smoothing,
-                        void* grad, cudaStream_t stream) {
+                        const float* grad_sum, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
+                        float smoothing, void* grad, cudaStream_t stream) {
   const T* x = static_cast<const T*>(logits);
   T* dx = static_cast<T*>(grad);
   if (vectorizable<T>(stride, logits, grad))
     backward_kernel<T, 16 / sizeof(T)><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, targets, lse, grad_sum, rows,
-                                                                                vocab, ignore_index, smoothing, dx);
+                                                                                vocab, width, ignore_index, smoothing, dx);
   else
     backward_kernel<T, 1><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, targets, lse, grad_sum, rows, vocab,
-                                                                   ignore_index, smoothing, dx);
+                                                                   width, ignore_index, smoothing, dx);
   return launched();
 }
 
@@ -215,18 +216,20 @@ const char* cross_entropy_forward(const void* logits, LogitsType type, int64_t r
 
 const char* cross_entropy_backward(const void* logits, LogitsType type, int64_t row_stride, const int64_t* targets,
                                    const float* lse, const float* grad_sum, int64_t rows, int64_t vocab,
-                                   int64_t ignore_index, float label_smoothing, void* grad, void* stream) {
+                                   int64_t width, int64_t ignore_index, float label_smoothing, void* grad,
+                                   void* stream) {
   if (rows == 0) return nullptr;
-  if (vocab <= 0 || row_stride < vocab) return "cross_entropy_backward: rows of no logits, or overlapping rows";
+  if (vocab <= 0 || width < vocab || row_stride < width)
+    return "cross_entropy_backward: rows of no logits, or overlapping rows";
   auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case LogitsType::kFloat32:
-      return backward_as<float>(logits, row_stride, targets, lse, grad_sum, rows, vocab, ignore_index, label_smoothing, grad, s);
+      return backward_as<float>(logits, row_stride, targets, lse, grad_sum, rows, vocab, width, ignore_index, label_smoothing, grad, s);
     case LogitsType::kFloat16:
-      return backward_as<__half>(logits, row_stride, targets, lse, grad_sum, rows, vocab, ignore_index, label_smoothing, grad, s);
+      return backward_as<__half>(logits, row_stride, targets, lse, grad_sum, rows, vocab, width, ignore_index, label_smoothing, grad, s);
     case LogitsType::kBFloat16:
-      return backward_as<__nv_bfloat16>(logits, row_stride, targets, lse, grad_sum, rows, vocab, ignore_index, label_smoothing,
-                                        grad, s);
+      return backward_as<__nv_bfloat16>(logits, row_stride, targets, lse, grad_sum, rows, vocab, width, ignore_index,
+                                        label_smoothing, grad, s);
   }
   return "cross_entropy_backward: unknown logits type";
 }

@@ -25,11 +25,12 @@ const char* cross_entropy_forward(const void* logits, LogitsType type, int64_t r
                                   int64_t rows, int64_t vocab, int64_t ignore_index, float label_smoothing,
                                   float* loss, float* lse, void* stream);
 
-/// Writes grad (N rows of V at the same row_stride as the logits, the logits' type; what lies between rows is
-/// left as it is) from the forward pass's lse and the summed loss's gradient
+/// Writes grad (N rows of `width` >= V at the same row_stride as the logits, the logits' type: the V real
+/// columns and zeros in the padding columns after them; what lies between rows is left as it is) from the forward pass's lse and the summed loss's gradient
 /// `grad_sum` (one float32 on the device: no host sync). Rows with target `ignore_index` get zeros.
 const char* cross_entropy_backward(const void* logits, LogitsType type, int64_t row_stride, const int64_t* targets,
                                    const float* lse, const float* grad_sum, int64_t rows, int64_t vocab,
-                                   int64_t ignore_index, float label_smoothing, void* grad, void* stream);
+                                   int64_t width, int64_t ignore_index, float label_smoothing, void* grad,
+                                   void* stream);
 
 }  // namespace trainer::kernels
