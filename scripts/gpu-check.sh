@@ -42,10 +42,11 @@
 #
 # Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
 # and share run when named)
-# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 6 s, tests 46 s (58 tests), share
-# 118 s (A's 30 steps; about 180 s expected with its 90), speed 120 s with TRAINER_SPEED_ROUNDS=2, profile
-# 54 s, fixes 241 s (5 pairs, TRAINER_FIXES_ROUNDS=2), jpeg 42-62 s (2026-11-26); cap: its budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in
-# time are skipped and listed).
+# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 4-6 s, tests 48 s (62 tests), share
+# 211 s (A's 150 steps), speed 103-120 s with TRAINER_SPEED_ROUNDS=2, profile 46-54 s, fixes 241 s (5 pairs,
+# TRAINER_FIXES_ROUNDS=2; 27 s for the fused loss's pair alone), jpeg 42-62 s (2026-11-26); cap: its
+# budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in time are skipped and
+# listed).
 #
 # The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
 # `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
