@@ -27,9 +27,11 @@ struct Logits {
   /// real() is what a score or a plain loss reads.
   torch::Tensor logits;
   torch::Tensor targets;  ///< int64, on the device
-  int64_t columns = 0;    ///< the real columns (the classes, the vocabulary)
+  int64_t columns = -1;   ///< the real columns (the classes, the vocabulary); -1: all of them
 
-  torch::Tensor real() const { return columns == logits.size(1) ? logits : logits.narrow(1, 0, columns); }
+  torch::Tensor real() const {
+    return columns < 0 || columns == logits.size(1) ? logits : logits.narrow(1, 0, columns);
+  }
 };
 
 /// Runs `model` on `inputs` with `labels` as targets. uint8 inputs are copied to the device as uint8 (a
