@@ -14,10 +14,14 @@
 //   multi-tensor ops           _foreach_{add,mul,addcmul,addcdiv,      also _foreach_copy_ and _foreach_mul_ by
 //                              sqrt,div,norm} (scalar and list forms)  a 0-dim tensor (2.1+)
 //   fused optimizers           _fused_adam_ (CUDA) only                 _fused_adamw_ and _fused_sgd_, CUDA and CPU
-//                                                                       kernels (2.4+; 2.11's headers checked)
+//                                                                       kernels (2.4+; 2.11's headers checked),
+//                                                                       with found_inf: skipped on the device
+//                                                                       (both kernels, checked on the CPU's)
 //   profiler events            KinetoEvent::startUs/durationUs          startNs/durationNs (detected, not versioned)
 //   profiler traces            Debian's build has no Kineto: events     ProfilerResult::save writes Kineto's
 //                              are collected, save() throws             Chrome trace (the pip wheels have Kineto)
+//   events                     c10::Event::query only                   also c10::Event::synchronize (2.11 checked;
+//                                                                       wait_for)
 //   cuDNN tuning               setBenchmarkCuDNN, setBenchmarkLimitCuDNN in both; the switch that stops the
 //                              caching allocator's cache being emptied after each benchmark timing
 //                              (at::native::_cudnn_set_conv_benchmark_empty_cache) only in 2.x
@@ -26,10 +30,13 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/Event.h>
 #include <torch/version.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -159,35 +166,59 @@ inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
 /// only _fused_adam_ (CUDA, no decoupled weight decay).
 constexpr bool kHasFusedOptimizers = TRAINER_TORCH_AT_LEAST(2, 4);
 
+/// The `skip` of the fused kernels below: a float32 one-element tensor on the parameters' device, or
+/// undefined. Where it holds exactly 1 the kernel returns before writing anything (PyTorch's found_inf,
+/// which its GradScaler hands to fused optimizers so that no host read comes before the update).
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+inline std::optional<at::Tensor> fused_skip(const at::Tensor& skip) {
+  return skip.defined() ? std::optional<at::Tensor>(skip) : std::nullopt;
+}
+#endif
+
 /// at::_fused_adamw_ (no amsgrad, not maximizing, no grad scale): for each i, p[i] *= 1 - lr * weight_decay,
 /// then Adam's update with the bias corrections of step `steps[i]` (float32 0-dim tensors on the
-/// parameters' device, read, not incremented). Every tensor on one device, one dtype per list. Throws
-/// c10::Error where kHasFusedOptimizers is false.
+/// parameters' device, read, not incremented); nothing where `skip` (fused_skip) is 1. Every tensor on
+/// one device, one dtype per list. Throws c10::Error where kHasFusedOptimizers is false.
 inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList steps, double lr, double beta1, double beta2, double weight_decay, double eps) {
+                         at::TensorList steps, double lr, double beta1, double beta2, double weight_decay, double eps,
+                         const at::Tensor& skip = {}) {
 #if TRAINER_TORCH_AT_LEAST(2, 4)
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
-                    eps, /*amsgrad=*/false, /*maximize=*/false);
+                    eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1, (void)beta2,
-      (void)weight_decay, (void)eps;
+      (void)weight_decay, (void)eps, (void)skip;
   TORCH_CHECK(false, "the fused AdamW kernel needs LibTorch 2.4 or later, this is ", torch_version());
 #endif
 }
 
 /// at::_fused_sgd_ (no dampening, not maximizing, no grad scale): g += weight_decay * p; with momentum,
 /// buf = momentum * buf + g (`momentum_buffers` empty when momentum is 0) and g = nesterov ? g + momentum *
-/// buf : buf; p -= lr * g. Throws c10::Error where kHasFusedOptimizers is false.
+/// buf : buf; p -= lr * g; nothing where `skip` (fused_skip) is 1. Throws c10::Error where
+/// kHasFusedOptimizers is false.
 inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
-                       double momentum, double lr, bool nesterov) {
+                       double momentum, double lr, bool nesterov, const at::Tensor& skip = {}) {
 #if TRAINER_TORCH_AT_LEAST(2, 4)
   // is_first_step false: the buffers start at zero, so the first step's momentum * 0 + g is PyTorch's
   // first-step buf = g.
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
-                  /*maximize=*/false, /*is_first_step=*/false);
+                  /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
 #else
-  (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr, (void)nesterov;
+  (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr, (void)nesterov,
+      (void)skip;
   TORCH_CHECK(false, "the fused SGD kernel needs LibTorch 2.4 or later, this is ", torch_version());
+#endif
+}
+
+// ---- events -----------------------------------------------------------------------------------------
+
+/// Blocks the host until `event`'s recorded work is done (at once if it was never recorded). 2.11's
+/// c10::Event has synchronize(); 1.13's only query(), polled here (Debian's 1.13 has no CUDA to wait on).
+inline void wait_for(const c10::Event& event) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  event.synchronize();
+#else
+  while (!event.query()) std::this_thread::yield();
 #endif
 }
 

@@ -125,6 +125,9 @@ TEST(TrainOptimizer, ImplementationKeyIsCheckedWhereLibTorchLacksTheKernels) {
   Net net;
   trainer::OptimConfig c;
   EXPECT_EQ(trainer::Optimizer(trainer::param_slots(net, false), c).implementation(), "plain") << "auto on the CPU";
+  trainer::Optimizer plain(trainer::param_slots(net, false), c);
+  EXPECT_FALSE(plain.skips_on_device());
+  EXPECT_THROW(plain.step_unless(0.1, torch::zeros({1})), std::logic_error) << "only the fused kernels read a skip";
   c.implementation = "foreach";
   EXPECT_EQ(trainer::Optimizer(trainer::param_slots(net, false), c).implementation(), "foreach");
   c.implementation = "fused";

@@ -14,6 +14,7 @@
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 #include "trainer/step.h"
+#include "common/compat.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_step {
@@ -39,18 +40,26 @@ struct Rig {
   // micro_batch: the first size; grow_after: clean steps before a probe; allow_checkpointing: the
   // ladder's rung after the smallest size.
   // scaling: the GradScaler (off by default).
+  // implementation: optim.implementation; skip_on_device: StepOptions::skip_on_device; device: where it
+  // trains (a CUDA device's memory backend is the caching allocator's).
   explicit Rig(int64_t micro_batch, int64_t grow_after = 1000, bool allow_checkpointing = true, int64_t min_micro = 1,
-               trainer::GradScalerOptions scaling = trainer::GradScalerOptions().enabled(false)) {
+               trainer::GradScalerOptions scaling = trainer::GradScalerOptions().enabled(false),
+               const std::string& implementation = "auto", bool skip_on_device = true,
+               torch::Device device = torch::Device(torch::kCPU)) {
     at::set_num_threads(1);
     // The capped allocator first, so that the weights and the optimizer state count against the cap.
-    memory = std::make_unique<trainer::PhasePeakBackend>(std::make_unique<trainer::CpuMemoryBackend>());
+    memory = std::make_unique<trainer::PhasePeakBackend>(device.is_cuda() ? trainer::make_memory_backend(device)
+                                                                          : std::unique_ptr<trainer::MemoryBackend>(
+                                                                                std::make_unique<trainer::CpuMemoryBackend>()));
     torch::manual_seed(11);
     model = models::create_model("gpt_tiny",
                                  models::ModelOptions().vocab_size(kVocab).context(kContext).dropout(0.2));
+    model->to(device);
     trainer::Config cfg;
     cfg.optim.name = "adamw";
     cfg.optim.lr = 1e-2;
     cfg.optim.weight_decay = 0;
+    cfg.optim.implementation = implementation;
     optimizer = std::make_unique<trainer::Optimizer>(trainer::param_slots(*model, false), cfg.optim);
     scaler = std::make_unique<trainer::GradScaler>(scaling);
     reporter = std::make_unique<trainer::MemoryReporter>(dir.str());
@@ -68,14 +77,23 @@ struct Rig {
     parts.memory = memory.get();
     parts.reporter = reporter.get();
     parts.metrics = &metrics;
-    step = std::make_unique<trainer::Step>(parts, trainer::step_options(cfg, torch::Device(torch::kCPU)),
+    auto options = trainer::step_options(cfg, device);
+    options.skip_on_device = skip_on_device;
+    step = std::make_unique<trainer::Step>(parts, options,
                                            trainer::make_controller(trainer::micro_batch_options(cfg, kBatch), 0));
     torch::manual_seed(12);  // the dropout stream, the same in every rig
+    if (device.is_cuda()) torch::cuda::manual_seed_all(12);
   }
 
   std::map<std::string, torch::Tensor> weights() const {
     std::map<std::string, torch::Tensor> m;
-    for (const auto& p : model->named_parameters()) m[p.key()] = p.value().detach().clone();
+    for (const auto& p : model->named_parameters()) m[p.key()] = p.value().detach().cpu().clone();
+    return m;
+  }
+  // The weights and the optimizer's state (its moments and step count).
+  std::map<std::string, torch::Tensor> state() const {
+    auto m = weights();
+    for (const auto& [k, t] : optimizer->state()) m["optim." + k] = t.detach().cpu().clone();
     return m;
   }
 };
@@ -195,6 +213,54 @@ TEST(StepInProcess, AScaledStepReadsItsLossNormAndScaleAndSkipsANonFiniteGradien
   EXPECT_FALSE(bitwise_equal(scaled.weights(), before));
 }
 
+// With the fused optimizer the step's skip is decided on the device and its values are read once, after
+// the update is queued (Step::update_then_read); the reference is the same fused update decided on the
+// host first (skip_on_device false): equal in every bit, clean steps and skipped ones alike. A skipped
+// step leaves the weights, the moments and AdamW's step count as they were.
+void expect_the_device_skips_as_the_host_does(torch::Device device) {
+  if (!trainer::compat::kHasFusedOptimizers) GTEST_SKIP() << "LibTorch " << trainer::compat::torch_version() << " has no fused optimizer kernels";
+  const auto scaling = trainer::GradScalerOptions().init_scale(1024.0).growth_interval(1).growth_factor(2.0);
+  const auto run = [&](bool on_device, bool scaled) {
+    Rig rig(8, 1000, true, 1, scaled ? scaling : trainer::GradScalerOptions().enabled(false), "fused", on_device, device);
+    std::vector<trainer::StepResult> res = run_steps(rig, 1, 2, 0);
+    const auto before = rig.state();
+    // Step 3's gradient of one weight made infinite (with a scaler: its inf; without: the norm's).
+    auto w = rig.model->parameters().front();
+    const auto hook = w.register_hook([](torch::Tensor g) { return g * std::numeric_limits<float>::infinity(); });
+    res.push_back(run_steps(rig, 3, 3, 0)[0]);
+    w.remove_hook(hook);
+    EXPECT_FALSE(res.back().updated);
+    EXPECT_TRUE(bitwise_equal(rig.state(), before)) << "a skipped step changed the weights or the optimizer state";
+    EXPECT_EQ(rig.optimizer->steps(), 2);
+    for (const auto& r : run_steps(rig, 4, 5, 0)) res.push_back(r);
+    return std::make_pair(res, rig.state());
+  };
+  for (bool scaled : {true, false}) {
+    const auto [dev, dev_state] = run(true, scaled);
+    const auto [host, host_state] = run(false, scaled);
+    ASSERT_EQ(dev.size(), host.size());
+    for (size_t i = 0; i < dev.size(); ++i) {
+      EXPECT_EQ(dev[i].updated, host[i].updated) << "step " << i + 1;
+      EXPECT_EQ(dev[i].updated, i != 2) << "step " << i + 1;
+      EXPECT_EQ(dev[i].loss, host[i].loss) << "step " << i + 1;
+      EXPECT_EQ(dev[i].loss_scale, host[i].loss_scale) << "step " << i + 1;
+      if (i != 2) EXPECT_EQ(dev[i].grad_norm, host[i].grad_norm) << "step " << i + 1;
+      else EXPECT_FALSE(std::isfinite(dev[i].grad_norm)) << "the norm of an infinite gradient";
+    }
+    if (scaled) EXPECT_EQ(dev[3].loss_scale, dev[2].loss_scale / 2) << "backed off after the skipped step";
+    EXPECT_TRUE(bitwise_equal(dev_state, host_state)) << (scaled ? "scaled" : "unscaled");
+  }
+}
+
+TEST(StepInProcess, TheFusedUpdateIsSkippedOnTheDeviceAsOnTheHost) {
+  expect_the_device_skips_as_the_host_does(torch::Device(torch::kCPU));
+}
+
+TEST(StepInProcess, TheFusedUpdateIsSkippedOnTheCudaDeviceAsOnTheHost) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the readback's event and page-locked copy run there";
+  expect_the_device_skips_as_the_host_does(torch::Device(torch::kCUDA, 0));
+}
+
 TEST(StepInProcess, GrowsBackWhenTheCapRises) {
   const int64_t cap = (steady_peak(8) + steady_peak(4)) / 2;
   Rig rig(8, /*grow_after=*/1);
@@ -244,6 +310,42 @@ TEST(StepSnapshot, PutsBackTheBuffersAndTheCpuGenerator) {
   snap.restore();
   EXPECT_TRUE(model->named_buffers()["bn1.running_mean"].equal(mean_before));
   EXPECT_TRUE(torch::rand({16}).equal(draw));
+}
+
+// The step keeps its snapshot: retake() copies into the copies it holds, and a buffer replaced since
+// (another tensor, another shape) is followed, not written through a stale copy.
+TEST(StepSnapshot, ARetakePutsBackTheStateOfTheRetakeAndFollowsAReplacedBuffer) {
+  for (bool batched : {true, false}) {
+    torch::manual_seed(3);
+    auto model = models::create_model("resnet20", models::ModelOptions().num_classes(10));
+    model->train();
+    trainer::StepSnapshot snap(*model, torch::kCPU, batched);
+    model->forward(torch::randn({4, 3, 32, 32}));
+    snap.retake(*model);
+    const auto mean = model->named_buffers()["bn1.running_mean"].clone();
+    const auto tracked = model->named_buffers()["bn1.num_batches_tracked"].clone();
+    const auto draw = torch::rand({16});
+    model->forward(torch::randn({4, 3, 32, 32}));
+    ASSERT_FALSE(model->named_buffers()["bn1.running_mean"].equal(mean));
+    snap.restore();
+    EXPECT_TRUE(model->named_buffers()["bn1.running_mean"].equal(mean)) << "batched " << batched;
+    EXPECT_TRUE(model->named_buffers()["bn1.num_batches_tracked"].equal(tracked)) << "batched " << batched;
+    EXPECT_TRUE(torch::rand({16}).equal(draw)) << "the generator as of the retake";
+
+    // A buffer given other data, of another shape, then the model moved to float64 (the same tensors,
+    // another type): each next retake copies them anew, restore puts them back.
+    auto buffer = [&] { return model->named_buffers()["bn1.running_mean"]; };
+    buffer().set_data(torch::full({7}, 2.0f));
+    snap.retake(*model);
+    buffer().fill_(5.0);
+    snap.restore();
+    EXPECT_TRUE(buffer().equal(torch::full({7}, 2.0f))) << "batched " << batched;
+    model->to(torch::kDouble);
+    snap.retake(*model);
+    buffer().fill_(5.0);
+    snap.restore();
+    EXPECT_TRUE(buffer().equal(torch::full({7}, 2.0, torch::kDouble))) << "batched " << batched;
+  }
 }
 
 TEST(StepSnapshot, PutsBackTheCudaGeneratorOfTheDevice) {

@@ -117,6 +117,14 @@ void Optimizer::step(double lr) {
   ++steps_;
 }
 
+void Optimizer::step_unless(double lr, const torch::Tensor& skip) {
+  if (impl_ != Impl::fused) throw std::logic_error("Optimizer::step_unless: needs optim.implementation fused");
+  RECORD_USER_SCOPE(cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : "Optimizer.step#AdamW.step");
+  allocate_state();  // may throw OOM: nothing has changed yet
+  torch::NoGradGuard no_grad;
+  step_fused(lr, skip);
+}
+
 // The same update as the plain loop above, op for op, each op over all tensors at once.
 void Optimizer::step_foreach(double lr) {
   std::vector<torch::Tensor> p, g, m1, m2, p_decay, g_decay;  // the tensors that have a gradient
@@ -165,7 +173,7 @@ void Optimizer::step_foreach(double lr) {
 
 // The same update in one fused kernel per (device, dtype) group and weight-decay setting (the kernels
 // take one weight decay for all their tensors).
-void Optimizer::step_fused(double lr) {
+void Optimizer::step_fused(double lr, const torch::Tensor& skip) {
   struct Group {
     std::vector<torch::Tensor> p, g, m1, m2;
   };
@@ -186,7 +194,7 @@ void Optimizer::step_fused(double lr) {
   for (auto& [key, grp] : groups) {
     const double wd = std::get<2>(key) ? cfg_.weight_decay : 0.0;
     if (cfg_.name == "sgd") {
-      compat::fused_sgd_(grp.p, grp.g, grp.m1, wd, cfg_.momentum, lr, cfg_.nesterov);
+      compat::fused_sgd_(grp.p, grp.g, grp.m1, wd, cfg_.momentum, lr, cfg_.nesterov, skip);
     } else {
       // The kernel reads the step count from a float32 tensor per parameter (torch.optim increments its
       // own before the call); one tensor, filled once per step, serves them all: the kernel only reads it.
@@ -195,7 +203,7 @@ void Optimizer::step_fused(double lr) {
         fused_step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
       fused_step_.fill_(static_cast<double>(steps_ + 1));
       const std::vector<torch::Tensor> steps(grp.p.size(), fused_step_);
-      compat::fused_adamw_(grp.p, grp.g, grp.m1, grp.m2, steps, lr, cfg_.beta1, cfg_.beta2, wd, cfg_.eps);
+      compat::fused_adamw_(grp.p, grp.g, grp.m1, grp.m2, steps, lr, cfg_.beta1, cfg_.beta2, wd, cfg_.eps, skip);
     }
   }
 }

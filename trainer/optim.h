@@ -58,6 +58,16 @@ class Optimizer {
   /// One update with learning rate `lr`. Gradients are consumed (overwritten in place).
   /// Throws c10::OutOfMemoryError only before any parameter changed.
   void step(double lr);
+  /// Whether step_unless() can run: the fused kernels, which read a skip flag on the device.
+  bool skips_on_device() const { return impl_ == Impl::fused; }
+  /// The update of step(), left undone on the device where `skip` (a one-element float32 tensor on the
+  /// parameters' device) holds 1: the step's caller needs no host read of its non-finite check before
+  /// the update (PyTorch's found_inf for fused optimizers). steps() stays as it was until the caller, once
+  /// it has read whether the step was skipped, calls commit_step(). Throws std::logic_error unless
+  /// skips_on_device(); c10::OutOfMemoryError only before any kernel was launched.
+  void step_unless(double lr, const torch::Tensor& skip);
+  /// Counts a step_unless() that was not skipped (AdamW's bias correction of the next step reads the count).
+  void commit_step() { ++steps_; }
   /// Allocates the state step() needs (zero-filled) if not yet there. step() calls it; the trainer calls it
   /// early so that memory measurements include the optimizer state.
   void allocate_state();
@@ -77,7 +87,7 @@ class Optimizer {
  private:
   enum class Impl { plain, foreach, fused };
   void step_foreach(double lr);
-  void step_fused(double lr);
+  void step_fused(double lr, const torch::Tensor& skip = {});
 
   std::vector<ParamSlot> params_;
   OptimConfig cfg_;

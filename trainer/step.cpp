@@ -5,8 +5,10 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "common/compat.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,15 +20,19 @@ namespace trainer {
 // ---- the snapshot ------------------------------------------------------------------------------------
 
 StepSnapshot::StepSnapshot(torch::nn::Module& model, const c10::Device& device, bool batched)
-    : generators_(GeneratorStates::capture(device)) {
+    : device_(device), batched_(batched), generators_(GeneratorStates::capture(device)) {
+  take(model);
+}
+
+void StepSnapshot::take(torch::nn::Module& model) {
   torch::NoGradGuard ng;
-  if (!batched) {
-    for (auto& b : model.buffers()) groups_.push_back({{b}, b.clone()});
+  groups_.clear();
+  order_.clear();
+  if (!batched_) {
+    for (auto& b : model.buffers()) groups_.push_back({{b}, {b.clone()}});
     return;
   }
-  // Per (device, dtype): the buffers concatenated into one tensor (one copy). Nothing else is done per
-  // buffer here, on the host, while the device waits for the step's first kernel: restore() finds each
-  // buffer's part of the copy.
+  // Per (device, dtype) (the multi-tensor copy takes one of each): the buffers and their copies.
   std::vector<std::pair<c10::Device, at::ScalarType>> keys;
   for (auto& b : model.buffers()) {
     const std::pair<c10::Device, at::ScalarType> key{b.device(), b.scalar_type()};
@@ -37,31 +43,33 @@ StepSnapshot::StepSnapshot(torch::nn::Module& model, const c10::Device& device, 
       groups_.emplace_back();
     }
     groups_[g].live.push_back(b);
+    groups_[g].saved.push_back(torch::empty_like(b, at::MemoryFormat::Preserve));
+    order_.push_back(b.unsafeGetTensorImpl());
   }
-  for (auto& group : groups_) {
-    std::vector<torch::Tensor> flat;
-    flat.reserve(group.live.size());
-    // 1-D as they are (BatchNorm's running statistics); others flattened in logical order, whatever
-    // their memory format (a 0-dim counter: one element).
-    for (const auto& b : group.live) flat.push_back(b.dim() == 1 ? b : b.reshape({-1}));
-    group.saved = torch::cat(flat);
-  }
+  for (auto& group : groups_) compat::foreach_copy_(group.saved, group.live);
+}
+
+void StepSnapshot::retake(torch::nn::Module& model) {
+  generators_ = GeneratorStates::capture(device_);
+  if (!batched_) return take(model);
+  // The same buffers as at the last take (the same tensors in the same order, each of the shape, type and
+  // device of its copy): one copy per group into the copies already held. Anything else: taken anew.
+  const auto buffers = model.buffers();
+  bool same = buffers.size() == order_.size();
+  for (size_t i = 0; same && i < buffers.size(); ++i) same = buffers[i].unsafeGetTensorImpl() == order_[i];
+  for (const auto& group : groups_)
+    for (size_t k = 0; same && k < group.live.size(); ++k)
+      same = group.saved[k].sizes() == group.live[k].sizes() && group.saved[k].dtype() == group.live[k].dtype() &&
+             group.saved[k].device() == group.live[k].device();
+  if (!same) return take(model);
+  torch::NoGradGuard ng;
+  for (auto& group : groups_) compat::foreach_copy_(group.saved, group.live);
 }
 
 void StepSnapshot::restore() const {
   {
     torch::NoGradGuard ng;
-    for (const auto& group : groups_) {
-      if (group.live.size() == 1 && group.live[0].sizes() == group.saved.sizes()) {
-        group.live[0].copy_(group.saved);  // a per-buffer copy (or a group of one 1-D buffer)
-        continue;
-      }
-      int64_t at = 0;
-      for (const auto& b : group.live) {
-        b.copy_(group.saved.narrow(0, at, b.numel()).view(b.sizes()));
-        at += b.numel();
-      }
-    }
+    for (const auto& group : groups_) compat::foreach_copy_(group.live, group.saved);
   }
   generators_.restore();
 }
@@ -138,30 +146,80 @@ double Step::agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count,
   return a[world];
 }
 
-Step::HostValues Step::read_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const {
-  // (loss_sum if given, norm, and with a scaler found_inf and the scale): one fp32 vector on the
-  // device, one copy to the host.
-  const bool scaled = p_.scaler->is_enabled();
+torch::Tensor Step::pack_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const {
   const c10::Device dev = loss_sum.defined() ? loss_sum.device() : norm.device();
   std::vector<torch::Tensor> parts;
   if (loss_sum.defined()) parts.push_back(loss_sum);
   parts.push_back(norm);
-  if (scaled) {
+  if (p_.scaler->is_enabled()) {
     parts.push_back(p_.scaler->found_inf_tensor());
     parts.push_back(p_.scaler->scale_tensor());
   }
   for (auto& t : parts) t = t.reshape({1}).to(dev, torch::kFloat);
-  const torch::Tensor host = torch::cat(parts).cpu();
+  return torch::cat(parts);
+}
+
+Step::HostValues Step::unpack_step_values(const torch::Tensor& host, bool with_loss) const {
   const float* v = host.data_ptr<float>();
   HostValues h;
   size_t i = 0;
-  if (loss_sum.defined()) h.loss = v[i++];
+  if (with_loss) h.loss = v[i++];
   h.grad_norm = v[i++];
-  if (scaled) {
+  if (p_.scaler->is_enabled()) {
     h.found_inf = v[i++] != 0.0f;
     h.loss_scale = v[i++];
   }
   return h;
+}
+
+Step::HostValues Step::read_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const {
+  // One fp32 vector on the device, one copy to the host.
+  return unpack_step_values(pack_step_values(loss_sum, norm).cpu(), loss_sum.defined());
+}
+
+void HostReadback::start(const torch::Tensor& values) {
+  queued_ = false;
+  if (!values.is_cuda()) {
+    pending_ = values.cpu();
+    return;
+  }
+  const int64_t n = values.numel();
+  if (!host_.defined() || host_.numel() < n)
+    host_ = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+  pending_ = host_.narrow(0, 0, n);
+  pending_.copy_(values, /*non_blocking=*/true);
+  const c10::impl::VirtualGuardImpl guard(values.device().type());
+  if (!copied_) copied_.emplace(values.device().type());  // one event, recorded again at every start
+  copied_->record(guard.getStream(values.device()));
+  queued_ = true;
+}
+
+torch::Tensor HostReadback::wait() {
+  if (queued_) compat::wait_for(*copied_);
+  queued_ = false;
+  return pending_;
+}
+
+void Step::update_then_read(const torch::Tensor& loss_sum, const torch::Tensor& norm, double lr, StepResult& r) {
+  // Everything that allocates comes before the update, so that an OOM up to here is retried as any other
+  // (nothing has changed yet), and nothing after it can fail half way.
+  const torch::Tensor values = pack_step_values(loss_sum, norm);
+  // The update is skipped on the device where the host's `updated` below will say so: a loss or a norm
+  // that is not finite, or the scaler's inf/NaN.
+  torch::Tensor skip = torch::isfinite(values.narrow(0, 0, 2)).all().logical_not();
+  if (p_.scaler->is_enabled()) skip = skip.logical_or(values.narrow(0, 2, 1).squeeze().ne(0));
+  skip = skip.to(torch::kFloat).reshape({1});
+  // The copy of the values is queued before the update: the host waits for the backward and the norm,
+  // while the device runs the update and the scale's update it queued after them.
+  readback_.start(values);
+  p_.optimizer->step_unless(lr, skip);
+  p_.scaler->update();
+  const HostValues host = unpack_step_values(readback_.wait(), /*with_loss=*/true);
+  r.loss = host.loss;
+  r.grad_norm = host.grad_norm;
+  r.loss_scale = host.loss_scale;
+  r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !host.found_inf;
+  if (r.updated) p_.optimizer->commit_step();
 }
 
 void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r) {
@@ -197,9 +255,13 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
     if (p_.dist) global_loss = agree_on_oom(oom, i, sizes.size(), loss_sum);
     offset += sizes[i];
   }
-  // The one host sync per step: the step must be skipped on non-finite values, and the metrics line
-  // wants the loss, the norm and the loss scale. They come back in one copy (PyTorch's GradScaler reads
-  // found_inf on its own, and the loss is read after it: two syncs, each a pause of the device).
+  r.micro_batch = controller_.micro_batch();
+  r.accum_steps = static_cast<int64_t>(sizes.size());
+  // The one host sync per step: the metrics line wants the loss, the norm and the loss scale, and the
+  // step is skipped on non-finite values. With the fused kernels (one process) the skip is decided on
+  // the device and the values are read while the update runs; otherwise they are read first, in one
+  // copy (PyTorch's GradScaler reads found_inf on its own, and the loss after it: two syncs).
+  if (!p_.dist && o_.skip_on_device && p_.optimizer->skips_on_device()) return update_then_read(loss_sum, norm, lr, r);
   const HostValues host = read_step_values(p_.dist ? torch::Tensor() : loss_sum, norm);
   r.loss = p_.dist ? global_loss : host.loss;  // data parallel: summed over the ranks by agree_on_oom
   r.grad_norm = host.grad_norm;
@@ -207,8 +269,6 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
   r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !host.found_inf;
   if (r.updated) p_.optimizer->step(lr);
   p_.scaler->update();
-  r.micro_batch = controller_.micro_batch();
-  r.accum_steps = static_cast<int64_t>(sizes.size());
 }
 
 void Step::drop_failed_attempt() {
@@ -281,12 +341,17 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   p_.memory->reset_peak();
   r.mem_start_bytes = p_.memory->current_bytes();
   // The snapshot allocates too (buffer copies, generator states): taking it is part of the attempt, so
-  // a cap below the live bytes ends in the ladder's answer, not in an error outside it.
-  std::optional<StepSnapshot> snapshot;
+  // a cap below the live bytes ends in the ladder's answer, not in an error outside it. It is kept from
+  // step to step (train.snapshot: batched copies into the copies it holds).
+  bool taken = false;
   std::optional<std::chrono::steady_clock::time_point> first_oom;  // the recovery runs from here
   while (true) {
     try {
-      if (!snapshot) snapshot.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
+      if (!taken) {
+        if (snapshot_) snapshot_->retake(*p_.model);
+        else snapshot_.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
+        taken = true;
+      }
       attempt(batch, step, lr, r);
       break;
     } catch (const std::exception& e) {
@@ -299,7 +364,8 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
         spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
       }
       drop_failed_attempt();
-      if (snapshot) snapshot->restore();  // without one, nothing has run yet
+      if (taken) snapshot_->restore();  // without one, nothing has run yet
+      else snapshot_.reset();             // a take that ran out of memory: taken anew next time
       // An attempt that timed a new size may have run out of memory in the timing's own workspaces: the
       // same sizes once more with the heuristics before the ladder moves (never in data parallel).
       if (cudnn_.on_oom()) {

@@ -10,10 +10,12 @@
 #pragma once
 
 #include <torch/torch.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -86,28 +88,52 @@ struct SearchStopped : std::runtime_error {
 /// from (the CPU generator, and the device's CUDA generator: dropout). The samples are the same batch
 /// tensors; parameters and optimizer state are only changed once an attempt has succeeded.
 ///
-/// `batched` (train.snapshot: batched) copies the buffers of each (device, dtype) into one tensor: a
-/// concatenation, 1-2 copies where a copy per buffer is one each (ResNet-50: 161, which on a GPU are 161
-/// launches at the start of every step while the device waits); the views of each buffer's part are made
-/// by restore() (an OOM), not at every step. Either way restore() writes back the same values.
+/// `batched` (train.snapshot: batched) copies the buffers of each (device, dtype) with one multi-tensor
+/// copy into tensors it keeps: retake() at the start of each step copies into the same tensors again, so
+/// that a step pays one or two launches and no allocation for its snapshot (ResNet-50: 161 buffers, which
+/// per buffer are 161 clones at the start of every step while the device waits). `per_buffer` clones each
+/// buffer at every take. Either way restore() writes back the same values.
 class StepSnapshot {
  public:
   StepSnapshot(torch::nn::Module& model, const c10::Device& device, bool batched = true);
-  /// Puts the buffers and generators back as they were at construction.
+  /// Takes the snapshot again, of `model` as it is now (the model of the construction; buffers replaced
+  /// since, or of another shape or type, get new copies).
+  void retake(torch::nn::Module& model);
+  /// Puts the buffers and generators back as they were at the last take.
   void restore() const;
 
  private:
-  /// Live buffers and their saved values: per_buffer, one group per buffer (saved: its clone); batched,
-  /// one group per (device, dtype) (saved: the buffers concatenated, flattened, in order).
+  void take(torch::nn::Module& model);
+  /// Live buffers and their saved copies, one group per (device, dtype) (batched) or per buffer.
   struct Group {
     std::vector<torch::Tensor> live;
-    torch::Tensor saved;
+    std::vector<torch::Tensor> saved;
   };
   std::vector<Group> groups_;
+  std::vector<const c10::TensorImpl*> order_;  // batched: the buffers at the last take, in the model's order
+  c10::Device device_;
+  bool batched_;
   GeneratorStates generators_;
 };
 
 // ---- the step --------------------------------------------------------------------------------------
+
+/// A few values of a step on their way to the host. On CUDA: a copy into page-locked memory queued on the
+/// current stream, and an event after it, so that the host can queue more work (the update) before it
+/// waits for the values; elsewhere the values as they are (a CPU tensor) or copied at once.
+class HostReadback {
+ public:
+  /// Queues the copy of `values` (a 1-D float32 tensor).
+  void start(const torch::Tensor& values);
+  /// Waits for the copy start() queued; the values on the host (valid until the next start()).
+  torch::Tensor wait();
+
+ private:
+  torch::Tensor host_;                // page-locked, reused from step to step
+  torch::Tensor pending_;             // what wait() returns: a part of host_, or the values
+  std::optional<c10::Event> copied_;  // recorded after the copy (CUDA)
+  bool queued_ = false;               // a copy is queued that wait() has not waited for
+};
 
 /// What Step::find_micro_batch found, and what it cost.
 struct MicroBatchSearch {
@@ -157,6 +183,10 @@ struct StepOptions {
   std::string activation_checkpointing = "none";
   int64_t checkpoint_every_k = 2;
   bool batched_snapshot = true;  ///< train.snapshot: batched (StepSnapshot)
+  /// With the fused optimizer in a single process: the update is queued with its skip decided on the
+  /// device, and the step's values are read once after it (false: read before it, as the plain and
+  /// foreach paths and data parallel always do). Not a config key: the tests compare the two.
+  bool skip_on_device = true;
   std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (find_micro_batch without a start)
   CudnnPolicyOptions cudnn;           ///< memory.cudnn_policy and its retry of a timing that ran out of memory
 };
@@ -236,6 +266,12 @@ class Step {
     double loss_scale = 0;    ///< the scaler's scale (0 without a scaler)
   };
   HostValues read_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const;
+  /// (loss_sum if defined, norm, and with a scaler found_inf and the scale) as one fp32 vector on the device.
+  torch::Tensor pack_step_values(const torch::Tensor& loss_sum, const torch::Tensor& norm) const;
+  HostValues unpack_step_values(const torch::Tensor& host, bool with_loss) const;
+  /// The single-process fused path (StepOptions::skip_on_device): the update queued with its skip flag,
+  /// then the values read; fills r's loss, norm, scale and `updated`.
+  void update_then_read(const torch::Tensor& loss_sum, const torch::Tensor& norm, double lr, StepResult& r);
   void drop_failed_attempt();
   /// What a backward that threw left queued in the autograd engine, dropped (see step.cpp).
   void release_autograd_leftovers();
@@ -251,6 +287,8 @@ class Step {
   MicroBatchController controller_;
   CudnnPolicy cudnn_;
   int64_t bad_samples_ = 0;  // samples that could not be decoded, over the steps this Step ran
+  HostReadback readback_;    // update_then_read's copy of the step's values
+  std::optional<StepSnapshot> snapshot_;  // run()'s, kept between steps (train.snapshot: batched reuses its copies)
 };
 
 }  // namespace trainer
