@@ -534,4 +534,49 @@ TEST(GptVocabPadding, ReferenceBuildsThePaddedGptOfTheTrainer) {
                                               ->forward_flops({1024}));
 }
 
+// uint8 images to the model's input (trainer/forward.h images_to_float). Off CUDA it is PyTorch's four
+// element-wise ops; on CUDA one kernel of the trainer's own for NHWC bytes, which must give their bits:
+// every layout the loader hands over (a whole batch, a micro-batch narrowed at any sample, sizes that are
+// and are not a multiple of 4), with and without the statistics.
+TEST(ImagesToFloat, OneKernelOnCudaGivesTheBitsOfTheFourOps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the kernel runs there";
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(5);
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{8, 3, 37, 29}, {5, 3, 5, 7}, {6, 1, 28, 28}, {4, 4, 9, 9}}) {
+    const int64_t c = shape[1];
+    const auto bytes = torch::randint(256, shape, torch::kUInt8).contiguous(at::MemoryFormat::ChannelsLast).to(dev);
+    trainer::ForwardOptions with, without;
+    with.device = without.device = dev;
+    with.input_mean = (torch::rand({1, c, 1, 1}) * 0.5 + 0.25).to(dev);
+    with.input_std = (torch::rand({1, c, 1, 1}) * 0.2 + 0.15).to(dev);
+    for (const auto* o : {&with, &without}) {
+      for (int64_t at : {int64_t{0}, int64_t{1}}) {
+        const auto x = bytes.narrow(0, at, shape[0] - at);  // a micro-batch from sample `at` on
+        ASSERT_TRUE(trainer::images_in_one_kernel(x, *o)) << testing::PrintToString(shape);
+        auto expected = x.to(torch::kFloat).div_(255.0f);
+        if (o->input_mean.defined()) expected = expected.sub_(o->input_mean).div_(o->input_std);
+        const auto got = trainer::images_to_float(x, *o);
+        EXPECT_TRUE(got.is_contiguous(at::MemoryFormat::ChannelsLast));
+        EXPECT_TRUE(got.equal(expected)) << testing::PrintToString(shape) << " from " << at << ", statistics "
+                                         << o->input_mean.defined() << ": off by "
+                                         << (got - expected).abs().max().item<float>();
+      }
+    }
+  }
+  // NCHW bytes: the four ops, as before.
+  const auto nchw = torch::randint(256, {2, 3, 4, 4}, torch::kUInt8).to(dev);
+  EXPECT_FALSE(trainer::images_in_one_kernel(nchw, trainer::ForwardOptions{}));
+}
+
+TEST(ImagesToFloat, OffCudaTheFourOps) {
+  const auto x = torch::randint(256, {2, 3, 5, 5}, torch::kUInt8).contiguous(at::MemoryFormat::ChannelsLast);
+  trainer::ForwardOptions o;
+  o.input_mean = torch::tensor({0.4f, 0.5f, 0.6f}).reshape({1, 3, 1, 1});
+  o.input_std = torch::tensor({0.2f, 0.25f, 0.3f}).reshape({1, 3, 1, 1});
+  EXPECT_FALSE(trainer::images_in_one_kernel(x, o));
+  const auto got = trainer::images_to_float(x, o);
+  EXPECT_TRUE(got.equal(x.to(torch::kFloat).div_(255.0f).sub_(o.input_mean).div_(o.input_std)));
+  EXPECT_TRUE(got.is_contiguous(at::MemoryFormat::ChannelsLast)) << "the batch's memory format is kept";
+}
+
 }  // namespace test_fast_paths

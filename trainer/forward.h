@@ -34,6 +34,15 @@ struct Logits {
   }
 };
 
+/// uint8 images (on the device) to the model's float32 input: x / 255, then (x - mean[c]) / std[c] when
+/// `options.input_mean` is defined, in the batch's memory format. On CUDA, for bytes laid out NHWC (the
+/// loader's layout), one kernel of the trainer's own (trainer/kernels/images.h) with the same bits as
+/// PyTorch's four element-wise ops; elsewhere those ops.
+torch::Tensor images_to_float(const torch::Tensor& x, const ForwardOptions& options);
+/// Whether images_to_float runs its one kernel for `x` (a CUDA build, a CUDA uint8 NHWC batch, float32
+/// statistics on its device).
+bool images_in_one_kernel(const torch::Tensor& x, const ForwardOptions& options);
+
 /// Runs `model` on `inputs` with `labels` as targets. uint8 inputs are copied to the device as uint8 (a
 /// quarter of float32's bytes) and converted and normalized there (ForwardOptions::input_mean).
 Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, const torch::Tensor& labels,
