@@ -42,7 +42,7 @@
 #
 # Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
 # and share run when named)
-# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 4-6 s, tests 48 s (62 tests), share
+# Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 4-6 s, tests 48-50 s (67 tests, H100 and H200), share
 # 211 s (A's 150 steps), speed 103-120 s with TRAINER_SPEED_ROUNDS=2, profile 46-54 s, fixes 241 s (5 pairs,
 # TRAINER_FIXES_ROUNDS=2; 27 s for the fused loss's pair alone), jpeg 42-62 s (2026-11-26); cap: its
 # budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in time are skipped and

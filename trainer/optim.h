@@ -19,6 +19,8 @@
 // rounded differently (AdamW's bias corrections in float32, weight decay as p - lr*wd*p); it uses the
 // same state tensors, so checkpoints move between the three. Every step runs inside a profiler scope
 // "Optimizer.step#SGD.step" / "Optimizer.step#AdamW.step", the names torch.optim gives its steps.
+// The fused kernels also take a skip flag on the device (step_unless: PyTorch's found_inf), so that the
+// step need not read its non-finite check on the host before the update (Step::update_then_read).
 // The default for CUDA parameters (auto) is fused where LibTorch has it (2.4+: 1.035x GPT-2 small's step
 // on an H200, docs/BENCHMARKS.md), foreach before.
 #pragma once
