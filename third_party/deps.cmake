@@ -38,6 +38,10 @@ find_package(ZLIB REQUIRED)
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(Threads REQUIRED)
+# GPT-2's pre-tokenizer (data/text/pretokenize.cpp): PCRE2 with Unicode properties and its JIT (Debian:
+# libpcre2-dev), found through pkg-config.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
 # cxxopts and nlohmann-json are header-only; their CMake packages are optional.
 find_path(CXXOPTS_INCLUDE_DIR cxxopts.hpp REQUIRED)

@@ -2,6 +2,7 @@
 
 #include "common/files.h"
 #include "data/files/hdf5_lock.h"
+#include "data/files/text_input.h"
 
 #include <hdf5.h>
 
@@ -89,9 +90,7 @@ int64_t read_int_attr(hid_t loc, const char* name) {
   return v;
 }
 
-std::string bytes_text(int64_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); }
 
-bool skipped_in_directory(const fs::path& p) { return p.extension() == ".dat" || p.extension() == ".u8"; }
 
 }  // namespace
 
@@ -185,6 +184,10 @@ int64_t TokenWriter::finish() {
       h5_write_int64(file_, "format_version", kTokensVersion);
       h5_write_int64(file_, "vocab_size", vocab_);
       write_string_attr(file_, "source", source_);
+      if (!tokenizer_.empty()) {
+        write_string_attr(file_, "tokenizer", tokenizer_);
+        write_string_attr(file_, "tokenizer_path", tokenizer_path_);
+      }
     } catch (const std::runtime_error& e) {  // H5Problem, or H5FormatError from h5_write_int64
       throw std::runtime_error("token file '" + path_ + "': " + e.what());
     }
@@ -213,103 +216,23 @@ int64_t write_tokens(const std::string& path, const std::vector<int64_t>& tokens
 
 std::string TokenConversion::summary() const {
   std::ostringstream s;
-  s << files.size() << (files.size() == 1 ? " file, " : " files, ") << bytes_text(train_tokens + val_tokens) << ": "
+  s << files.size() << (files.size() == 1 ? " file, " : " files, ") << bytes_text(bytes) << ": "
     << train_path << " " << train_tokens << " tokens";
   if (!val_path.empty()) s << ", " << val_path << " " << val_tokens << " tokens";
-  s << " (vocab 256)";
+  s << (tokenizer.empty() ? std::string(" (vocab 256)") : " (" + tokenizer + ", vocab " + std::to_string(vocab_size) + ")");
+  if (replaced > 0) s << "; " << replaced << " invalid UTF-8 sequence" << (replaced == 1 ? "" : "s") << " replaced by U+FFFD";
   return s.str();
 }
 
-namespace {
-
-// The files named, and those under the folders named (sorted; skipped_in_directory() leaves some out).
-std::vector<std::string> text_files(const std::vector<std::string>& files_or_dirs) {
-  std::vector<std::string> files;
-  for (const auto& entry : files_or_dirs) {
-    const fs::path p(entry);
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::recursive_directory_iterator(p)) {
-        if (e.is_regular_file() && !skipped_in_directory(e.path())) found.push_back(e.path().string());
-      }
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::is_regular_file(p, ec)) {
-      files.push_back(entry);
-    } else if (const auto kind = trainer::not_a_regular_file(entry); !kind.empty()) {
-      throw std::invalid_argument("convert-text: '" + entry + "' " + kind + "; give text files or folders");
-    } else {
-      throw std::invalid_argument("convert-text: '" + entry + "' is neither a file nor a directory");
-    }
-  }
-  if (files.empty()) throw std::invalid_argument("convert-text: no text files found in the given paths");
-  return files;
-}
-
-struct TextInput {
-  std::string path;
-  int64_t bytes = 0;
-  std::optional<std::string> content;  // read already (a file whose size said 0)
-};
-
-// The sizes are planned before reading, so the split point is known and the bytes stream through once.
-// A file whose size says 0 (procfs, sysfs) may hold bytes all the same: it is read to its end now and
-// kept in memory (such files are small). Every other file gives the bytes its size promised: one that
-// grows while being read is cut there, one that shrinks is an error (stream_text).
-std::vector<TextInput> plan_text_inputs(const std::vector<std::string>& files) {
-  std::vector<TextInput> inputs;
-  for (const auto& f : files) {
-    std::error_code ec;
-    const auto size = fs::file_size(f, ec);
-    if (ec) throw std::runtime_error("convert-text: cannot read the size of '" + f + "': " + ec.message());
-    TextInput in{f, static_cast<int64_t>(size), std::nullopt};
-    if (size == 0) {
-      std::ifstream file(f, std::ios::binary);
-      in.content = std::string(std::istreambuf_iterator<char>(file), {});
-      if (!file.is_open() || file.bad()) throw std::runtime_error("convert-text: cannot read '" + f + "'");
-      in.bytes = static_cast<int64_t>(in.content->size());
-    }
-    inputs.push_back(std::move(in));
-  }
-  return inputs;
-}
-
-// Passes the planned bytes of `in` to emit(bytes, n) in pieces of at most buf.size().
-template <typename Emit>
-void stream_text(const TextInput& in, std::vector<char>& buf, Emit&& emit) {
-  const auto piece = static_cast<int64_t>(buf.size());
-  if (in.content) {
-    for (int64_t at = 0; at < in.bytes; at += piece) emit(in.content->data() + at, std::min<int64_t>(in.bytes - at, piece));
-    return;
-  }
-  std::ifstream file(in.path, std::ios::binary);
-  if (!file) throw std::runtime_error("convert-text: cannot read '" + in.path + "'");
-  int64_t left = in.bytes;
-  while (left > 0) {
-    file.read(buf.data(), static_cast<std::streamsize>(std::min<int64_t>(left, piece)));
-    const int64_t n = file.gcount();
-    if (n == 0) break;
-    emit(buf.data(), n);
-    left -= n;
-  }
-  if (file.bad()) throw std::runtime_error("convert-text: reading '" + in.path + "' failed");
-  if (left > 0) {
-    throw std::runtime_error("convert-text: '" + in.path + "' gave " + bytes_text(in.bytes - left) + ", fewer than the " +
-                             bytes_text(in.bytes) + " its size said when the conversion started (did it shrink "
-                             "while being read?)");
-  }
-}
-
-}  // namespace
 
 TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
-                             double val_fraction) {
+                             double val_fraction, const TextOptions& options) {
   if (!(val_fraction >= 0 && val_fraction < 1)) {
     std::ostringstream got;
     got << val_fraction;
     throw std::invalid_argument("convert-text: val_fraction must be in [0, 1), got " + got.str());
   }
+  if (options.tokenizer && !options.tokenizer->is_bytes()) return convert_text_bpe(files_or_dirs, out_dir, val_fraction, options);
   TokenConversion r;
   r.files = text_files(files_or_dirs);
   const std::vector<TextInput> inputs = plan_text_inputs(r.files);
@@ -343,6 +266,7 @@ TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, cons
   for (const auto& in : inputs) stream_text(in, buf, emit);
   r.train_tokens = train_w.finish();
   if (val_w) r.val_tokens = val_w->finish();
+  r.bytes = total;
   return r;
 }
 
@@ -417,6 +341,8 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
     vocab_ = read_int_attr(file.get(), "vocab_size");
     if (vocab_ < 1 || vocab_ > INT32_MAX) throw H5Problem("vocab_size " + std::to_string(vocab_) + " is not in [1, 2^31)");
     if (h5_has_attr(file.get(), "source")) source_ = read_string_attr(file.get(), "source");
+    if (h5_has_attr(file.get(), "tokenizer")) tokenizer_ = read_string_attr(file.get(), "tokenizer");
+    if (h5_has_attr(file.get(), "tokenizer_path")) tokenizer_path_ = read_string_attr(file.get(), "tokenizer_path");
 
     if (H5Lexists(file.get(), "tokens", H5P_DEFAULT) <= 0) throw H5Problem("no dataset /tokens");
     H5Handle dset(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);

@@ -5,15 +5,19 @@
 // Layout of a file:
 //   /tokens  uint16 (vocab_size <= 65536) or int32, 1-D (N), chunked (65536 tokens a chunk)
 //   root attributes: format = "trainer.tokens", format_version = 1 (int64), vocab_size (int64),
-//                    source (string: what the tokens came from)
+//                    source (string: what the tokens came from); for BPE tokens (convert-text
+//                    --tokenizer) also tokenizer (string: its name, "gpt2") and tokenizer_path (string:
+//                    the absolute path of the tokenizer file, which `trainer sample` reads)
 // Every token is in [0, vocab_size). Strings are variable-length UTF-8 (h5py reads them as str).
 //
 // Every HDF5 call is made while holding data::hdf5_lock() (data/files/hdf5_lock.h).
 #pragma once
 
 #include "data/samples/token_loader.h"
+#include "data/text/tokenizer.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,12 +46,17 @@ class TokenWriter {
   /// [0, vocab_size = V)" (P counted from the start of the file) and writes nothing of this call.
   void append(const int64_t* tokens, int64_t n);
   void append(const std::vector<int64_t>& tokens) { append(tokens.data(), static_cast<int64_t>(tokens.size())); }
+  /// Records the tokenizer (attributes `tokenizer` and `tokenizer_path`, written by finish()).
+  void set_tokenizer(std::string name, std::string path) {
+    tokenizer_ = std::move(name);
+    tokenizer_path_ = std::move(path);
+  }
   /// Writes the attributes, closes and renames the file. Returns the number of tokens.
   int64_t finish();
 
  private:
   void flush();
-  std::string path_, tmp_, source_;
+  std::string path_, tmp_, source_, tokenizer_, tokenizer_path_;
   int64_t vocab_;
   int64_t written_ = 0;  // in the file
   std::vector<int64_t> buffer_;
@@ -66,9 +75,31 @@ struct TokenConversion {
   /// Paths written ("" for a split that was not written).
   std::string train_path, val_path;
   int64_t train_tokens = 0, val_tokens = 0;
-  /// One line: "N files, X bytes: train.h5 A tokens, val.h5 B tokens (vocab 256)".
+  /// Bytes read, and the tokenizer's name ("" for bytes) and vocabulary.
+  int64_t bytes = 0;
+  std::string tokenizer;
+  int64_t vocab_size = 256;
+  /// Invalid UTF-8 sequences replaced by U+FFFD (BPE only; bytes are taken as they are).
+  int64_t replaced = 0;
+  /// One line: "N files, X bytes: train.h5 A tokens, val.h5 B tokens (gpt2, vocab 50257)", and the
+  /// replacements when there were any.
   std::string summary() const;
 };
+
+/// How convert_text makes its tokens.
+struct TextOptions {
+  /// The tokenizer; null: bytes (token = byte value, vocabulary 256).
+  std::shared_ptr<const Tokenizer> tokenizer;
+  /// Threads that encode (BPE only); at least 1.
+  int threads = 1;
+  /// The special token that ends each document (BPE only).
+  std::string end_of_text = "<|endoftext|>";
+};
+
+/// The largest piece (data/text/pretokenize.h) a BPE conversion takes: a longer run of letters, digits,
+/// other characters or spaces is refused. GPT-2's BPE would take such a run whole, in time that grows
+/// with its length, and no text has one.
+inline constexpr int64_t kMaxPieceBytes = 1 << 20;
 
 /// Byte-level tokens (vocabulary 256: token = byte value) from text files. Each entry of
 /// `files_or_dirs` is a file (taken as given) or a directory (every file below it, recursively, except
@@ -80,8 +111,20 @@ struct TokenConversion {
 /// its size promised (a file growing meanwhile is cut there). Creates out_dir. Throws
 /// std::invalid_argument for a missing input, no files, or a bad val_fraction; std::runtime_error for I/O
 /// failures and for a file that gives fewer bytes than its size promised, naming the path.
+///
+/// With a BPE tokenizer (options.tokenizer, data/text/tokenizer.h), tokens are its ids instead, equal
+/// to tiktoken's encode_ordinary of each file's text, id for id:
+///   - each file is one document: its tokens are followed by options.end_of_text (GPT-2's
+///     <|endoftext|>, 50256); an empty file adds nothing;
+///   - invalid UTF-8 is replaced by U+FFFD, as Python's errors="replace" does (counted in `replaced`);
+///   - the stream is split where a piece begins, at the first such place from about the last
+///     round(val_fraction * total) bytes on;
+///   - it runs in bounded memory (about 4 MiB a thread) on files of any size; a piece of more than
+///     kMaxPieceBytes is refused (std::invalid_argument naming the file and the byte offset), as is a
+///     tokenizer without the end_of_text special.
+/// The files record the tokenizer (TokenWriter::set_tokenizer).
 TokenConversion convert_text(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
-                             double val_fraction);
+                             double val_fraction, const TextOptions& options = {});
 
 /// A nanoGPT train.bin / val.bin (raw little-endian uint16 tokens, e.g. GPT-2 BPE with vocab 50257) as
 /// a trainer.tokens file `out` (uint16). Throws std::invalid_argument for an odd file size or a token
@@ -109,6 +152,9 @@ class TokenDataset : public TokenSource {
   const std::string& name() const override { return path_; }
   /// The `source` attribute ("" if absent).
   const std::string& source() const { return source_; }
+  /// The `tokenizer` and `tokenizer_path` attributes: "" for byte tokens and files written before them.
+  const std::string& tokenizer() const { return tokenizer_; }
+  const std::string& tokenizer_path() const { return tokenizer_path_; }
   const std::string& path() const { return path_; }
   bool in_memory() const { return in_memory_; }
 
@@ -117,7 +163,7 @@ class TokenDataset : public TokenSource {
   void read(int64_t begin, int64_t n, int64_t* out) const override;
 
  private:
-  std::string path_, source_;
+  std::string path_, source_, tokenizer_, tokenizer_path_;
   int64_t size_ = 0, vocab_ = 0;
   bool in_memory_ = false;
   bool uint16_ = true;

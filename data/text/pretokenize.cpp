@@ -1,0 +1,205 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "data/text/pretokenize.h"
+
+#include <pcre2.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace data {
+namespace {
+
+// Unicode's White_Space property (PropList.txt; unchanged since Unicode 6.3), as a class body.
+#define TRAINER_WS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+constexpr const char* kGpt2Pattern =
+    "'(?:[sdmt]|ll|ve|re)"        // contractions ('s 't 'd 'm 'll 've 're), lower case only
+    "| ?\\p{L}++"                 // a word, with the space before it
+    "| ?\\p{N}++"                 // a number, with the space before it
+    "| ?[^" TRAINER_WS "\\p{L}\\p{N}]++"  // other characters, with the space before them
+    "|[" TRAINER_WS "]+(?![^" TRAINER_WS "])"  // spaces, but the last before a non-space
+    "|[" TRAINER_WS "]";          // that last one
+#undef TRAINER_WS
+
+pcre2_code* compiled() {
+  static pcre2_code* code = [] {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+                                  PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+    if (!c) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof message);
+      throw std::logic_error(std::string("GPT-2's pattern does not compile: ") + reinterpret_cast<char*>(message));
+    }
+    // Without the JIT (a PCRE2 built without it) the interpreter gives the same matches, slower.
+    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);
+    return c;
+  }();
+  return code;
+}
+
+enum : unsigned char { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 3 };
+constexpr uint32_t kCodePoints = 0x110000;
+
+void put_utf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// The code point at s[i] (valid UTF-8) and its length in bytes.
+inline uint32_t decode(const unsigned char* s, size_t i, size_t& len) {
+  const unsigned char c = s[i];
+  if (c < 0x80) return len = 1, c;
+  if (c < 0xE0) return len = 2, ((c & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
+  if (c < 0xF0) return len = 3, ((c & 0x0Fu) << 12) | ((s[i + 1] & 0x3Fu) << 6) | (s[i + 2] & 0x3Fu);
+  return len = 4, ((c & 0x07u) << 18) | ((s[i + 1] & 0x3Fu) << 12) | ((s[i + 2] & 0x3Fu) << 6) | (s[i + 3] & 0x3Fu);
+}
+
+// The class of every code point, read off PCRE2's property tables: every code point (surrogates left
+// out) written in order, then each run that \p{L}+ or \p{N}+ matches marked. Built once, 1.1 MB.
+const unsigned char* class_table() {
+  static const std::vector<unsigned char> table = [] {
+    std::vector<unsigned char> t(kCodePoints, kOther);
+    std::string all;
+    all.reserve(4 * kCodePoints);
+    for (uint32_t cp = 0; cp < kCodePoints; ++cp)
+      if (cp < 0xD800 || cp > 0xDFFF) put_utf8(cp, all);
+    for (auto [pattern, cls] : {std::pair<const char*, unsigned char>{"\\p{L}+", kLetter}, {"\\p{N}+", kNumber}}) {
+      int error = 0;
+      PCRE2_SIZE offset = 0;
+      pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                       &error, &offset, nullptr);
+      if (!code) throw std::logic_error("the Unicode class patterns do not compile");
+      pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+      pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+      const auto* s = reinterpret_cast<const unsigned char*>(all.data());
+      for (size_t at = 0; at < all.size();) {
+        if (pcre2_match(code, s, all.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr) < 0) break;
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+        for (size_t i = ov[0], len = 0; i < ov[1]; i += len) t[decode(s, i, len)] = cls;
+        at = ov[1];
+      }
+      pcre2_match_data_free(md);
+      pcre2_code_free(code);
+    }
+    // Unicode's White_Space, as in the pattern above.
+    for (uint32_t cp : {0x09u, 0x0Au, 0x0Bu, 0x0Cu, 0x0Du, 0x20u, 0x85u, 0xA0u, 0x1680u, 0x2028u, 0x2029u, 0x202Fu, 0x205Fu, 0x3000u})
+      t[cp] = kSpace;
+    for (uint32_t cp = 0x2000; cp <= 0x200A; ++cp) t[cp] = kSpace;
+    return t;
+  }();
+  return table.data();
+}
+
+bool ascii_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool ascii_printable(unsigned char c) { return c > ' ' && c < 0x7f; }
+
+}  // namespace
+
+PatternMatcher::PatternMatcher() {
+  pcre2_code* code = compiled();
+  match_data_ = pcre2_match_data_create_from_pattern(code, nullptr);
+  // A whitespace run is matched greedily and given back one character: the JIT's default stack (32 KiB)
+  // holds that for any length, 1 MiB is room to spare.
+  stack_ = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, nullptr);
+  context_ = pcre2_match_context_create(nullptr);
+  if (!match_data_ || !stack_ || !context_) throw std::bad_alloc();
+  pcre2_jit_stack_assign(static_cast<pcre2_match_context*>(context_), nullptr, stack_);
+}
+
+PatternMatcher::~PatternMatcher() {
+  pcre2_match_context_free(static_cast<pcre2_match_context*>(context_));
+  pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(stack_));
+  pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_));
+}
+
+size_t PatternMatcher::piece_end(std::string_view text, size_t at) {
+  auto* md = static_cast<pcre2_match_data*>(match_data_);
+  // PCRE2_NO_UTF_CHECK: the text was made valid UTF-8 first (replace_invalid_utf8). PCRE2_ANCHORED: the
+  // next piece starts here; every character starts a piece of some alternative, so this always matches.
+  const int rc = pcre2_match(compiled(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
+                             PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, md, static_cast<pcre2_match_context*>(context_));
+  if (rc < 0) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(rc, message, sizeof message);
+    throw std::runtime_error(std::string("pre-tokenizer: ") + reinterpret_cast<char*>(message) + " at byte " +
+                             std::to_string(at));
+  }
+  const size_t end = pcre2_get_ovector_pointer(md)[1];
+  if (end <= at) throw std::logic_error("pre-tokenizer: an empty piece at byte " + std::to_string(at));
+  return end;
+}
+
+Pretokenizer::Pretokenizer() : classes_(class_table()) {}
+
+size_t Pretokenizer::piece_end(std::string_view text, size_t at) const {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t len = 0;
+  const uint32_t c = decode(s, at, len);
+  // 1. 's 't 'd 'm 'll 've 're
+  if (c == '\'' && at + 1 < n) {
+    const unsigned char a = s[at + 1], b = at + 2 < n ? s[at + 2] : 0;
+    if (a == 's' || a == 't' || a == 'd' || a == 'm') return at + 2;
+    if ((a == 'l' && b == 'l') || (a == 'v' && b == 'e') || (a == 'r' && b == 'e')) return at + 3;
+  }
+  // 2.-4. " ?X++" for X = letters, numbers, others: a space takes the run after it, if one follows.
+  size_t start = at;
+  unsigned char cls = classes_[c];
+  if (c == ' ' && at + 1 < n) {
+    size_t next_len = 0;
+    const unsigned char next = classes_[decode(s, at + 1, next_len)];
+    if (next != kSpace) start = at + 1, cls = next;
+  }
+  if (cls != kSpace) {
+    size_t i = start;
+    while (i < n) {
+      const uint32_t cp = decode(s, i, len);
+      if (classes_[cp] != cls) break;
+      i += len;
+    }
+    return i;
+  }
+  // 5.-6. Whitespace: the run, less its last character when a non-space follows and the run has two or
+  // more (\s+(?!\S)); a single one before a non-space is the last alternative.
+  size_t i = at, last = at;
+  while (i < n) {
+    const uint32_t cp = decode(s, i, len);
+    if (classes_[cp] != kSpace) break;
+    last = i;
+    i += len;
+  }
+  if (i < n && last > at) return last;
+  return i;
+}
+
+size_t safe_cut(std::string_view text, size_t from, size_t to) {
+  // Why these two places are safe (no piece spans them):
+  //  - printable ASCII c0, then whitespace c1: no alternative matches a non-space and then a space (the
+  //    optional leading space comes first, the whitespace alternatives take only whitespace).
+  //  - whitespace c0 other than ' ', then printable ASCII c1: the whitespace alternatives stop at c1, and
+  //    the optional leading space of the others is ' ' only.
+  // Either way a piece ends at p, and the next one, which depends only on the text from p on, begins there.
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  for (size_t p = from; p < to; ++p) {
+    const unsigned char c0 = s[p - 1], c1 = s[p];
+    if ((ascii_printable(c0) && ascii_space(c1)) || (ascii_space(c0) && c0 != ' ' && ascii_printable(c1))) return p;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace data

@@ -1,0 +1,457 @@
+#include "data/text/tokenizer.h"
+
+#include "data/text/bpe.h"
+#include "data/text/pretokenize.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Tokenizer files are a few MB (GPT-2's rank file 0.8 MB, its tokenizer.json 1.4 MB); anything past this
+// is not one.
+constexpr int64_t kMaxFileBytes = 256 << 20;
+// No token of a real vocabulary comes near this; a longer one is a corrupt file.
+constexpr size_t kMaxTokenBytes = 4096;
+constexpr size_t kMaxIdGap = 65536;
+
+struct Problem : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Problem("no such file");
+  if (!fs::is_regular_file(path, ec)) throw Problem("not a regular file");
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw Problem("cannot read its size: " + ec.message());
+  if (static_cast<int64_t>(size) > kMaxFileBytes) throw Problem("is " + std::to_string(size) + " bytes, over the 256 MiB a tokenizer file may have");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Problem("cannot open it");
+  std::string s(std::istreambuf_iterator<char>(in), {});
+  if (in.bad()) throw Problem("reading failed");
+  return s;
+}
+
+// ---- tiktoken rank files ------------------------------------------------------------------------------
+
+int base64_value(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+// Standard base64 with padding, strictly (what Python's base64.b64decode(..., validate=True) takes).
+bool base64_decode(std::string_view in, std::string& out) {
+  out.clear();
+  if (in.empty() || in.size() % 4 != 0) return false;
+  size_t pad = 0;
+  while (pad < 2 && in[in.size() - 1 - pad] == '=') ++pad;
+  for (size_t i = 0; i < in.size(); i += 4) {
+    uint32_t v = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const bool padded = i + k >= in.size() - pad;
+      const int d = padded ? 0 : base64_value(static_cast<unsigned char>(in[i + k]));
+      if (d < 0) return false;
+      v = (v << 6) | static_cast<uint32_t>(d);
+    }
+    const size_t bytes = i + 4 < in.size() ? 3 : 3 - pad;
+    for (size_t k = 0; k < bytes; ++k) out.push_back(static_cast<char>((v >> (16 - 8 * k)) & 0xff));
+  }
+  return true;
+}
+
+// Adds token `bytes` with id `id`; a repeated id or repeated bytes is an error. Ids must stay near the
+// count of tokens (a vocabulary's ids are 0..n-1, with few gaps): a hostile id cannot size the tables.
+void add_token(Bpe::Tables& t, std::string bytes, int64_t id, const std::string& where) {
+  if (id < 0 || id >= INT32_MAX) throw Problem(where + ": id " + std::to_string(id) + " is outside [0, 2^31 - 1)");
+  if (bytes.empty()) throw Problem(where + ": an empty token");
+  if (bytes.size() > kMaxTokenBytes) throw Problem(where + ": a token of " + std::to_string(bytes.size()) + " bytes (at most 4096)");
+  if (static_cast<size_t>(id) >= t.ids.size() + kMaxIdGap)
+    throw Problem(where + ": id " + std::to_string(id) + " leaves a gap of more than 65536 ids after the " + std::to_string(t.ids.size()) + " tokens before it");
+  if (static_cast<size_t>(id) >= t.bytes.size()) {
+    t.bytes.resize(id + 1);
+    t.present.resize(id + 1, false);
+  }
+  if (t.present[id]) throw Problem(where + ": id " + std::to_string(id) + " is given twice");
+  if (!t.ids.emplace(bytes, static_cast<int32_t>(id)).second) throw Problem(where + ": a token is given twice (id " + std::to_string(id) + ")");
+  t.bytes[id] = std::move(bytes);
+  t.present[id] = true;
+}
+
+// The single bytes must all be tokens: every text is then encodable.
+void find_byte_ids(Bpe::Tables& t) {
+  for (int b = 0; b < 256; ++b) {
+    auto it = t.ids.find(std::string(1, static_cast<char>(b)));
+    if (it == t.ids.end()) throw Problem("byte " + std::to_string(b) + " has no token of its own (a byte-level BPE needs all 256)");
+    t.byte_id[b] = it->second;
+  }
+}
+
+// Ids past the last token, dropped from the tables' tail; the specials go after the tokens.
+void trim(Bpe::Tables& t) {
+  size_t n = t.bytes.size();
+  while (n > 0 && !t.present[n - 1]) --n;
+  t.bytes.resize(n);
+  t.present.resize(n);
+}
+
+void add_special(Bpe::Tables& t, const std::string& text, int64_t id, const std::string& where) {
+  if (id < 0 || static_cast<size_t>(id) >= t.bytes.size() + kMaxIdGap)
+    throw Problem(where + ": id " + std::to_string(id) + " of '" + text.substr(0, 40) + "' is outside [0, " + std::to_string(t.bytes.size() + kMaxIdGap) + ")");
+  if (text.empty() || text.size() > kMaxTokenBytes) throw Problem(where + ": a special token of " + std::to_string(text.size()) + " bytes");
+  if (static_cast<size_t>(id) >= t.bytes.size()) {
+    t.bytes.resize(id + 1);
+    t.present.resize(id + 1, false);
+  }
+  if (t.present[id]) {
+    if (t.bytes[id] != text) throw Problem(where + ": id " + std::to_string(id) + " is both a token and the special '" + text + "'");
+  } else {
+    t.bytes[id] = text;
+    t.present[id] = true;
+  }
+  t.specials[text] = static_cast<int32_t>(id);
+}
+
+// tiktoken: two tokens merge when their bytes, concatenated, are a token; the priority is its rank.
+void pairs_from_ranks(Bpe::Tables& t) {
+  for (size_t id = 0; id < t.bytes.size(); ++id) {
+    if (!t.present[id]) continue;
+    const std::string& s = t.bytes[id];
+    for (size_t k = 1; k < s.size(); ++k) {
+      auto l = t.ids.find(s.substr(0, k));
+      if (l == t.ids.end()) continue;
+      auto r = t.ids.find(s.substr(k));
+      if (r == t.ids.end()) continue;
+      t.pairs.emplace(Bpe::pair_key(l->second, r->second), std::make_pair(static_cast<int32_t>(id), static_cast<int32_t>(id)));
+    }
+  }
+}
+
+Bpe::Tables read_tiktoken(const std::string& content) {
+  Bpe::Tables t;
+  std::string bytes;
+  size_t line_no = 0;
+  for (size_t at = 0; at < content.size();) {
+    size_t end = content.find('\n', at);
+    if (end == std::string::npos) end = content.size();
+    std::string_view line(content.data() + at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const std::string where = "line " + std::to_string(line_no);
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
+      throw Problem(where + ": expected '<base64 token> <rank>'");
+    if (!base64_decode(line.substr(0, space), bytes)) throw Problem(where + ": the token is not valid base64");
+    const std::string_view rank_text = line.substr(space + 1);
+    if (rank_text.empty() || rank_text.size() > 10 || !std::all_of(rank_text.begin(), rank_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      throw Problem(where + ": the rank '" + std::string(rank_text.substr(0, 20)) + "' is not a number below 2^31");
+    add_token(t, bytes, std::stoll(std::string(rank_text)), where);
+  }
+  if (t.ids.empty()) throw Problem("no tokens (a tiktoken rank file has '<base64 token> <rank>' lines)");
+  trim(t);
+  find_byte_ids(t);
+  pairs_from_ranks(t);
+  // tiktoken's gpt2 encoding puts <|endoftext|> right after the ranks (50256).
+  add_special(t, "<|endoftext|>", static_cast<int64_t>(t.bytes.size()), "<|endoftext|>");
+  t.whole_pieces = true;
+  return t;
+}
+
+// ---- Hugging Face tokenizer.json ----------------------------------------------------------------------
+
+// GPT-2's byte-to-unicode alphabet (OpenAI's encoder.py `bytes_to_unicode`): the printable bytes stand
+// for themselves, the others for U+0100 on, in byte order. Returns code point -> byte, -1 elsewhere.
+std::vector<int> unicode_to_byte() {
+  std::vector<int> map(512, -1);
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    map[printable ? b : 256 + extra++] = b;
+  }
+  return map;
+}
+
+// A vocabulary string of the byte-level alphabet -> its bytes.
+std::string alphabet_bytes(const std::string& s, const std::vector<int>& map, const std::string& where) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    uint32_t cp = 0;
+    size_t len = 1;
+    if (c < 0x80) cp = c;
+    else if ((c & 0xE0) == 0xC0 && i + 1 < s.size()) cp = ((c & 0x1F) << 6) | (s[i + 1] & 0x3F), len = 2;
+    else cp = 0xFFFFFFFF;
+    if (cp >= map.size() || map[cp] < 0)
+      throw Problem(where + ": '" + s.substr(0, 40) + "' has a character outside GPT-2's byte-level alphabet");
+    out.push_back(static_cast<char>(map[cp]));
+    i += len;
+  }
+  return out;
+}
+
+const nlohmann::json* child(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool flag(const nlohmann::json& j, const char* key, bool fallback) {
+  const auto* v = child(j, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) throw Problem(std::string("'") + key + "' is not true or false");
+  return v->get<bool>();
+}
+
+// The ByteLevel pre-tokenizer, alone or in a Sequence of one; anything else is another tokenizer's.
+const nlohmann::json& byte_level(const nlohmann::json& root) {
+  const auto* pre = child(root, "pre_tokenizer");
+  if (!pre) throw Problem("no pre_tokenizer (GPT-2's BPE has ByteLevel)");
+  const nlohmann::json* p = pre;
+  if (const auto* type = child(*pre, "type"); type && *type == "Sequence") {
+    const auto* list = child(*pre, "pretokenizers");
+    if (!list || !list->is_array() || list->size() != 1) throw Problem("pre_tokenizer is a Sequence of several; only ByteLevel alone is supported");
+    p = &(*list)[0];
+  }
+  const auto* type = child(*p, "type");
+  if (!type || *type != "ByteLevel") throw Problem("pre_tokenizer is " + (type ? type->dump() : std::string("untyped")) + "; only ByteLevel (GPT-2's) is supported");
+  if (!flag(*p, "use_regex", true)) throw Problem("ByteLevel without use_regex is not supported (GPT-2's pattern splits the text)");
+  return *p;
+}
+
+Bpe::Tables read_tokenizer_json(const std::string& content) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(content);
+  } catch (const nlohmann::json::exception& e) {
+    throw Problem(std::string("not valid JSON: ") + e.what());
+  }
+  if (!root.is_object()) throw Problem("not a JSON object");
+  const auto* model = child(root, "model");
+  if (!model || !model->is_object()) throw Problem("no 'model'");
+  const auto* type = child(*model, "type");
+  if (type && *type != "BPE") throw Problem("the model is " + type->dump() + "; only BPE is supported");
+  if (const auto* norm = child(root, "normalizer")) throw Problem("a normalizer (" + norm->value("type", std::string("?")) + ") is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (const auto* v = child(*model, key); v && !(v->is_string() && v->get<std::string>().empty()))
+      throw Problem(std::string("model.") + key + " is set; GPT-2's BPE has none");
+  }
+  if (const auto* v = child(*model, "dropout"); v && !(v->is_number() && v->get<double>() == 0))
+    throw Problem("model.dropout is set; encoding must be deterministic");
+  if (flag(*model, "byte_fallback", false)) throw Problem("model.byte_fallback is a SentencePiece-style BPE, not byte-level");
+  const nlohmann::json& pre = byte_level(root);
+
+  Bpe::Tables t;
+  t.add_prefix_space = flag(pre, "add_prefix_space", false);
+  t.whole_pieces = flag(*model, "ignore_merges", false);
+  const std::vector<int> alphabet = unicode_to_byte();
+  const auto* vocab = child(*model, "vocab");
+  if (!vocab || !vocab->is_object() || vocab->empty()) throw Problem("model.vocab is not an object of tokens");
+  for (const auto& [token, id] : vocab->items()) {
+    if (!id.is_number_integer()) throw Problem("model.vocab['" + token.substr(0, 40) + "'] is not an integer id");
+    add_token(t, alphabet_bytes(token, alphabet, "model.vocab"), id.get<int64_t>(), "model.vocab");
+  }
+  trim(t);
+  find_byte_ids(t);
+
+  const auto* merges = child(*model, "merges");
+  if (!merges || !merges->is_array()) throw Problem("model.merges is not a list");
+  for (size_t i = 0; i < merges->size(); ++i) {
+    const auto& m = (*merges)[i];
+    const std::string where = "model.merges[" + std::to_string(i) + "]";
+    std::string a, b;
+    if (m.is_string()) {  // "a b" (tokenizers before 0.20)
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) throw Problem(where + ": expected 'a b'");
+      a = s.substr(0, space), b = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
+      a = m[0].get<std::string>(), b = m[1].get<std::string>();
+    } else {
+      throw Problem(where + ": expected 'a b' or [\"a\", \"b\"]");
+    }
+    const std::string ab = alphabet_bytes(a, alphabet, where), bb = alphabet_bytes(b, alphabet, where);
+    auto l = t.ids.find(ab), r = t.ids.find(bb), lr = t.ids.find(ab + bb);
+    if (l == t.ids.end() || r == t.ids.end() || lr == t.ids.end()) throw Problem(where + ": '" + a + " " + b + "' merges tokens not in the vocabulary");
+    // A pair listed twice keeps its first (lowest) priority, as tokenizers' BPE builder does.
+    t.pairs.emplace(Bpe::pair_key(l->second, r->second), std::make_pair(static_cast<int32_t>(i), lr->second));
+  }
+  if (const auto* added = child(root, "added_tokens")) {
+    if (!added->is_array()) throw Problem("added_tokens is not a list");
+    for (const auto& a : *added) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") || !a["content"].is_string())
+        throw Problem("added_tokens: an entry without an integer 'id' and a string 'content'");
+      add_special(t, a["content"].get<std::string>(), a["id"].get<int64_t>(), "added_tokens");
+    }
+  }
+  return t;
+}
+
+std::string tokenizer_name(const std::string& path) {
+  const fs::path p(path);
+  std::string stem = p.stem().string();
+  // A Hub folder holds "tokenizer.json": the folder's name says which ("gpt2/tokenizer.json" -> gpt2).
+  if (stem == "tokenizer" && p.has_parent_path() && !p.parent_path().filename().empty()) stem = p.parent_path().filename().string();
+  return stem.empty() ? "tokenizer" : stem;
+}
+
+bool json_content(const std::string& content) {
+  for (unsigned char c : content) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    return c == '{';
+  }
+  return false;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::bytes() {
+  Tokenizer t;
+  t.name_ = "bytes";
+  return t;
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  Tokenizer t;
+  try {
+    const std::string content = read_file(path);
+    t.bpe_ = std::make_shared<const Bpe>(json_content(content) ? read_tokenizer_json(content) : read_tiktoken(content));
+  } catch (const Problem& e) {
+    throw std::runtime_error("tokenizer '" + path + "': " + e.what());
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("tokenizer '" + path + "': out of memory while reading it");
+  }
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  t.path_ = ec ? path : absolute.lexically_normal().string();
+  t.name_ = tokenizer_name(path);
+  return t;
+}
+
+void Tokenizer::encode_part(std::string_view text, size_t owned, Pretokenizer& matcher, PieceCache& cache,
+                            std::vector<int32_t>& out) const {
+  if (!bpe_) {
+    for (size_t i = 0; i < owned; ++i) out.push_back(static_cast<unsigned char>(text[i]));
+    return;
+  }
+  const std::string_view subject = text;
+  for (size_t at = 0; at < owned;) {
+    const size_t end = matcher.piece_end(subject, at);
+    if (end > owned) throw std::logic_error("tokenizer: a piece crosses the end of a part at byte " + std::to_string(owned));
+    const std::string_view piece = subject.substr(at, end - at);
+    at = end;
+    if (const auto* hit = cache.find(piece)) {
+      out.insert(out.end(), hit->begin(), hit->end());
+      continue;
+    }
+    const size_t before = out.size();
+    bpe_->encode_piece(piece, out);
+    cache.put(piece, out.data() + before, out.size() - before);
+  }
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  if (!bpe_) {  // bytes are taken as they are
+    for (unsigned char c : text) out.push_back(c);
+    return;
+  }
+  std::string valid = replace_invalid_utf8(text);
+  if (bpe_->tables().add_prefix_space && !valid.empty() && valid[0] != ' ') valid.insert(valid.begin(), ' ');
+  Pretokenizer matcher;
+  PieceCache cache;
+  encode_part(valid, valid.size(), matcher, cache, out);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  encode(text, out);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  return decode(ids.data(), static_cast<int64_t>(ids.size()));
+}
+
+std::string Tokenizer::decode(const int32_t* ids, int64_t n) const {
+  std::string s;
+  const int64_t vocab = vocab_size();
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab || (bpe_ && !bpe_->tables().present[ids[i]]))
+      throw std::out_of_range("token id " + std::to_string(ids[i]) + " is not in the " + name_ + " vocabulary (ids below " + std::to_string(vocab) + ")");
+    if (bpe_) s += bpe_->tables().bytes[ids[i]];
+    else s.push_back(static_cast<char>(ids[i]));
+  }
+  return s;
+}
+
+int32_t Tokenizer::special(const std::string& name) const {
+  if (!bpe_) return -1;
+  auto it = bpe_->tables().specials.find(name);
+  return it == bpe_->tables().specials.end() ? -1 : it->second;
+}
+
+int64_t Tokenizer::vocab_size() const { return bpe_ ? static_cast<int64_t>(bpe_->tables().bytes.size()) : 256; }
+
+bool Tokenizer::adds_prefix_space() const { return bpe_ && bpe_->tables().add_prefix_space; }
+
+std::string replace_invalid_utf8(std::string_view bytes, int64_t* replaced) {
+  std::string out;
+  out.reserve(bytes.size());
+  int64_t count = 0;
+  const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      // ASCII runs are most text: copy them in one go.
+      size_t j = i + 1;
+      while (j < n && s[j] < 0x80) ++j;
+      out.append(bytes.data() + i, j - i);
+      i = j;
+      continue;
+    }
+    // The well-formed sequences (Unicode table 3-7): the lead byte sets the length and the range of the
+    // second byte; the others are 80..BF.
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    size_t k = 1;  // bytes of a valid prefix (the maximal subpart when the sequence breaks off)
+    if (len > 0) {
+      while (k < len && i + k < n) {
+        const unsigned char b = s[i + k];
+        if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) break;
+        ++k;
+      }
+    }
+    if (len > 0 && k == len) {
+      out.append(bytes.data() + i, len);
+    } else {
+      out.append("\xEF\xBF\xBD");
+      ++count;
+    }
+    i += len > 0 ? k : 1;
+  }
+  if (replaced) *replaced = count;
+  return out;
+}
+
+}  // namespace data

@@ -1,0 +1,413 @@
+// GPT-2's byte-level BPE (data/text/) against its references: tiktoken's `gpt2` encoding and Hugging Face
+// tokenizers, through tests/ref/tokenizer_ref.py (the 2.11 environment has both; elsewhere those tests
+// skip with the reason), on hand-picked texts in many scripts and on random ones; the scanner against
+// the pattern it was written from (PCRE2); and `convert-text --tokenizer` against tiktoken, file by file.
+#include "data/files/token_h5.h"
+#include "data/text/bpe.h"
+#include "data/text/pretokenize.h"
+#include "data/text/tokenizer.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <random>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ref_script() { return testutil::source_dir() + "/tests/ref/tokenizer_ref.py"; }
+
+// GPT-2's rank file, as the reference Python finds it (openai-whisper's copy); "" when it has none.
+const std::string& rank_file() {
+  static const std::string path = [] {
+    auto r = testutil::run(testutil::python() + " " + ref_script() + " where");
+    if (r.exit_code != 0) return std::string();
+    std::string p = r.output.substr(0, r.output.find('\n'));
+    return fs::exists(p) ? p : std::string();
+  }();
+  return path;
+}
+
+#define SKIP_WITHOUT_TIKTOKEN()                                                                             \
+  if (rank_file().empty())                                                                                  \
+  GTEST_SKIP() << "the reference Python " << testutil::python()                                             \
+               << " has no tiktoken or no openai-whisper (scripts/install-torch.sh adds both to the 2.11 venv)"
+
+std::string base64(const std::string& s) {
+  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    const uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+    for (int k = 3; k >= 0; --k) out.push_back(abc[(v >> (6 * k)) & 63]);
+  }
+  if (i + 1 == s.size()) {
+    const uint32_t v = uint8_t(s[i]) << 16;
+    out += {abc[v >> 18], abc[(v >> 12) & 63], '=', '='};
+  } else if (i + 2 == s.size()) {
+    const uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
+    out += {abc[v >> 18], abc[(v >> 12) & 63], abc[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
+std::string unbase64(const std::string& s) {
+  std::string out;
+  uint32_t v = 0;
+  int bits = 0;
+  for (char c : s) {
+    const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char* p = std::strchr(abc, c);
+    if (c == '=' || !p) break;
+    v = (v << 6) | uint32_t(p - abc);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(char((v >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) s += char(cp);
+  else if (cp < 0x800) s += {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+  else if (cp < 0x10000) s += {char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
+  else s += {char(0xF0 | (cp >> 18)), char(0x80 | ((cp >> 12) & 0x3F)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
+  return s;
+}
+
+// Texts that each exercise a rule: the list (ASCII, accented Latin, CJK, emoji, runs of spaces,
+// tabs and newlines, digits, contractions) and the corners of the pattern.
+std::vector<std::string> hand_texts() {
+  return {
+      "Hello, world! This is GPT-2's tokenizer.",
+      "",
+      " ",
+      "   leading spaces and trailing   ",
+      "tabs\tand\t\ttabs\n\nnewlines\r\n\r\nCRLF\n",
+      "Ça va? Über naïve façade, Øresund, São Paulo, Dvořák, Łódź, ĳ",
+      "日本語のテキストと中文文本，한국어 텍스트。",
+      "emoji 😀👍🏽 family 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 and ❤️",
+      "digits 0 12 345 6789 3.14159 1,000,000 ٣٤٥ ५६७ ²³ ½",
+      "don't won't I'm you're we've they'll she'd it's DON'T I'M 'S ''s '''",
+      "     \n     \n\t \t \u00a0nbsp\u00a0\u00a0 en\u2002space ideographic\u3000space",
+      "next line\u0085here, line sep\u2028and para sep\u2029done",
+      "Ελληνικά, русский текст, עברית, العربية, हिन्दी, தமிழ், ไทย",
+      "combining: e\u0301 a\u0308 and zero width\u200bspace\u200djoiner",
+      "code: for (int i = 0; i < n; ++i) { x += a[i] * b[i]; }  // comment",
+      "<|endoftext|> is plain text to encode_ordinary",
+      std::string("NUL\0byte and \x01\x7f controls", 27),
+      "\xff\xfe invalid \xc3\x28 utf8 \xe2\x82 trunc \xf0\x9f\x98 \xed\xa0\x80 surrogate \xf4\x90\x80\x80 big \xc0\xaf overlong \x80",
+      std::string(3000, 'a'),
+      std::string(3000, ' ') + "x",
+      "x" + std::string(2000, '\n'),
+      std::string(2000, '9'),
+      std::string(2000, '!') + "?",
+  };
+}
+
+// Random texts from a mix of every class the pattern tells apart, and of invalid bytes.
+std::vector<std::string> random_texts(int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<std::vector<uint32_t>> pools = {
+      {'a', 'b', 'Z', 's', 't', 'l', 'v', 'e', 'r', 'd', 'm'},
+      {'0', '7', 0x663, 0x96B, 0xB2, 0xBD, 0x2167},
+      {' ', ' ', ' ', '\t', '\n', '\r', 0x0B, 0x0C, 0x85, 0xA0, 0x1680, 0x2003, 0x2028, 0x202F, 0x205F, 0x3000},
+      {'\'', '!', '.', ',', '-', '_', '(', 0x301, 0x200B, 0x200D, 0x1F600, 0x1F3FD, 0xFE0F, 0x0, 0x7F, 0xE000},
+      {0xE9, 0x4E2D, 0x65E5, 0xAC00, 0x3042, 0x5D0, 0x627, 0x915, 0x93F, 0x3B1, 0x10400, 0x20000, 0xD7A3},
+  };
+  std::vector<std::string> out;
+  for (int t = 0; t < count; ++t) {
+    std::string s;
+    const int n = std::uniform_int_distribution<int>(1, 120)(rng);
+    for (int i = 0; i < n; ++i) {
+      const int pick = std::uniform_int_distribution<int>(0, 19)(rng);
+      if (pick == 19) {  // an invalid byte or a cut-off sequence
+        const char bad[] = {char(0x80), char(0xC3), char(0xE2), char(0xF0), char(0xFF), char(0xED)};
+        s += bad[std::uniform_int_distribution<int>(0, 5)(rng)];
+        continue;
+      }
+      const auto& pool = pools[pick % pools.size()];
+      s += utf8(pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<int32_t> ids_of(const nlohmann::json& j) { return j.get<std::vector<int32_t>>(); }
+
+}  // namespace
+
+TEST(Tokenizer, TheScannerCutsAsThePattern) {
+  data::Pretokenizer scanner;
+  data::PatternMatcher pattern;
+  auto texts = hand_texts();
+  for (auto& t : random_texts(3000, 7)) texts.push_back(t);
+  for (const auto& raw : texts) {
+    const std::string text = data::replace_invalid_utf8(raw);
+    for (size_t at = 0; at < text.size();) {
+      const size_t end = scanner.piece_end(text, at);
+      ASSERT_EQ(end, pattern.piece_end(text, at)) << "at byte " << at << " of '" << text << "'";
+      at = end;
+    }
+  }
+}
+
+TEST(Tokenizer, ASafeCutIsWhereAPieceBegins) {
+  data::Pretokenizer scanner;
+  int cuts = 0;
+  for (const auto& raw : random_texts(2000, 11)) {
+    const std::string text = data::replace_invalid_utf8(raw);
+    std::vector<bool> starts(text.size() + 1, false);
+    for (size_t at = 0; at < text.size(); at = scanner.piece_end(text, at)) starts[at] = true;
+    for (size_t from = 1; from < text.size();) {
+      const size_t p = data::safe_cut(text, from, text.size());
+      if (p == std::string_view::npos) break;
+      ASSERT_TRUE(starts[p]) << "byte " << p << " of '" << text << "'";
+      ++cuts;
+      from = p + 1;
+    }
+  }
+  EXPECT_GT(cuts, 1000);
+}
+
+TEST(Tokenizer, ReplacesInvalidUtf8AsPythonDoes) {
+  // Python: b.decode("utf-8", errors="replace"), written out by hand (one U+FFFD per maximal subpart).
+  const std::string R = "\xEF\xBF\xBD";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ok \xC3\xA9", "ok \xC3\xA9"},
+      {"\xC3\x28", R + "("},
+      {"\xE2\x82", R},
+      {"\xE2\x82\x28", R + "("},
+      {"\xF0\x9F\x98", R},
+      {"\xED\xA0\x80", R + R + R},          // a surrogate: ED then A0 is out of range
+      {"\xF4\x90\x80\x80", R + R + R + R},  // over U+10FFFF
+      {"\xC0\xAF", R + R},                  // overlong
+      {"\xE0\x80\x80", R + R + R},          // overlong three-byte
+      {"\x80\xBF", R + R},
+      {"\xFF", R},
+      {"a\xF0\x9F\x98\x80z", "a\xF0\x9F\x98\x80z"},
+  };
+  for (const auto& [in, want] : cases) {
+    int64_t replaced = -1;
+    EXPECT_EQ(data::replace_invalid_utf8(in, &replaced), want) << base64(in);
+  }
+}
+
+TEST(Tokenizer, Gpt2IdsEqualTiktokenAndTokenizersOnEveryTestText) {
+  SKIP_WITHOUT_TIKTOKEN();
+  testutil::TempDir dir("tokenizer_ref");
+  auto texts = hand_texts();
+  for (auto& t : random_texts(300, 3)) texts.push_back(t);
+  nlohmann::json in = nlohmann::json::array();
+  for (const auto& t : texts) in.push_back(base64(t));
+  testutil::write_file(dir / "texts.json", in.dump());
+  const std::string py = testutil::python() + " " + ref_script();
+  auto r = testutil::run(py + " hf-json --out " + (dir / "tokenizer.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  fs::create_directories(dir / "strings");
+  r = testutil::run(py + " hf-json --string-merges --out " + (dir / "strings" / "tokenizer.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testutil::run(py + " encode --texts " + (dir / "texts.json").string() + " --tokenizer-json " + (dir / "tokenizer.json").string() +
+                    " --out " + (dir / "ref.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ref = nlohmann::json::parse(testutil::read_file(dir / "ref.json"));
+
+  const auto tiktoken_form = data::Tokenizer::load(rank_file());
+  const auto hf_form = data::Tokenizer::load((dir / "tokenizer.json").string());
+  const auto hf_strings = data::Tokenizer::load((dir / "strings" / "tokenizer.json").string());
+  EXPECT_EQ(tiktoken_form.vocab_size(), 50257);
+  EXPECT_EQ(tiktoken_form.special("<|endoftext|>"), 50256);
+  EXPECT_EQ(tiktoken_form.name(), "gpt2");
+  EXPECT_EQ(hf_form.vocab_size(), 50257);
+  EXPECT_EQ(hf_form.special("<|endoftext|>"), 50256);
+  EXPECT_EQ(hf_form.name(), fs::path(dir.str()).filename().string());  // the folder of tokenizer.json
+  size_t tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto want = ids_of(ref["tiktoken"][i]);
+    const auto ours = tiktoken_form.encode(texts[i]);
+    ASSERT_EQ(ours, want) << "text " << i << ": '" << texts[i] << "'";
+    EXPECT_EQ(hf_form.encode(texts[i]), ids_of(ref["hf"][i])) << "text " << i;
+    EXPECT_EQ(hf_strings.encode(texts[i]), ids_of(ref["hf"][i])) << "text " << i;
+    // Decoding gives back the text after replacement, byte for byte.
+    EXPECT_EQ(tiktoken_form.decode(ours), unbase64(ref["replaced"][i].get<std::string>())) << "text " << i;
+    EXPECT_EQ(data::replace_invalid_utf8(texts[i]), unbase64(ref["replaced"][i].get<std::string>())) << "text " << i;
+    tokens += ours.size();
+  }
+  EXPECT_GT(tokens, 10000u);
+}
+
+TEST(Tokenizer, ALongPieceMergesAsTiktokenDoes) {
+  SKIP_WITHOUT_TIKTOKEN();
+  // One piece of 20,000 letters: the heap's merge order against tiktoken's scan.
+  testutil::TempDir dir("tokenizer_long");
+  std::mt19937 rng(5);
+  std::string word;
+  for (int i = 0; i < 20000; ++i) word += "etaoinshrdlu"[std::uniform_int_distribution<int>(0, 11)(rng)];
+  nlohmann::json in = nlohmann::json::array({base64(word), base64(" " + word)});
+  testutil::write_file(dir / "texts.json", in.dump());
+  auto r = testutil::run(testutil::python() + " " + ref_script() + " encode --texts " + (dir / "texts.json").string() + " --out " +
+                         (dir / "ref.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ref = nlohmann::json::parse(testutil::read_file(dir / "ref.json"));
+  const auto tok = data::Tokenizer::load(rank_file());
+  EXPECT_EQ(tok.encode(word), ids_of(ref["tiktoken"][0]));
+  EXPECT_EQ(tok.encode(" " + word), ids_of(ref["tiktoken"][1]));
+}
+
+TEST(Tokenizer, TheByteTokenizerIsTheBytes) {
+  const auto b = data::Tokenizer::bytes();
+  EXPECT_TRUE(b.is_bytes());
+  EXPECT_EQ(b.vocab_size(), 256);
+  EXPECT_EQ(b.special("<|endoftext|>"), -1);
+  EXPECT_EQ(b.encode("a\xff"), (std::vector<int32_t>{'a', 0xff}));
+  EXPECT_EQ(b.decode({'h', 'i'}), "hi");
+  EXPECT_THROW(b.decode({256}), std::out_of_range);
+}
+
+TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
+  testutil::TempDir dir("tokenizer_bad");
+  auto error = [&](const std::string& name, const std::string& content) {
+    testutil::write_file(dir / name, content);
+    try {
+      data::Tokenizer::load((dir / name).string());
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  auto all_bytes = [] {
+    std::string s;
+    for (int b = 0; b < 256; ++b) s += base64(std::string(1, char(b))) + " " + std::to_string(b) + "\n";
+    return s;
+  };
+  const std::string p = "tokenizer '" + dir.str() + "/";
+  EXPECT_EQ(error("a.tiktoken", all_bytes() + base64("ab") + " 256\n"), "(loaded)");
+  EXPECT_EQ(error("b.tiktoken", "IQ== 0\nnot base64 1\n"), p + "b.tiktoken': line 2: expected '<base64 token> <rank>'");
+  EXPECT_EQ(error("c.tiktoken", "IQ== 0\nI*== 1\n"), p + "c.tiktoken': line 2: the token is not valid base64");
+  EXPECT_EQ(error("d.tiktoken", "IQ== 0\nIg== 0\n"), p + "d.tiktoken': line 2: id 0 is given twice");
+  EXPECT_EQ(error("e.tiktoken", "IQ== 0\nIQ== 1\n"), p + "e.tiktoken': line 2: a token is given twice (id 1)");
+  EXPECT_EQ(error("f.tiktoken", "IQ== 0\n"), p + "f.tiktoken': byte 0 has no token of its own (a byte-level BPE needs all 256)");
+  EXPECT_EQ(error("g.tiktoken", "IQ== 99999999\n"), p + "g.tiktoken': line 1: id 99999999 leaves a gap of more than 65536 ids after the 0 tokens before it");
+  EXPECT_EQ(error("h.tiktoken", "IQ== -1\n"), p + "h.tiktoken': line 1: the rank '-1' is not a number below 2^31");
+  EXPECT_EQ(error("i.tiktoken", ""), p + "i.tiktoken': no tokens (a tiktoken rank file has '<base64 token> <rank>' lines)");
+  EXPECT_EQ(error("j.json", "{\"model\": {\"type\": \"WordPiece\"}}"), p + "j.json': the model is \"WordPiece\"; only BPE is supported");
+  EXPECT_EQ(error("k.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Metaspace\"}}"),
+            p + "k.json': pre_tokenizer is \"Metaspace\"; only ByteLevel (GPT-2's) is supported");
+  EXPECT_EQ(error("l.json", "{\"model\": "), p + "l.json': not valid JSON: " +
+                                                 [] {
+                                                   try {
+                                                     (void)nlohmann::json::parse("{\"model\": ");
+                                                   } catch (const nlohmann::json::exception& e) {
+                                                     return std::string(e.what());
+                                                   }
+                                                   return std::string();
+                                                 }());
+  EXPECT_EQ(error("m.json", "{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\"}}"), p + "m.json': a normalizer (NFC) is not supported");
+  EXPECT_EQ(error("n.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\\u4e2d\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}"),
+            p + "n.json': model.vocab: '\xE4\xB8\xAD' has a character outside GPT-2's byte-level alphabet");
+  EXPECT_EQ([&] {
+    try {
+      data::Tokenizer::load((dir / "missing").string());
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }(), p + "missing': no such file");
+}
+
+TEST(ConvertTextBpe, EachFileIsADocumentOfTiktokensIdsAndAnEndOfText) {
+  SKIP_WITHOUT_TIKTOKEN();
+  testutil::TempDir dir("convert_bpe");
+  fs::create_directories(dir / "in");
+  // Parts: a long English file (several 1 MiB parts, safe cuts at spaces), a file with no ASCII
+  // whitespace for over 2 MiB (cuts found by the scanner), invalid UTF-8, an empty file, and one that
+  // ends inside a multi-byte character.
+  std::string english;
+  std::mt19937 rng(1);
+  const std::vector<std::string> words = {"the", "don't", "tokenizer", "3.14", "  ", "\n", "Ça", "日本", "😀", "it's", "\t", ",", "!!"};
+  while (english.size() < (3u << 20)) english += words[rng() % words.size()] + (rng() % 3 ? " " : "");
+  std::string cjk;
+  while (cjk.size() < (5u << 19)) cjk += std::string("中文文本，") + (rng() % 50 == 0 ? "123" : "") + "テキスト。";
+  testutil::write_file(dir / "in" / "a_english.txt", english);
+  testutil::write_file(dir / "in" / "b_cjk.txt", cjk);
+  testutil::write_file(dir / "in" / "c_invalid.txt", "caf\xC3 \xFF\xFE ok\xE2\x82");
+  testutil::write_file(dir / "in" / "d_empty.txt", "");
+  testutil::write_file(dir / "in" / "e_short.txt", "Hello world\n\n\n");
+  const auto r = testutil::run(testutil::python() + " " + ref_script() + " files --out " + (dir / "ref.bin").string() + " --files " +
+                               (dir / "in" / "a_english.txt").string() + " " + (dir / "in" / "b_cjk.txt").string() + " " +
+                               (dir / "in" / "c_invalid.txt").string() + " " + (dir / "in" / "d_empty.txt").string() + " " +
+                               (dir / "in" / "e_short.txt").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string ref_bytes = testutil::read_file(dir / "ref.bin");
+  std::vector<int64_t> want(ref_bytes.size() / 4);
+  for (size_t i = 0; i < want.size(); ++i) {
+    int32_t v;
+    std::memcpy(&v, ref_bytes.data() + 4 * i, 4);
+    want[i] = v;
+  }
+  for (const auto& [threads, val_fraction] : std::vector<std::pair<int, double>>{{2, 0.3}, {1, 0.0}}) {
+    const std::string out = (dir / ("out" + std::to_string(threads))).string();
+    data::TextOptions options;
+    options.tokenizer = std::make_shared<const data::Tokenizer>(data::Tokenizer::load(rank_file()));
+    options.threads = threads;
+    const auto conv = data::convert_text({(dir / "in").string()}, out, val_fraction, options);
+    std::vector<int64_t> got;
+    for (const auto& path : {conv.train_path, conv.val_path}) {
+      if (path.empty()) continue;
+      data::TokenDataset ds(path, true);
+      EXPECT_EQ(ds.vocab_size(), 50257);
+      EXPECT_EQ(ds.tokenizer(), "gpt2");
+      EXPECT_EQ(ds.tokenizer_path(), fs::absolute(rank_file()).lexically_normal().string());
+      std::vector<int64_t> part(ds.size());
+      ds.read(0, ds.size(), part.data());
+      got.insert(got.end(), part.begin(), part.end());
+    }
+    ASSERT_EQ(got.size(), want.size()) << threads << " threads";
+    EXPECT_TRUE(got == want) << threads << " threads";
+    EXPECT_EQ(conv.replaced, 4);
+    if (val_fraction > 0) {
+      // The split is at about 30% from the end, by bytes (the CJK file's tokens are denser).
+      EXPECT_GT(conv.val_tokens, 0);
+      EXPECT_GT(conv.train_tokens, conv.val_tokens);
+    }
+    EXPECT_NE(conv.summary().find("(gpt2, vocab 50257); 4 invalid UTF-8 sequences replaced by U+FFFD"), std::string::npos) << conv.summary();
+  }
+}
+
+TEST(ConvertTextBpe, ARunOfOneKindOverOneMiBIsRefusedInOneLine) {
+  testutil::TempDir dir("convert_bpe_refused");
+  std::string ranks;
+  for (int b = 0; b < 256; ++b) ranks += base64(std::string(1, char(b))) + " " + std::to_string(b) + "\n";
+  testutil::write_file(dir / "mini.tiktoken", ranks);
+  testutil::write_file(dir / "nul.txt", "start " + std::string(3 << 20, '\0'));
+  testutil::write_file(dir / "letters.txt", std::string(1 << 21, 'a'));
+  testutil::write_file(dir / "ok.txt", "fine text\n");
+  for (const auto& [file, at] : std::vector<std::pair<std::string, int>>{{"nul.txt", 5}, {"letters.txt", 0}}) {
+    const auto r = testutil::run(testutil::trainer_bin() + " convert-text --src " + (dir / file).string() + " --out " + (dir / "out").string() +
+                                 " --tokenizer " + (dir / "mini.tiktoken").string());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(r.output, "error: convert-text: '" + (dir / file).string() + "': at byte " + std::to_string(at) +
+                            ", a run of more than 1 MiB without a break between pieces (letters, digits, spaces or other "
+                            "characters, all of one kind); GPT-2's BPE would take it as one word, so the file is refused\n");
+    EXPECT_FALSE(fs::exists(dir / "out" / "train.h5"));
+  }
+  // A tokenizer without <|endoftext|> (a tokenizer.json without it), and a bad flag.
+  auto r = testutil::run(testutil::trainer_bin() + " convert-text --src " + (dir / "ok.txt").string() + " --out " + (dir / "out").string() +
+                         " --tokenizer " + (dir / "mini.tiktoken").string() + " --end-of-text '<|eot|>'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "error: convert-text: the tokenizer '" + (dir / "mini.tiktoken").string() +
+                          "' has no special token '<|eot|>' to end each document (--end-of-text names another)\n");
+  r = testutil::run(testutil::trainer_bin() + " convert-text --src " + (dir / "ok.txt").string() + " --tokenizer " + (dir / "nope").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "error: tokenizer '" + (dir / "nope").string() + "': no such file\n");
+  r = testutil::run(testutil::trainer_bin() + " convert-text --src " + (dir / "ok.txt").string() + " --out " + (dir / "out").string() +
+                    " --tokenizer " + (dir / "mini.tiktoken").string() + " --val-fraction 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "1 file, 10 bytes: " + (dir / "out" / "train.h5").string() + " 11 tokens (mini, vocab 257)\n");
+}
