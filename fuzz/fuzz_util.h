@@ -41,6 +41,8 @@ class InputFile {
     }
     return path_;
   }
+  /// The file's path (other files may be put beside it, under this name and a suffix).
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-60}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(idx image_h5 tokens state_dict safetensors config control manifest jpeg)
+((${#targets[@]})) || targets=(idx image_h5 tokens tokenizer text state_dict safetensors config control manifest jpeg)
 [[ $secs =~ ^[0-9]+$ ]] || { echo "fuzz.sh: SECONDS_PER_TARGET must be a whole number, got '$secs'" >&2; exit 2; }
 
 if ! command -v clang++-14 >/dev/null || [[ ! -e $(clang++-14 -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
@@ -88,7 +88,7 @@ fuzz_target() {
 }
 
 # The targets side by side, one per core (FUZZ_PARALLEL, default: the cores), each for the same time:
-# on 2 cores the 9 targets at 30 s take 5 rounds of 30 s instead of 9. Each target's report is printed
+# on 2 cores the 11 targets at 30 s take 6 rounds of 30 s instead of 11. Each target's report is printed
 # whole when it ends.
 parallel=${FUZZ_PARALLEL:-$(nproc)}
 [[ $parallel =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: FUZZ_PARALLEL must be a positive number, got '$parallel'" >&2; exit 2; }

@@ -15,9 +15,14 @@ set -euo pipefail
 # the Python references import (bench/reference.py, tests/ref/, the TensorBoard and plot checks).
 pins=(torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 pyyaml==6.0.3 protobuf==7.36.2 matplotlib==3.11.2)
 # The libraries the weight-file tests load and save with (tests/test_safetensors.cpp, tests/ref/):
-# safetensors, transformers (GPT2LMHeadModel) and timm (ResNet, ViT). Added to an existing environment
-# without rebuilding it: a change here reinstalls only these (pip leaves the satisfied pins above alone).
-extras=(safetensors==0.8.0 transformers==5.23.0 timm==1.0.31)
+# safetensors, transformers (GPT2LMHeadModel) and timm (ResNet, ViT); the tokenizer tests' references
+# (tests/test_tokenizer.cpp): tiktoken, and tokenizers (transformers brings it). Added to an existing
+# environment without rebuilding it: a change here reinstalls only these (pip leaves the satisfied pins
+# above alone).
+extras=(safetensors==0.8.0 transformers==5.23.0 timm==1.0.31 tiktoken==0.14.0)
+# GPT-2's rank file, gpt2.tiktoken, without the internet: openai-whisper ships it in whisper/assets/.
+# Installed without its dependencies (numba, its own torch pin): only the file is used.
+no_deps=(openai-whisper==20250625)
 venv=${TRAINER_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/trainer/torch-2.11.0-cu130}
 stamp="$venv/.trainer-pins"
 extras_stamp="$venv/.trainer-extras"
@@ -37,12 +42,13 @@ if [[ ! -f $stamp || $(cat "$stamp") != "${pins[*]}" ]]; then
   rm -f "$extras_stamp"
   echo "install-torch: done in $((SECONDS - start)) s ($(du -sh "$venv" | cut -f1))" >&2
 fi
-if [[ ! -f $extras_stamp || $(cat "$extras_stamp") != "${extras[*]}" ]]; then
-  echo "install-torch: adding ${extras[*]} to $venv" >&2
+if [[ ! -f $extras_stamp || $(cat "$extras_stamp") != "${extras[*]} ${no_deps[*]}" ]]; then
+  echo "install-torch: adding ${extras[*]} ${no_deps[*]} to $venv" >&2
   start=$SECONDS
   # The pins again, so that pip keeps them (a newer dependency may not replace torch or numpy).
   "$venv/bin/pip" install --no-cache-dir --progress-bar off -q "${pins[@]}" "${extras[@]}" >&2
-  echo "${extras[*]}" > "$extras_stamp"
+  "$venv/bin/pip" install --no-cache-dir --progress-bar off -q --no-deps "${no_deps[@]}" >&2
+  echo "${extras[*]} ${no_deps[*]}" > "$extras_stamp"
   echo "install-torch: extras done in $((SECONDS - start)) s" >&2
 fi
 

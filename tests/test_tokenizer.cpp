@@ -141,6 +141,28 @@ std::vector<std::string> random_texts(int count, uint32_t seed) {
 
 std::vector<int32_t> ids_of(const nlohmann::json& j) { return j.get<std::vector<int32_t>>(); }
 
+// A small rank file: the 256 bytes and a few merges of English, whitespace and CJK.
+std::string mini_ranks() {
+  std::string s;
+  int rank = 0;
+  for (int b = 0; b < 256; ++b) s += base64(std::string(1, char(b))) + " " + std::to_string(rank++) + "\n";
+  for (const char* t : {"th", "he", "the", " t", " the", "  ", "    ", "\n\n", "in", "ing", " a", "ab", "\xE4\xB8", "\xE4\xB8\xAD", "\xC3\xA9", "99"})
+    s += base64(t) + " " + std::to_string(rank++) + "\n";
+  return s;
+}
+
+std::vector<int64_t> all_ids(const data::TokenConversion& conv) {
+  std::vector<int64_t> got;
+  for (const auto& path : {conv.train_path, conv.val_path}) {
+    if (path.empty()) continue;
+    data::TokenDataset ds(path, true);
+    std::vector<int64_t> part(ds.size());
+    ds.read(0, ds.size(), part.data());
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  return got;
+}
+
 }  // namespace
 
 TEST(Tokenizer, TheScannerCutsAsThePattern) {
@@ -377,6 +399,37 @@ TEST(ConvertTextBpe, EachFileIsADocumentOfTiktokensIdsAndAnEndOfText) {
       EXPECT_GT(conv.train_tokens, conv.val_tokens);
     }
     EXPECT_NE(conv.summary().find("(gpt2, vocab 50257); 4 invalid UTF-8 sequences replaced by U+FFFD"), std::string::npos) << conv.summary();
+  }
+}
+
+TEST(ConvertTextBpe, TinyPartsGiveTheIdsOfTheWholeText) {
+  // Parts of 1 to 64 bytes: every way of cutting (safe cuts, cuts found by the scanner, a piece longer
+  // than the buffer waiting for more text, the split) against each file encoded whole.
+  testutil::TempDir dir("convert_bpe_parts");
+  testutil::write_file(dir / "mini.tiktoken", mini_ranks());
+  auto tok = std::make_shared<const data::Tokenizer>(data::Tokenizer::load((dir / "mini.tiktoken").string()));
+  fs::create_directories(dir / "in");
+  const auto texts = random_texts(60, 21);
+  std::vector<int64_t> want;
+  for (int f = 0; f < 6; ++f) {
+    std::string doc;
+    for (int i = 0; i < 10; ++i) doc += texts[f * 10 + i];
+    if (f == 2) doc += std::string(300, 'a') + "   " + std::string(200, '\n');  // pieces longer than the parts
+    if (f == 4) doc.clear();                                                    // an empty file adds nothing
+    testutil::write_file(dir / "in" / ("doc" + std::to_string(f)), doc);
+    for (int32_t id : tok->encode(doc)) want.push_back(id);
+    if (!doc.empty()) want.push_back(tok->special("<|endoftext|>"));
+  }
+  for (size_t part : {1, 7, 64}) {
+    for (int threads : {1, 3}) {
+      data::TextOptions options;
+      options.tokenizer = tok;
+      options.threads = threads;
+      options.part_bytes = part;
+      const auto conv = data::convert_text({(dir / "in").string()}, (dir / "out").string(), 0.25, options);
+      EXPECT_TRUE(all_ids(conv) == want) << "parts of " << part << " bytes, " << threads << " threads";
+      EXPECT_GT(conv.val_tokens, 0);
+    }
   }
 }
 

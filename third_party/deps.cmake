@@ -38,10 +38,14 @@ find_package(ZLIB REQUIRED)
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(Threads REQUIRED)
-# GPT-2's pre-tokenizer (data/text/pretokenize.cpp): PCRE2 with Unicode properties and its JIT (Debian:
-# libpcre2-dev), found through pkg-config.
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# GPT-2's pre-tokenizer (data/text/pretokenize.cpp): PCRE2's 8-bit library, with Unicode properties and
+# its JIT (Debian: libpcre2-dev). PCRE2 ships no CMake package in Debian; its header and library are found
+# by name (no pkg-config needed).
+find_path(TRAINER_PCRE2_INCLUDE_DIR pcre2.h REQUIRED)
+find_library(TRAINER_PCRE2_LIBRARY pcre2-8 REQUIRED)
+add_library(trainer_pcre2 INTERFACE)
+target_include_directories(trainer_pcre2 SYSTEM INTERFACE ${TRAINER_PCRE2_INCLUDE_DIR})
+target_link_libraries(trainer_pcre2 INTERFACE ${TRAINER_PCRE2_LIBRARY})
 
 # cxxopts and nlohmann-json are header-only; their CMake packages are optional.
 find_path(CXXOPTS_INCLUDE_DIR cxxopts.hpp REQUIRED)

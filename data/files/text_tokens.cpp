@@ -1,5 +1,5 @@
-// convert-text with a BPE tokenizer: files streamed through once, cut into parts of about 1 MiB where a
-// piece begins, the parts encoded by a pool of threads and written in order.
+// convert-text with a BPE tokenizer: files streamed through once, cut into parts of about 1 MiB
+// (TextOptions::part_bytes) where a piece begins, the parts encoded by a pool of threads and written in order.
 //
 //   reader (this thread)            workers (options.threads)           writer (this thread)
 //   bytes -> valid UTF-8 -> parts   part -> pieces -> ids (+ <|eot|>)   ids -> train.h5 / val.h5
@@ -24,10 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kPart = 1 << 20;       // a part's target size
-constexpr size_t kContext = 16;         // bytes after a part's end: at least three whole characters
-constexpr size_t kBlock = 1 << 20;      // bytes read at a time
-constexpr size_t kSearch = 1 << 20;     // how far past the target a safe cut is looked for
+constexpr size_t kContext = 16;     // bytes after a part's end: at least three whole characters
+constexpr size_t kBlock = 1 << 20;  // bytes read at a time
 
 struct Part {
   std::string text;  // owned bytes, then the context
@@ -110,7 +108,8 @@ size_t complete_prefix(const std::string& s) {
 // The valid UTF-8 text of one file after another, cut into parts.
 class Parter {
  public:
-  Parter(const Tokenizer& tok, int64_t split_at) : tok_(tok), split_at_(split_at) {}
+  // Parts of about `part` bytes; a safe cut is looked for up to `part` bytes past that.
+  Parter(const Tokenizer& tok, int64_t split_at, size_t part) : tok_(tok), split_at_(split_at), part_(part) {}
 
   void start_document(const std::string& path, int64_t raw_offset) {
     path_ = path;
@@ -127,12 +126,21 @@ class Parter {
     const size_t whole = complete_prefix(carry_);
     append_valid(std::string_view(carry_).substr(0, whole));
     carry_.erase(0, whole);
-    while (buf_.size() >= kPart + kSearch + kContext) cut(emit, false);
+    // A part is cut once there is room to look for a safe cut; when the pieces give none (one piece runs
+    // past the buffer), wait until the buffer has doubled.
+    while (buf_.size() >= std::max(2 * part_ + kContext, wait_until_)) {
+      if (!cut(emit, false)) {
+        wait_until_ = 2 * buf_.size();
+        break;
+      }
+      wait_until_ = 0;
+    }
   }
   template <typename Emit>
   void end_document(Emit&& emit) {
     append_valid(carry_);
     carry_.clear();
+    wait_until_ = 0;
     while (!buf_.empty()) cut(emit, true);
   }
   int64_t replaced() const { return replaced_; }
@@ -148,10 +156,11 @@ class Parter {
     buf_ += valid;
   }
 
-  // Cuts one part off buf_ and passes it on. At the document's end (final) the rest may go whole.
+  // Cuts one part off buf_ and passes it on; false when no place to cut is known yet. At the document's
+  // end (final) the rest may go whole, and a part is always cut.
   template <typename Emit>
-  void cut(Emit&& emit, bool final) {
-    size_t target = kPart;
+  bool cut(Emit&& emit, bool final) {
+    size_t target = part_;
     bool split_here = false;
     // The split, placed as if the text had its raw length (replacements move it by a few bytes).
     const int64_t buf_raw = doc_raw_ + doc_pos_;
@@ -169,18 +178,16 @@ class Parter {
       end = buf_.size();
     } else {
       const size_t limit = final ? buf_.size() : buf_.size() - kContext;
-      end = safe_cut(buf_, target, std::min(limit, target + kSearch));
+      end = target < limit ? safe_cut(buf_, target, std::min(limit, target + part_)) : std::string::npos;
       if (end == std::string::npos) end = scan_cut(target, limit, final);
+      if (end == std::string::npos) return false;
     }
     Part p;
     p.owned = end;
-    p.text = buf_.substr(0, std::min(buf_.size(), end + kContext));
-    // The context ends on a whole character.
-    while (p.text.size() > end && (static_cast<unsigned char>(p.text.back()) & 0xC0) == 0x80) p.text.pop_back();
-    if (p.text.size() > end) {
-      const auto lead = static_cast<unsigned char>(p.text.back());
-      if (lead >= 0xC0) p.text.pop_back();
-    }
+    // The context ends on a whole character (buf_ holds whole characters: step back off a continuation).
+    size_t context_end = std::min(buf_.size(), end + kContext);
+    while (context_end < buf_.size() && (static_cast<unsigned char>(buf_[context_end]) & 0xC0) == 0x80) --context_end;
+    p.text = buf_.substr(0, context_end);
     p.ends_document = final && end == buf_.size();
     if (split_here) {
       p.ends_train = true;
@@ -189,10 +196,12 @@ class Parter {
     buf_.erase(0, end);
     doc_pos_ += static_cast<int64_t>(end);
     emit(std::move(p));
+    return true;
   }
 
   // No safe cut near the target: the pieces themselves, from the part's start, give one. Cuts after the
-  // first piece that ends at or past the target, or after the last one that ends before the limit.
+  // first piece that ends at or past the target, or after the last one that ends before the limit; npos
+  // when the first piece runs past the limit (more text is needed).
   size_t scan_cut(size_t target, size_t limit, bool final) {
     size_t at = 0, last = 0;
     while (at < limit) {
@@ -206,7 +215,7 @@ class Parter {
     if (final && at >= limit) return buf_.size();
     if (last == 0) {
       if (buf_.size() > static_cast<size_t>(kMaxPieceBytes) + kContext) refuse(0);
-      return final ? buf_.size() : buf_.size() - kContext;  // cannot happen without a refusal above
+      return std::string::npos;
     }
     return last;
   }
@@ -221,6 +230,8 @@ class Parter {
   const Tokenizer& tok_;
   Pretokenizer matcher_;
   const int64_t split_at_;
+  const size_t part_;
+  size_t wait_until_ = 0;
   bool split_done_ = false;
   std::string path_, buf_, carry_;
   int64_t doc_raw_ = 0, doc_pos_ = 0, replaced_ = 0;
@@ -280,7 +291,8 @@ TokenConversion convert_text_bpe(const std::vector<std::string>& files_or_dirs, 
     pending.push_back({encoders.submit(std::move(part)), ends_train});
     while (pending.size() > 2 * static_cast<size_t>(std::max(1, options.threads))) write_front();
   };
-  Parter parter(tok, val > 0 ? total - val : INT64_MAX);
+  if (options.part_bytes < 1) throw std::invalid_argument("convert-text: part_bytes must be at least 1");
+  Parter parter(tok, val > 0 ? total - val : INT64_MAX, options.part_bytes);
   std::vector<char> block(kBlock);
   int64_t offset = 0;
   for (const auto& in : inputs) {

@@ -94,6 +94,9 @@ struct TextOptions {
   int threads = 1;
   /// The special token that ends each document (BPE only).
   std::string end_of_text = "<|endoftext|>";
+  /// The size of the parts the text is cut into for the threads (BPE only; the tests make it small, to
+  /// cut often: the ids do not depend on it).
+  size_t part_bytes = 1 << 20;
 };
 
 /// The largest piece (data/text/pretokenize.h) a BPE conversion takes: a longer run of letters, digits,
@@ -119,7 +122,7 @@ inline constexpr int64_t kMaxPieceBytes = 1 << 20;
 ///   - invalid UTF-8 is replaced by U+FFFD, as Python's errors="replace" does (counted in `replaced`);
 ///   - the stream is split where a piece begins, at the first such place from about the last
 ///     round(val_fraction * total) bytes on;
-///   - it runs in bounded memory (about 4 MiB a thread) on files of any size; a piece of more than
+///   - it runs in bounded memory (a few MiB a thread) on files of any size; a piece of more than
 ///     kMaxPieceBytes is refused (std::invalid_argument naming the file and the byte offset), as is a
 ///     tokenizer without the end_of_text special.
 /// The files record the tokenizer (TokenWriter::set_tokenizer).
