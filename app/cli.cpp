@@ -23,11 +23,14 @@
 #include "common/compat.h"
 #include "trainer/config.h"
 #include "trainer/from_config.h"
+#include "common/log.h"
 #include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/eval_command.h"
 #include "trainer/export.h"
+#include "trainer/sample_command.h"
 #include "trainer/memory/backend.h"
+#include "trainer/memory/resources.h"
 #include "trainer/train.h"
 
 namespace fs = std::filesystem;
@@ -107,13 +110,20 @@ int convert_images_main(int argc, char** argv) {
 }
 
 int convert_text_main(int argc, char** argv) {
-  cxxopts::Options o("trainer convert-text", "Convert text files to the trainer's HDF5 token format (bytes, vocabulary 256)");
+  cxxopts::Options o("trainer convert-text",
+                     "Convert text files to the trainer's HDF5 token format: bytes (vocabulary 256), or GPT-2's BPE "
+                     "tokens with --tokenizer (each file one document, ended by <|endoftext|>)");
   o.add_options()("src", "text files or folders (comma-separated)",
                   cxxopts::value<std::string>()->default_value("/usr/share/games/fortunes"))(
       "out", "output folder (train.h5, val.h5)", cxxopts::value<std::string>()->default_value("datasets/fortunes"))(
       "val-fraction", "share of the stream's end kept for validation", cxxopts::value<double>()->default_value("0.1"))(
+      "tokenizer", "a tiktoken rank file (gpt2.tiktoken) or a Hugging Face tokenizer.json (byte-level BPE)",
+      cxxopts::value<std::string>())(
+      "threads", "threads that encode with --tokenizer (0 = the CPUs this container may use)",
+      cxxopts::value<int>()->default_value("0"))(
+      "end-of-text", "the special token that ends each document", cxxopts::value<std::string>()->default_value("<|endoftext|>"))(
       "h,help", "this help");
-  auto a = o.parse(argc, argv);
+  auto a = parse(o, argc, argv, "convert-text");
   if (a.count("help")) {
     std::cout << o.help() << std::endl;
     return kExitOk;
@@ -122,7 +132,13 @@ int convert_text_main(int argc, char** argv) {
   std::stringstream ss(a["src"].as<std::string>());
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) src.push_back(item);
-  std::cout << data::convert_text(src, a["out"].as<std::string>(), a["val-fraction"].as<double>()).summary() << std::endl;
+  data::TextOptions options;
+  if (a.count("tokenizer")) options.tokenizer = std::make_shared<const data::Tokenizer>(data::Tokenizer::load(a["tokenizer"].as<std::string>()));
+  options.threads = a["threads"].as<int>();
+  if (options.threads < 0) throw std::runtime_error("convert-text: --threads must be 0 (the CPUs this container may use) or more");
+  if (options.threads == 0) options.threads = std::max(1, usable_cpus());
+  options.end_of_text = a["end-of-text"].as<std::string>();
+  std::cout << data::convert_text(src, a["out"].as<std::string>(), a["val-fraction"].as<double>(), options).summary() << std::endl;
   return kExitOk;
 }
 
@@ -186,6 +202,55 @@ int eval_main(int argc, char** argv) {
   return kExitOk;
 }
 
+int sample_main(int argc, char** argv) {
+  cxxopts::Options o("trainer sample", "Generate text from a GPT: a run's latest checkpoint, a chosen checkpoint, or a "
+                                       "weights file (transformers' GPT-2 safetensors); prints the samples, the speed "
+                                       "to stderr");
+  o.add_options()("run-dir", "the run: its latest checkpoint and its config", cxxopts::value<std::string>()->default_value(""))(
+      "checkpoint", "this checkpoint folder", cxxopts::value<std::string>()->default_value(""))(
+      "init-from", "weights file (safetensors or torch.save); the shape from --run-dir's config or config.json beside it",
+      cxxopts::value<std::string>()->default_value(""))(
+      "tokenizer", "tokenizer file (gpt2.tiktoken, tokenizer.json); default: the run's token files', else bytes",
+      cxxopts::value<std::string>()->default_value(""))(
+      "prompt", "the text to continue", cxxopts::value<std::string>())(
+      "tokens", "new tokens per sample", cxxopts::value<int64_t>()->default_value("256"))(
+      "temperature", "divides the logits; 0 = greedy", cxxopts::value<double>()->default_value("0.8"))(
+      "top-k", "sample among the k most likely tokens (0 = all)", cxxopts::value<int64_t>()->default_value("200"))(
+      "seed", "the sampling generator's seed", cxxopts::value<uint64_t>()->default_value("1337"))(
+      "num-samples", "samples to draw", cxxopts::value<int64_t>()->default_value("1"))(
+      "no-kv-cache", "run the whole window for every token instead of one position (to compare speeds)")(
+      "device", "cpu | cuda | cuda:N | auto (default: the run's train.device)", cxxopts::value<std::string>()->default_value(""))(
+      "json", "also write the samples' tokens and the speed to this JSON file", cxxopts::value<std::string>()->default_value(""))(
+      "h,help", "this help");
+  SampleCommand cmd;
+  std::vector<char*> rest = take_sets(argc, argv, cmd.overrides);
+  auto a = parse(o, static_cast<int>(rest.size()), rest.data(), "sample");
+  if (a.count("help")) {
+    std::cout << o.help() << "\n  -s, --set key=value  override a key of the run's config (repeatable)" << std::endl;
+    return kExitOk;
+  }
+  if (!a.unmatched().empty()) throw std::runtime_error("sample: unexpected argument '" + a.unmatched()[0] + "' (see trainer sample --help)");
+  if (!a.count("prompt")) throw std::runtime_error("sample: --prompt is required (see trainer sample --help)");
+  setup_logging("", "info");  // stderr: stdout carries the samples only
+  cmd.run_dir = a["run-dir"].as<std::string>();
+  cmd.checkpoint = a["checkpoint"].as<std::string>();
+  cmd.init_from = a["init-from"].as<std::string>();
+  cmd.tokenizer = a["tokenizer"].as<std::string>();
+  cmd.prompt = a["prompt"].as<std::string>();
+  cmd.device = a["device"].as<std::string>();
+  cmd.json = a["json"].as<std::string>();
+  cmd.num_samples = a["num-samples"].as<int64_t>();
+  cmd.generate.max_new_tokens = a["tokens"].as<int64_t>();
+  cmd.generate.temperature = a["temperature"].as<double>();
+  cmd.generate.top_k = a["top-k"].as<int64_t>();
+  cmd.generate.seed = a["seed"].as<uint64_t>();
+  cmd.generate.kv_cache = a.count("no-kv-cache") == 0;
+  const SampleResult r = run_sample_command(cmd);
+  for (const auto& text : r.texts) std::cout << text << "\n---------------" << std::endl;
+  std::cerr << r.speed_line << std::endl;
+  return kExitOk;
+}
+
 int export_main(int argc, char** argv) {
   cxxopts::Options o("trainer export", "Write a run's latest (or a given) checkpoint's weights as a file Python loads: a "
                                        "torch.save state dict or safetensors, with our names or those of transformers or timm");
@@ -242,12 +307,14 @@ int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "convert-bin") return convert_bin_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "eval") return eval_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "export") return export_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "sample") return sample_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
                                 "Subcommands: trainer convert-idx --help, trainer convert-images --help, trainer convert-text --help,\n"
-                                "trainer convert-bin --help, trainer eval --help, trainer export --help, trainer compare --help, trainer bench --help");
+                                "trainer convert-bin --help, trainer eval --help, trainer sample --help, trainer export --help, trainer compare --help,\n"
+                                "trainer bench --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(

@@ -1,7 +1,7 @@
 // The thin executable: parses the command line, builds the config and calls the core.
 //
 //   trainer [--config FILE] [--set key=value ...] [--run-dir DIR] [--wait-for-run-dir S] [--dry-run] [--resume PATH] [--no-resume]
-//   trainer convert-idx | convert-text | convert-bin | eval | export | compare | bench ...  (app/cli.cpp)
+//   trainer convert-idx | convert-text | convert-bin | eval | sample | export | compare | bench ...  (app/cli.cpp)
 #include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
 

@@ -47,7 +47,8 @@ on speed:
 Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
 Not needed here: train.snapshot (Python keeps no snapshot for a retried step); train.fused_loss (PyTorch
 has no fused cross-entropy: both values run F.cross_entropy on the float32 logits, the trainer's plain
-loss, whose arithmetic the fused kernels keep).
+loss, whose arithmetic the fused kernels keep); train.sample_every, sample_tokens, sample_prompt (text
+samples while training, outside the timed steps' arithmetic).
 --profile: torch.profiler (CPU ops, and CUDA kernels, copies and runtime calls on a GPU) over the timed
 steps, each inside record_function("ProfilerStep#<step>") (1-based, as `trainer bench --profile` names
 them), prepared one step ahead; exported with export_chrome_trace. bench/profile_table.py reads it.
@@ -91,7 +92,8 @@ DEFAULTS = {
                  "gamma": 0.1},
     "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,
               "eval_batch": 500, "eval_batches": 0, "label_smoothing": 0.0, "device": "auto", "threads": 0,
-              "deterministic": False, "snapshot": "batched", "fused_loss": True},
+              "deterministic": False, "snapshot": "batched", "fused_loss": True,
+              "sample_every": 0, "sample_tokens": 64, "sample_prompt": ""},
     "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
             "backoff_factor": 0.5, "growth_interval": 2000},
     "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,

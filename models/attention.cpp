@@ -17,7 +17,9 @@ torch::Tensor plain_attention(const torch::Tensor& q, const torch::Tensor& k, co
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));  // (B, nh, T, S)
   if (causal) {
     // Built per call rather than stored as a buffer, so it never shows up in a state_dict; (T, S) bools.
-    auto future = torch::ones({T, S}, q.options().dtype(torch::kBool)).triu(1);
+    // Query i is position S - T + i (the last T of S: a key-value cache's new positions); it sees keys
+    // 0 .. S - T + i. S = T: the usual triu(1).
+    auto future = torch::ones({T, S}, q.options().dtype(torch::kBool)).triu(S - T + 1);
     att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
   }
   att = torch::softmax(att, -1);
@@ -49,9 +51,14 @@ torch::Tensor scaled_dot_product_attention(const torch::Tensor& q, const torch::
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "scaled_dot_product_attention: expected q, k, v of shape (B, nh, T, hs), got ", q.sizes(), ", ",
               k.sizes(), ", ", v.sizes());
+  const int64_t T = q.size(-2), S = k.size(-2);
+  TORCH_CHECK(S >= T, "scaled_dot_product_attention: ", S, " keys for ", T, " queries; expected at least as many");
   const bool fused = backend == AttentionBackend::fused ||
                      (backend == AttentionBackend::automatic && fused_attention_available());
-  if (fused) return trainer::compat::fused_attention(q, k, v, dropout_p, causal);
+  // The fused kernel's causal mask is aligned to the top left: right for S = T, and a single query (the
+  // last position) sees every key anyway; several new queries after a cache need the plain mask.
+  if (fused && T == 1) return trainer::compat::fused_attention(q, k, v, dropout_p, /*is_causal=*/false);
+  if (fused && (T == S || !causal)) return trainer::compat::fused_attention(q, k, v, dropout_p, causal);
   return plain_attention(q, k, v, causal, dropout_p);
 }
 
@@ -74,6 +81,32 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
   auto v = qkv[2].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
   const double p = is_training() ? options.dropout() : 0.0;
   auto y = scaled_dot_product_attention(q, k, v, options.causal(), p, backend);  // (B, nh, T, hs)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});        // (B, T, C): heads side by side
+  return resid_dropout(run_linear(c_proj, y, options.fused_bias()));
+}
+
+torch::Tensor SelfAttentionImpl::forward_cached(const torch::Tensor& x, AttentionCache& cache) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), nh = options.n_head(), hs = C / nh;
+  const int64_t L = cache.length;
+  TORCH_CHECK(L + T <= cache.capacity, "SelfAttention: ", T, " new positions after ", L, " cached do not fit the cache's ",
+              cache.capacity);
+  auto qkv = run_linear(c_attn, x, options.fused_bias()).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
+  auto v = qkv[2].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
+  if (!cache.k.defined()) {
+    cache.k = torch::empty({B, nh, cache.capacity, hs}, k.options());  // (B, nh, capacity, hs)
+    cache.v = torch::empty({B, nh, cache.capacity, hs}, v.options());
+  }
+  TORCH_CHECK(cache.k.size(0) == B, "SelfAttention: the cache holds batches of ", cache.k.size(0), ", got ", B);
+  // Written in place, so a step copies its own T positions, not the L before them (as a cat would).
+  cache.k.narrow(2, L, T).copy_(k);
+  cache.v.narrow(2, L, T).copy_(v);
+  cache.length = L + T;
+  auto keys = cache.k.narrow(2, 0, L + T);                   // (B, nh, L + T, hs), a view
+  auto values = cache.v.narrow(2, 0, L + T);                 // (B, nh, L + T, hs)
+  const double p = is_training() ? options.dropout() : 0.0;
+  auto y = scaled_dot_product_attention(q, keys, values, options.causal(), p, backend);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});        // (B, T, C): heads side by side
   return resid_dropout(run_linear(c_proj, y, options.fused_bias()));
 }
@@ -101,6 +134,11 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerBlockOptions& o)
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+torch::Tensor TransformerBlockImpl::forward_cached(const torch::Tensor& x, AttentionCache& cache) {
+  auto h = x + attn->forward_cached(ln_1(x), cache);
   return h + mlp(ln_2(h));
 }
 

@@ -24,14 +24,27 @@ std::string to_string(AttentionBackend backend);
 /// True where the fused kernel exists (LibTorch 2.0+): trainer::compat::kHasFusedAttention.
 bool fused_attention_available();
 
-/// Scaled dot-product attention of q, k, v, each (B, nh, T, hs) -> (B, nh, T, hs), scale 1/sqrt(hs).
-/// `causal` masks key positions after the query position. `dropout_p` drops attention probabilities
-/// (applied as given: pass 0 in eval mode). Both backends compute the same function; they differ in
-/// rounding and in how dropout draws its random numbers. Throws c10::Error for `fused` where
+/// Scaled dot-product attention of q (B, nh, T, hs) over k, v (B, nh, S, hs) -> (B, nh, T, hs), scale
+/// 1/sqrt(hs); S = T except with a key-value cache (S >= T). `causal` masks key positions after the query
+/// position, the queries being the last T of the S positions (query i is position S - T + i: a cache's
+/// new positions). `dropout_p` drops attention probabilities (applied as given: pass 0 in eval mode).
+/// Both backends compute the same function; they differ in rounding and in how dropout draws its random
+/// numbers. The fused kernel aligns a causal mask to the top left when T != S, so there one query runs
+/// unmasked (it sees every key) and several run the plain way. Throws c10::Error for `fused` where
 /// fused_attention_available() is false, naming the version and the way out (`plain`).
 torch::Tensor scaled_dot_product_attention(const torch::Tensor& q, const torch::Tensor& k,
                                            const torch::Tensor& v, bool causal, double dropout_p,
                                            AttentionBackend backend);
+
+/// One attention layer's keys and values of the positions seen so far, for generation one token at a
+/// time (GPTImpl::forward_cached): each new position then costs one query against the cached keys
+/// instead of the whole sequence again. The buffers are allocated at the first call, (B, nh, capacity,
+/// hs) in the dtype and on the device of the layer's keys; positions [0, length) are filled.
+struct AttentionCache {
+  torch::Tensor k, v;     ///< (B, nh, capacity, hs), or undefined before the first call
+  int64_t length = 0;     ///< positions cached
+  int64_t capacity = 0;   ///< the most positions it holds (the model's context)
+};
 
 /// Options of one Transformer block (and of its attention and MLP).
 struct TransformerBlockOptions {
@@ -59,6 +72,11 @@ class SelfAttentionImpl : public torch::nn::Module {
  public:
   explicit SelfAttentionImpl(const TransformerBlockOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  /// forward for T new positions x (B, T, C) that follow the cache's `length` positions: their keys and
+  /// values are appended to `cache` (which must have room), and each query attends over the cached keys
+  /// and the new ones up to itself (causal). Equals forward over the whole sequence, at the new positions.
+  /// For inference (under NoGradGuard); B must be the same at every call on one cache.
+  torch::Tensor forward_cached(const torch::Tensor& x, AttentionCache& cache);
 
   TransformerBlockOptions options;
   /// Which implementation forward uses; changeable between calls.
@@ -89,6 +107,8 @@ class TransformerBlockImpl : public torch::nn::Module {
  public:
   explicit TransformerBlockImpl(const TransformerBlockOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  /// forward for new positions with the attention's key-value cache (SelfAttentionImpl::forward_cached).
+  torch::Tensor forward_cached(const torch::Tensor& x, AttentionCache& cache);
 
   /// Linear-layer and attention-matmul FLOPs of one sample of T tokens (multiply-add = 2):
   /// T * 2 * (3 + 1 + 2 * mlp_ratio) * C^2 for c_attn, attn.c_proj, c_fc and mlp.c_proj, plus

@@ -73,6 +73,29 @@ models::ModelImpl::Padded GPTImpl::forward_padded(const torch::Tensor& tokens) {
   return {torch::linear(x, transformer->wte->weight), options.vocab_size()};  // (B, T, padded V), V
 }
 
+KVCache GPTImpl::make_cache() const {
+  KVCache cache;
+  cache.layers.resize(static_cast<size_t>(options.n_layer()));
+  for (auto& layer : cache.layers) layer.capacity = options.context();
+  return cache;
+}
+
+torch::Tensor GPTImpl::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
+              "GPT: expected int64 tokens of shape (B, T), got ", tokens.scalar_type(), " ", tokens.sizes());
+  TORCH_CHECK(static_cast<int64_t>(cache.layers.size()) == num_blocks(), "GPT: the cache has ", cache.layers.size(),
+              " layers, the model ", num_blocks(), " (make it with make_cache)");
+  const int64_t L = cache.length(), T = tokens.size(1);
+  TORCH_CHECK(T >= 1 && L + T <= options.context(), "GPT: ", T, " new positions after ", L,
+              " cached are outside [1, context = ", options.context(), "]");
+  auto pos = torch::arange(L, L + T, tokens.options());                           // (T): after the cached ones
+  auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(pos));  // (B, T, C) + (T, C)
+  for (int64_t i = 0; i < num_blocks(); ++i) x = blocks_[i]->forward_cached(x, cache.layers[i]);
+  x = transformer->ln_f(x);
+  auto logits = torch::linear(x, transformer->wte->weight);  // (B, T, padded V)
+  return padded_vocab() == options.vocab_size() ? logits : logits.narrow(-1, 0, options.vocab_size());  // (B, T, V)
+}
+
 torch::Tensor GPTImpl::run_block(int64_t i, const torch::Tensor& x) {
   auto& block = blocks_[i];
   if (!block_checkpointed(i)) return block->forward(x);

@@ -92,6 +92,9 @@ std::vector<Field> fields(Config& c) {
       {"train.threads", &c.train.threads, false},
       {"train.deterministic", &c.train.deterministic, false},
       {"train.snapshot", &c.train.snapshot, false},
+      {"train.sample_every", &c.train.sample_every, false},
+      {"train.sample_tokens", &c.train.sample_tokens, false},
+      {"train.sample_prompt", &c.train.sample_prompt, false},
       {"amp.enabled", &c.amp.enabled, false},
       {"amp.dtype", &c.amp.dtype, false},
       {"amp.scaler", &c.amp.scaler, false},
@@ -433,6 +436,11 @@ struct Checks {
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
     one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
+    if (c.train.sample_every < 0) bad("train.sample_every", "must be >= 0 (0 = off)");
+    if (c.train.sample_every > 0 && models::registered_vocab_size(c.model.name) == 0)
+      bad("train.sample_every", "model '" + c.model.name + "' is not a language model; only GPT models sample (set 0)");
+    if (c.train.sample_tokens < 1 || c.train.sample_tokens > kMaxContext)
+      bad("train.sample_tokens", "must be in [1, " + std::to_string(kMaxContext) + "]");
     const std::string& d = c.train.device;
     const bool cuda_n = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
                         std::all_of(d.begin() + 5, d.end(), [](char ch) { return ch >= '0' && ch <= '9'; });

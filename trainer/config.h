@@ -98,6 +98,13 @@ struct TrainConfig {
   /// How a step saves the buffers (BatchNorm statistics) that a retried step restores (trainer/step.h):
   /// batched (one copy per dtype) or per_buffer (a copy per buffer, the earlier way; kept to be measured).
   std::string snapshot = "batched";
+  /// GPT models: every N optimizer steps, one short sample of text from sample_prompt, written to train.log,
+  /// metrics.jsonl (a "sample" event) and TensorBoard's text tab (0 = off). Rank 0, eval mode, a generator
+  /// of its own seeded from seed and the step: the training's random numbers are not touched.
+  int64_t sample_every = 0;
+  int64_t sample_tokens = 64;   ///< tokens per sample
+  /// The text the samples continue; "" = `<|endoftext|>` where the tokenizer has it, else a newline.
+  std::string sample_prompt;
 };
 
 struct AmpConfig {

@@ -1,6 +1,6 @@
 // The training loop. It only sequences; each stage is a named call:
 //
-//   setup -> resume -> start -> [ fetch -> poll -> step -> record -> evaluate -> agree on save/stop ]* -> finish
+//   setup -> resume -> start -> [ fetch -> poll -> step -> record -> evaluate -> sample -> agree on save/stop ]* -> finish
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
@@ -54,6 +54,7 @@ int TrainingRun::run() {
                                        agreed_limit_);
       record(r, *batch, seconds_since(t0));
       maybe_evaluate();
+      maybe_sample();
       if (opts_.observer) opts_.observer->after_step(step_);
       if (auto code = agree_on_save_and_stop()) return *code;
     }

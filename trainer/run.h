@@ -8,6 +8,8 @@
 //                  run.cpp calls it on the test split
 //   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
 //   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
+//   sampling.cpp   train.sample_every: a short text sample on rank 0 (trainer/generate.h), to train.log,
+//                  metrics.jsonl and TensorBoard
 //   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
 //
 // Internal to trainer/: users call train() (train.h).
@@ -42,6 +44,10 @@
 #include "trainer/optim.h"
 #include "trainer/step.h"
 #include "trainer/train.h"
+
+namespace data {
+class Tokenizer;  // data/text/tokenizer.h
+}  // namespace data
 
 namespace trainer {
 
@@ -130,6 +136,10 @@ class TrainingRun {
   std::optional<CheckpointFiles> serialize_checkpoint();  // collective; the files on rank 0 only
   nlohmann::json state_json() const;
 
+  // sampling.cpp
+  void setup_sampling();  // after setup_model(): the tokenizer and the prompt (rank 0, sample_every > 0)
+  void maybe_sample();    // every train.sample_every steps; a failure is a warning and training goes on
+
   // saving.cpp
   void save_in_background(const std::string& reason);  // periodic, SIGUSR1, a retry; async per config
   bool save_before_exit(const std::string& reason);    // in the foreground, retried; agreed by all ranks
@@ -176,6 +186,8 @@ class TrainingRun {
   std::unique_ptr<MemoryReporter> memory_report_;
   std::unique_ptr<ResourceMonitor> resources_;
   std::unique_ptr<TensorboardWriter> tensorboard_;
+  std::shared_ptr<const data::Tokenizer> sample_tokenizer_;  // train.sample_every: decodes the samples
+  std::vector<int64_t> sample_prompt_;                         // its ids
 
   int64_t step_ = 0;          // optimizer steps completed
   int64_t total_steps_ = 0;

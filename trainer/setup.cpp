@@ -29,6 +29,7 @@ void TrainingRun::setup() {
   setup_memory();
   setup_data();
   setup_model();
+  setup_sampling();
   setup_step();
 }
 

@@ -141,6 +141,23 @@ void TensorboardWriter::add_scalars(int64_t step, const std::vector<std::pair<st
   write_event(e);
 }
 
+void TensorboardWriter::add_text(const std::string& tag, int64_t step, const std::string& text, double wall_time) {
+  std::string plugin_data, metadata, tensor, value, summary;
+  bytes_field(plugin_data, 1, "text");           // PluginData.plugin_name
+  bytes_field(metadata, 1, plugin_data);         // SummaryMetadata.plugin_data
+  key(tensor, 1, 0);                             // TensorProto.dtype
+  varint(tensor, 7);                             // DT_STRING
+  bytes_field(tensor, 2, "");                    // tensor_shape: no dimensions, a scalar
+  bytes_field(tensor, 8, text);                  // string_val
+  bytes_field(value, 1, tag);                    // Value.tag
+  bytes_field(value, 9, metadata);               // Value.metadata
+  bytes_field(value, 8, tensor);                 // Value.tensor
+  bytes_field(summary, 1, value);
+  const std::string e = event(wall_time < 0 ? now_unix() : wall_time, step, "", summary);
+  std::lock_guard<std::mutex> lock(mu_);
+  write_event(e);
+}
+
 void TensorboardWriter::observe(const nlohmann::json& r) {
   if (!r.is_object()) return;
   auto num = [&](const char* k, double& out) {
@@ -175,9 +192,13 @@ void TensorboardWriter::observe(const nlohmann::json& r) {
     take("top1", "eval/top1");
     take("top5", "eval/top5");
   }
-  if (values.empty()) return;
+  auto text = r.find("text");
+  const bool sample = ev != r.end() && ev->is_string() && ev->get<std::string>() == "sample" && text != r.end() &&
+                      text->is_string();
+  if (values.empty() && !sample) return;
   try {
-    add_scalars(step, values);
+    if (sample) add_text("samples", step, text->get<std::string>());
+    else add_scalars(step, values);
     flush();
   } catch (const std::exception& e) {
     // TensorBoard is a view of metrics.jsonl: losing it must not stop the run.

@@ -1,0 +1,269 @@
+#include "trainer/sample_command.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "common/compat.h"
+#include "data/files/token_h5.h"
+#include "data/text/tokenizer.h"
+#include "models/gpt.h"
+#include "models/registry.h"
+#include "trainer/checkpoint/state_dict.h"
+#include "trainer/checkpoint/store.h"
+#include "trainer/checkpoint/weights.h"
+#include "trainer/from_config.h"
+#include "trainer/memory/resources.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("sample: " + what); }
+
+void check_numbers(const SampleCommand& c) {
+  const GenerateOptions& g = c.generate;
+  if (g.max_new_tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(g.max_new_tokens));
+  if (!(g.temperature >= 0) || !std::isfinite(g.temperature))
+    fail("--temperature must be a number >= 0 (0 = greedy), got " + std::to_string(g.temperature));
+  if (g.top_k < 0) fail("--top-k must be >= 0 (0 = every token), got " + std::to_string(g.top_k));
+  if (c.num_samples < 1) fail("--num-samples must be at least 1, got " + std::to_string(c.num_samples));
+  if (c.run_dir.empty() && c.checkpoint.empty() && c.init_from.empty())
+    fail("nothing to sample from; give --run-dir DIR, --checkpoint DIR or --init-from FILE");
+  if (!c.checkpoint.empty() && !c.init_from.empty())
+    fail("give either --checkpoint or --init-from, not both");
+}
+
+// What generates: the model with its weights, its config, where the weights came from.
+struct Loaded {
+  std::shared_ptr<models::GPTImpl> model;
+  Config cfg;
+  std::string weights;
+  std::optional<int64_t> step;
+  std::string recorded_tokenizer;  // the run's token file's tokenizer_path ("" = bytes or not known)
+};
+
+// The vocabulary the run's model was built with, and the tokenizer its token file records.
+int64_t run_vocab(const Config& cfg, std::string& tokenizer_path) {
+  std::error_code ec;
+  if (cfg.data.kind == "tokens") {
+    if (!fs::exists(cfg.data.train, ec)) {
+      if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+      fail("the run's token file data.train (" + cfg.data.train +
+           ") is not here, and the model's vocabulary is read from it; give --set data.train=FILE, or --set "
+           "model.vocab_size=N with --tokenizer FILE");
+    }
+    check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
+    tokenizer_path = data::TokenDataset(cfg.data.train, /*in_memory=*/false).tokenizer_path();
+  }
+  return vocab_size(cfg);
+}
+
+std::shared_ptr<models::GPTImpl> as_gpt(const models::Model& m, const std::string& name) {
+  auto gpt = std::dynamic_pointer_cast<models::GPTImpl>(m);
+  if (!gpt) fail("model '" + name + "' is not a GPT; only language models sample");
+  return gpt;
+}
+
+void check_language_model(const Config& cfg) {
+  if (models::registered_vocab_size(cfg.model.name) == 0)
+    fail("model '" + cfg.model.name + "' is not a GPT; only language models sample");
+}
+
+// A run's checkpoint (its own config), or a weights file with the run's config (--run-dir + --init-from).
+Loaded load_from_run(const SampleCommand& c) {
+  Loaded l;
+  std::optional<LoadedCheckpoint> ck;
+  std::error_code ec;
+  if (!c.run_dir.empty() && !fs::is_directory(c.run_dir, ec)) fail("run folder '" + c.run_dir + "' does not exist");
+  if (!c.checkpoint.empty()) {
+    ck = CheckpointStore::load(c.checkpoint);
+  } else if (c.init_from.empty()) {
+    ck = CheckpointStore(c.run_dir, 0).load_latest();
+    if (!ck) fail(c.run_dir + " has no checkpoint to sample from");
+  }
+  if (ck) {
+    apply_yaml_text(l.cfg, ck->file("config.yaml"), ck->path + "/config.yaml");
+    l.weights = ck->path;
+    l.step = ck->step;
+  } else {
+    const std::string resolved = c.run_dir + "/resolved_config.yaml";
+    if (!fs::exists(resolved, ec)) fail(c.run_dir + " has no resolved_config.yaml to build the model from");
+    apply_yaml_file(l.cfg, resolved);
+    l.weights = c.init_from;
+  }
+  for (const auto& o : c.overrides) apply_override(l.cfg, o);
+  l.cfg.model.init_from = c.init_from;
+  l.cfg.model.init_skip.clear();
+  validate(l.cfg);
+  check_language_model(l.cfg);
+  const int64_t vocab = run_vocab(l.cfg, l.recorded_tokenizer);
+  torch::manual_seed(l.cfg.seed);
+  auto model = build_model(l.cfg, sample_shape(l.cfg), vocab);
+  if (ck) load_state_dict_bytes(*model, ck->file("model.pt"), /*strict=*/true, l.weights + "/model.pt");
+  else load_init_weights(*model, l.cfg, vocab);
+  l.model = as_gpt(model, l.cfg.model.name);
+  return l;
+}
+
+// A weights file alone: the shape from transformers' config.json beside it.
+Loaded load_from_file(const SampleCommand& c) {
+  Loaded l;
+  const fs::path json_path = fs::path(c.init_from).parent_path() / "config.json";
+  std::error_code ec;
+  if (!fs::exists(c.init_from, ec)) fail("--init-from " + c.init_from + " does not exist");
+  if (!fs::exists(json_path, ec))
+    fail("--init-from " + c.init_from + ": the model's shape is read from " + json_path.string() +
+         " (transformers' save_pretrained and trainer export --layout hf write it), which is not there; or give "
+         "--run-dir DIR to build the model from that run's config");
+  nlohmann::json j;
+  try {
+    std::ifstream f(json_path);
+    j = nlohmann::json::parse(f);
+    if (j.contains("model_type") && j["model_type"] != "gpt2")
+      fail(json_path.string() + ": model_type " + j["model_type"].dump() + " is not gpt2");
+    auto get = [&](const char* key, const char* alt) -> int64_t {
+      if (j.contains(key)) return j[key].get<int64_t>();
+      if (alt && j.contains(alt)) return j[alt].get<int64_t>();
+      fail(json_path.string() + " has no " + key);
+    };
+    const auto options = models::GPTOptions()
+                             .vocab_size(get("vocab_size", nullptr))
+                             .context(get("n_positions", "n_ctx"))
+                             .n_layer(get("n_layer", nullptr))
+                             .n_head(get("n_head", nullptr))
+                             .n_embd(get("n_embd", nullptr));
+    l.model = std::make_shared<models::GPTImpl>(options);
+  } catch (const nlohmann::json::exception& e) {
+    fail(json_path.string() + ": " + e.what());
+  }
+  l.cfg = load_config("", c.overrides);  // the built-in job's keys with --set on top: train.threads, train.device
+  const LoadedWeights w = load_weights(*l.model, c.init_from, {}, l.model->options.vocab_size());
+  spdlog::info("model: weights from {} ({}, {} layout)", c.init_from, w.format, w.layout);
+  l.cfg.model.name = "gpt2";
+  l.cfg.model.context = l.model->options.context();
+  l.weights = c.init_from;
+  return l;
+}
+
+data::Tokenizer pick_tokenizer(const SampleCommand& c, const Loaded& l, int64_t vocab) {
+  if (!c.tokenizer.empty()) return data::Tokenizer::load(c.tokenizer);
+  if (!l.recorded_tokenizer.empty()) {
+    std::error_code ec;
+    if (!fs::exists(l.recorded_tokenizer, ec))
+      fail("the run's token file records the tokenizer " + l.recorded_tokenizer + ", which is not there; give --tokenizer FILE");
+    return data::Tokenizer::load(l.recorded_tokenizer);
+  }
+  if (vocab > 256)
+    fail("the model's vocabulary is " + std::to_string(vocab) +
+         " and no tokenizer is recorded for it (byte tokens are 256); give --tokenizer FILE (e.g. gpt2.tiktoken)");
+  return data::Tokenizer::bytes();
+}
+
+// Printable text of `ids`: an id the tokenizer does not have (a padded vocabulary's) as U+FFFD.
+std::string printable(const data::Tokenizer& tok, const std::vector<int64_t>& ids) {
+  std::string bytes;
+  std::vector<int32_t> run;
+  for (int64_t id : ids) {
+    if (id >= 0 && id < tok.vocab_size()) {
+      run.push_back(static_cast<int32_t>(id));
+      continue;
+    }
+    bytes += tok.decode(run) + "\xEF\xBF\xBD";
+    run.clear();
+  }
+  return data::replace_invalid_utf8(bytes + tok.decode(run));
+}
+
+}  // namespace
+
+SampleResult run_sample_command(const SampleCommand& cmd) {
+  check_numbers(cmd);
+  Loaded l = cmd.run_dir.empty() && cmd.checkpoint.empty() ? load_from_file(cmd) : load_from_run(cmd);
+  const torch::Device device = resolve_device(cmd.device.empty() ? l.cfg.train.device : cmd.device);
+  apply_cpu_threads(cpu_threads(l.cfg, 1));
+  auto& model = *l.model;
+  model.to(device);
+  model.eval();
+  const int64_t vocab = model.options.vocab_size(), context = model.options.context();
+  const data::Tokenizer tok = pick_tokenizer(cmd, l, vocab);
+
+  GenerateOptions g = cmd.generate;
+  const int32_t eot = tok.special("<|endoftext|>");
+  g.stop_token = eot;
+  std::vector<int64_t> prompt;
+  for (int32_t id : tok.encode(cmd.prompt)) prompt.push_back(id);
+  if (prompt.empty()) {
+    if (eot < 0) fail("the prompt is empty and the " + tok.name() + " tokenizer has no <|endoftext|> to start from; give --prompt TEXT");
+    prompt.push_back(eot);
+  }
+  if (static_cast<int64_t>(prompt.size()) > context)
+    fail("the prompt is " + std::to_string(prompt.size()) + " tokens, longer than the model's context of " +
+         std::to_string(context) + "; shorten it");
+  for (int64_t id : prompt)
+    if (id >= vocab)
+      fail("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " + std::to_string(vocab) +
+           (tok.is_bytes() ? " (byte tokens: a byte value)" : ""));
+
+  const Generated out = generate(model, prompt, cmd.num_samples, g);
+
+  SampleResult r;
+  nlohmann::json samples = nlohmann::json::array();
+  for (const auto& s : out.samples) {
+    std::vector<int64_t> shown = prompt;
+    if (prompt.size() == 1 && prompt[0] == eot) shown.clear();
+    shown.insert(shown.end(), s.begin(), s.end());
+    if (!s.empty() && s.back() == eot) shown.pop_back();
+    r.texts.push_back(printable(tok, shown));
+    samples.push_back({{"tokens", s}, {"text", r.texts.back()}});
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "sample: %lld tokens in %.2f s, %.1f tokens/s (%s, %s, %d threads)",
+                static_cast<long long>(out.new_tokens), out.seconds, out.tokens_per_s(),
+                g.kv_cache ? "key-value cache" : "no cache", device.str().c_str(), at::get_num_threads());
+  r.speed_line = line;
+  r.json = {{"schema", "trainer-sample/1"},
+            {"weights", l.weights},
+            {"step", l.step ? nlohmann::json(*l.step) : nlohmann::json(nullptr)},
+            {"model", l.cfg.model.name},
+            {"n_layer", model.options.n_layer()},
+            {"n_head", model.options.n_head()},
+            {"n_embd", model.options.n_embd()},
+            {"context", context},
+            {"vocab_size", vocab},
+            {"tokenizer", tok.is_bytes() ? std::string("bytes") : tok.path()},
+            {"prompt", data::replace_invalid_utf8(cmd.prompt)},
+            {"prompt_tokens", prompt},
+            {"max_new_tokens", g.max_new_tokens},
+            {"temperature", g.temperature},
+            {"top_k", g.top_k},
+            {"seed", g.seed},
+            {"kv_cache", g.kv_cache},
+            {"samples", samples},
+            {"new_tokens", out.new_tokens},
+            {"seconds", out.seconds},
+            {"tokens_per_s", out.tokens_per_s()},
+            {"device", device.str()},
+            {"threads", at::get_num_threads()},
+            {"trainer", TRAINER_VERSION},
+            {"torch", compat::torch_version()}};
+  if (!cmd.json.empty()) {
+    const std::string tmp = cmd.json + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << r.json.dump(2) << "\n";
+      if (!f.flush()) fail("cannot write " + cmd.json);
+    }
+    std::error_code ec;
+    fs::rename(tmp, cmd.json, ec);
+    if (ec) fail("cannot write " + cmd.json + " (" + ec.message() + ")");
+  }
+  return r;
+}
+
+}  // namespace trainer

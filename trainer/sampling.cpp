@@ -1,0 +1,86 @@
+// train.sample_every: one short sample of text every N steps, as llm.c prints one while it trains.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "data/files/token_h5.h"
+#include "data/text/tokenizer.h"
+#include "models/gpt.h"
+#include "trainer/generate.h"
+#include "trainer/run.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+void TrainingRun::setup_sampling() {
+  if (cfg_.train.sample_every == 0 || !main_rank()) return;
+  if (!std::dynamic_pointer_cast<models::GPTImpl>(model_))
+    throw ConfigError("train.sample_every: model '" + cfg_.model.name + "' is not a GPT; only GPT models sample (set 0)");
+  // The tokenizer the token file records, else bytes.
+  std::string path;
+  if (auto file = std::dynamic_pointer_cast<data::TokenDataset>(train_tokens_)) path = file->tokenizer_path();
+  if (!path.empty()) {
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      throw ConfigError("train.sample_every: " + cfg_.data.train + " records the tokenizer " + path +
+                        ", which is not there; the samples cannot be decoded (set train.sample_every: 0)");
+    sample_tokenizer_ = std::make_shared<const data::Tokenizer>(data::Tokenizer::load(path));
+  } else if (vocab_ <= 256) {
+    sample_tokenizer_ = std::make_shared<const data::Tokenizer>(data::Tokenizer::bytes());
+  } else {
+    throw ConfigError("train.sample_every: the model's vocabulary is " + std::to_string(vocab_) +
+                      " and the data records no tokenizer to decode samples with (byte tokens are 256); set 0");
+  }
+  const auto& tok = *sample_tokenizer_;
+  const std::string prompt = cfg_.train.sample_prompt;
+  if (prompt.empty() && tok.special("<|endoftext|>") >= 0) {
+    sample_prompt_ = {tok.special("<|endoftext|>")};
+  } else {
+    for (int32_t id : tok.encode(prompt.empty() ? std::string("\n") : prompt)) sample_prompt_.push_back(id);
+  }
+  if (sample_prompt_.empty() || static_cast<int64_t>(sample_prompt_.size()) > cfg_.model.context)
+    throw ConfigError("train.sample_prompt: " + std::to_string(sample_prompt_.size()) + " tokens; it needs 1 to model.context = " +
+                      std::to_string(cfg_.model.context));
+  for (int64_t id : sample_prompt_)
+    if (id >= vocab_)
+      throw ConfigError("train.sample_prompt: token " + std::to_string(id) + " is outside the model's vocabulary of " +
+                        std::to_string(vocab_));
+}
+
+void TrainingRun::maybe_sample() {
+  if (!sample_tokenizer_ || step_ % cfg_.train.sample_every != 0) return;
+  auto& gpt = dynamic_cast<models::GPTImpl&>(*model_);
+  GenerateOptions o;
+  o.max_new_tokens = cfg_.train.sample_tokens;
+  // The sample's own generator, seeded from the run's seed and the step: the same text again after a
+  // resume, and the training's generators (dropout, data order) never drawn from.
+  o.seed = cfg_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_));
+  o.stop_token = sample_tokenizer_->special("<|endoftext|>");
+  Generated g;
+  telemetry_.set_phase("sample");
+  gpt.eval();
+  try {
+    g = generate(gpt, sample_prompt_, 1, o);
+  } catch (const std::exception& e) {
+    gpt.train();
+    // A sample is a view of the model, not its state: it failing (out of memory) must not stop the run.
+    spdlog::warn("sample at step {} failed, training goes on: {}", step_, error_message(e));
+    metrics_.event("sample_failed", {{"step", step_}, {"message", error_message(e)}});
+    return;
+  }
+  gpt.train();
+  std::vector<int32_t> ids;
+  const int64_t eot = o.stop_token;
+  const bool from_eot = sample_prompt_.size() == 1 && sample_prompt_[0] == eot;
+  for (int64_t id : sample_prompt_)
+    if (!from_eot) ids.push_back(static_cast<int32_t>(id));
+  for (int64_t id : g.samples[0])
+    if (id != eot && id < sample_tokenizer_->vocab_size()) ids.push_back(static_cast<int32_t>(id));
+  const std::string text = data::replace_invalid_utf8(sample_tokenizer_->decode(ids));
+  spdlog::info("sample at step {} ({} tokens, {:.1f} tokens/s):\n{}", step_, g.new_tokens, g.tokens_per_s(), text);
+  metrics_.event("sample", {{"step", step_}, {"text", text}, {"tokens", g.new_tokens}, {"seconds", g.seconds}});
+}
+
+}  // namespace trainer
