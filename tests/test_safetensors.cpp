@@ -33,14 +33,7 @@ const std::string kOneStep = " --set data.kind=synthetic --set data.synthetic_si
 std::string ref_script() { return testutil::source_dir() + "/tests/ref/safetensors_ref.py"; }
 
 // "" when the reference Python imports safetensors, transformers and timm, else the first one it lacks.
-std::string missing_module() {
-  static const std::string missing = [] {
-    auto r = testutil::run(testutil::python() + " " + ref_script() + " modules");
-    if (r.exit_code == 0) return std::string();
-    return r.output.empty() ? std::string("(the script failed)") : r.output.substr(0, r.output.find('\n'));
-  }();
-  return missing;
-}
+std::string missing_module() { return testutil::missing_module_of(ref_script()); }
 
 #define SKIP_WITHOUT_LIBRARIES()                                                                              \
   if (!missing_module().empty())                                                                              \

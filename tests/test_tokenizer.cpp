@@ -13,6 +13,7 @@
 
 #include <random>
 
+namespace test_tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -464,3 +465,5 @@ TEST(ConvertTextBpe, ARunOfOneKindOverOneMiBIsRefusedInOneLine) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "1 file, 10 bytes: " + (dir / "out" / "train.h5").string() + " 11 tokens (mini, vocab 257)\n");
 }
+
+}  // namespace test_tokenizer

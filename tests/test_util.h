@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -86,6 +88,19 @@ inline std::string source_dir() { return env_or("TRAINER_TEST_SOURCE_DIR", TRAIN
 /// The reference Python interpreter, with torch and torchvision of the LibTorch under test: Debian's
 /// for 1.13, the wheel's virtual environment for 2.11 (TRAINER_TEST_PYTHON overrides).
 inline std::string python() { return env_or("TRAINER_TEST_PYTHON", TRAINER_PYTHON); }
+
+/// "" when `python() SCRIPT modules` exits 0 (the reference Python has every module the script needs),
+/// else the first line it printed, which names the module it lacks. Asked once per script.
+inline std::string missing_module_of(const std::string& script) {
+  static std::mutex mutex;
+  static std::map<std::string, std::string> answers;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = answers.find(script); it != answers.end()) return it->second;
+  const auto r = run(python() + " " + script + " modules");
+  std::string missing;
+  if (r.exit_code != 0) missing = r.output.empty() ? std::string("(the script failed)") : r.output.substr(0, r.output.find('\n'));
+  return answers[script] = missing;
+}
 
 inline std::string read_file(const fs::path& p) {
   std::ifstream f(p);
