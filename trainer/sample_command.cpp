@@ -180,6 +180,39 @@ std::string printable(const data::Tokenizer& tok, const std::vector<int64_t>& id
   return data::replace_invalid_utf8(bytes + tok.decode(run));
 }
 
+// The prompt's ids: `<|endoftext|>` alone for an empty prompt where the tokenizer has it; refused when it
+// is longer than the context or holds an id past the model's vocabulary.
+std::vector<int64_t> prompt_ids(const std::string& text, const data::Tokenizer& tok, int64_t vocab, int64_t context) {
+  std::vector<int64_t> prompt;
+  for (int32_t id : tok.encode(text)) prompt.push_back(id);
+  const int32_t eot = tok.special("<|endoftext|>");
+  if (prompt.empty()) {
+    if (eot < 0) fail("the prompt is empty and the " + tok.name() + " tokenizer has no <|endoftext|> to start from; give --prompt TEXT");
+    prompt.push_back(eot);
+  }
+  if (static_cast<int64_t>(prompt.size()) > context)
+    fail("the prompt is " + std::to_string(prompt.size()) + " tokens, longer than the model's context of " +
+         std::to_string(context) + "; shorten it");
+  for (int64_t id : prompt)
+    if (id >= vocab)
+      fail("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " + std::to_string(vocab) +
+           (tok.is_bytes() ? " (byte tokens: a byte value)" : ""));
+  return prompt;
+}
+
+// --json FILE, written whole or not at all (a temporary file renamed).
+void write_json(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << "\n";
+    if (!f.flush()) fail("cannot write " + path);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("cannot write " + path + " (" + ec.message() + ")");
+}
+
 }  // namespace
 
 SampleResult run_sample_command(const SampleCommand& cmd) {
@@ -196,19 +229,7 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
   GenerateOptions g = cmd.generate;
   const int32_t eot = tok.special("<|endoftext|>");
   g.stop_token = eot;
-  std::vector<int64_t> prompt;
-  for (int32_t id : tok.encode(cmd.prompt)) prompt.push_back(id);
-  if (prompt.empty()) {
-    if (eot < 0) fail("the prompt is empty and the " + tok.name() + " tokenizer has no <|endoftext|> to start from; give --prompt TEXT");
-    prompt.push_back(eot);
-  }
-  if (static_cast<int64_t>(prompt.size()) > context)
-    fail("the prompt is " + std::to_string(prompt.size()) + " tokens, longer than the model's context of " +
-         std::to_string(context) + "; shorten it");
-  for (int64_t id : prompt)
-    if (id >= vocab)
-      fail("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " + std::to_string(vocab) +
-           (tok.is_bytes() ? " (byte tokens: a byte value)" : ""));
+  const std::vector<int64_t> prompt = prompt_ids(cmd.prompt, tok, vocab, context);
 
   const Generated out = generate(model, prompt, cmd.num_samples, g);
 
@@ -252,17 +273,7 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
             {"threads", at::get_num_threads()},
             {"trainer", TRAINER_VERSION},
             {"torch", compat::torch_version()}};
-  if (!cmd.json.empty()) {
-    const std::string tmp = cmd.json + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << r.json.dump(2) << "\n";
-      if (!f.flush()) fail("cannot write " + cmd.json);
-    }
-    std::error_code ec;
-    fs::rename(tmp, cmd.json, ec);
-    if (ec) fail("cannot write " + cmd.json + " (" + ec.message() + ")");
-  }
+  if (!cmd.json.empty()) write_json(cmd.json, r.json);
   return r;
 }
 
