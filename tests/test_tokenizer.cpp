@@ -101,7 +101,10 @@ std::vector<std::string> hand_texts() {
       "combining: e\u0301 a\u0308 and zero width\u200bspace\u200djoiner",
       "code: for (int i = 0; i < n; ++i) { x += a[i] * b[i]; }  // comment",
       "<|endoftext|> is plain text to encode_ordinary",
-      std::string("NUL\0byte and \x01\x7f controls", 27),
+      [] {
+        const char with_nul[] = "NUL\0byte and \x01\x7f controls";
+        return std::string(with_nul, sizeof with_nul - 1);
+      }(),
       "\xff\xfe invalid \xc3\x28 utf8 \xe2\x82 trunc \xf0\x9f\x98 \xed\xa0\x80 surrogate \xf4\x90\x80\x80 big \xc0\xaf overlong \x80",
       std::string(3000, 'a'),
       std::string(3000, ' ') + "x",
@@ -325,7 +328,8 @@ TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
   EXPECT_EQ(error("l.json", "{\"model\": "), p + "l.json': not valid JSON: " +
                                                  [] {
                                                    try {
-                                                     (void)nlohmann::json::parse("{\"model\": ");
+                                                     const auto never = nlohmann::json::parse("{\"model\": ");
+                                                     (void)never;
                                                    } catch (const nlohmann::json::exception& e) {
                                                      return std::string(e.what());
                                                    }
