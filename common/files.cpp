@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace trainer {
@@ -30,6 +32,26 @@ std::string not_a_regular_file(const std::string& path) {
 void require_regular_file(const std::string& path, const std::string& what) {
   const std::string kind = not_a_regular_file(path);
   if (!kind.empty()) throw std::runtime_error(what + " '" + path + "' " + kind);
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what) {
+  namespace fs = std::filesystem;
+  const std::string tmp = path + ".tmp";
+  std::error_code ec;
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f.flush()) {
+      fs::remove(tmp, ec);
+      throw std::runtime_error(what + ": cannot write " + path);
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    const std::string reason = ec.message();
+    fs::remove(tmp, ec);
+    throw std::runtime_error(what + ": cannot write " + path + " (" + reason + ")");
+  }
 }
 
 }  // namespace trainer

@@ -23,4 +23,10 @@ std::string not_a_regular_file(const std::string& path);
 /// Throws std::runtime_error("<what> '<path>' <not_a_regular_file(path)>") when that is not "".
 void require_regular_file(const std::string& path, const std::string& what);
 
+/// Writes `bytes` to `path` through "<path>.tmp", renamed over it when complete: a failed write (a full
+/// disk, a folder that cannot be written) never leaves a truncated file under the final name, and the
+/// temporary file is removed. Throws std::runtime_error "<what>: cannot write <path>", with the reason in
+/// parentheses where the system gives one. (eval's JSON, export's weight files, sample's JSON.)
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);
+
 }  // namespace trainer

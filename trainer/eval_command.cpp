@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "common/files.h"
 #include "common/compat.h"
 #include "common/run_lock.h"
 #include "data/samples/dataset.h"
@@ -207,16 +208,7 @@ std::pair<nlohmann::json, std::string> run_eval_command(const EvalCommand& cmd) 
   check_not_in_held_folder(out);  // before the scoring, which may take minutes
   EvalTarget target = prepare_eval(cmd);
   const nlohmann::json result = score(target);
-  // Through a temporary file: a failed write never leaves a truncated result under the final name.
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << result.dump(2) << "\n";
-    if (!f.flush()) throw std::runtime_error("eval: cannot write " + out);
-  }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) throw std::runtime_error("eval: cannot write " + out + " (" + ec.message() + ")");
+  write_file_atomically(out, result.dump(2) + "\n", "eval");
   return {result, eval_line(result, out)};
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "common/files.h"
 #include "models/gpt.h"
 #include "models/registry.h"
 #include "models/vit.h"
@@ -54,21 +55,6 @@ int64_t registered_heads(const std::string& name) {
   throw std::runtime_error("export: model '" + name + "' has no attention heads");
 }
 
-void write_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!f.flush()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw std::runtime_error(path + ": cannot write the exported file");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error(path + ": cannot rename " + tmp + " to it: " + ec.message());
-}
 
 // transformers' GPT2Config for our GPT: GPT-2's own settings (gelu_new = tanh GELU, LayerNorm eps 1e-5,
 // 1/sqrt(head size) attention scaling, tied embeddings), the sizes from the weights.
@@ -136,7 +122,7 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   r.weights = file;
   if (format == "pt" && layout == Layout::ours) {
     // model.pt is already a state dict that torch.load reads, with our names: copied as it is.
-    write_atomically(file, ck->file("model.pt"));
+    write_file_atomically(file, ck->file("model.pt"), "export");
     r.how_to_load = "torch.load(" + py_quote(file) + ")";
     return r;
   }
@@ -168,7 +154,7 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
                       {{"format", "pt"}, {"trainer.model", model}, {"trainer.layout", to_string(layout)},
                        {"trainer.step", std::to_string(ck->step)}});
   } else {
-    write_atomically(file, tensors_to_bytes(mapped));
+    write_file_atomically(file, tensors_to_bytes(mapped), "export");
   }
 
   const std::string load = format == "safetensors" ? "safetensors.torch.load_file(" + py_quote(file) + ")"
@@ -176,7 +162,7 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   if (layout == Layout::hf) {
     const fs::path folder = fs::path(file).parent_path();
     r.config = (folder / "config.json").string();
-    write_atomically(r.config, gpt2_config(ours, cfg).dump(2) + "\n");
+    write_file_atomically(r.config, gpt2_config(ours, cfg).dump(2) + "\n", "export");
     const std::string expected = format == "safetensors" ? "model.safetensors" : "pytorch_model.bin";
     r.how_to_load = fs::path(file).filename() == expected
                         ? "transformers.GPT2LMHeadModel.from_pretrained(" + py_quote(folder.empty() ? "." : folder.string()) + ")"

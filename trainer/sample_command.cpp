@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/compat.h"
+#include "common/files.h"
 #include "data/files/token_h5.h"
 #include "data/text/tokenizer.h"
 #include "models/gpt.h"
@@ -200,19 +201,6 @@ std::vector<int64_t> prompt_ids(const std::string& text, const data::Tokenizer& 
   return prompt;
 }
 
-// --json FILE, written whole or not at all (a temporary file renamed).
-void write_json(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << "\n";
-    if (!f.flush()) fail("cannot write " + path);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fail("cannot write " + path + " (" + ec.message() + ")");
-}
-
 }  // namespace
 
 SampleResult run_sample_command(const SampleCommand& cmd) {
@@ -273,7 +261,7 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
             {"threads", at::get_num_threads()},
             {"trainer", TRAINER_VERSION},
             {"torch", compat::torch_version()}};
-  if (!cmd.json.empty()) write_json(cmd.json, r.json);
+  if (!cmd.json.empty()) write_file_atomically(cmd.json, r.json.dump(2) + "\n", "sample");
   return r;
 }
 
