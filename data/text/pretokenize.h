@@ -3,10 +3,12 @@
 //
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //
-// matched with PCRE2 (Unicode properties, JIT-compiled). `\s` is written out as Unicode's White_Space
-// property, which is what tiktoken's regex engine (Rust's) means by it; PCRE2's own `\s` leaves out
-// U+0085. The last alternative matches one character, as in tiktoken's pattern: it is reached only by a
-// single whitespace character before a non-space, so the two forms cut alike.
+// Two implementations cut alike: Pretokenizer, a scanner written from the pattern (what the tokenizer
+// uses), and PatternMatcher, the pattern itself matched by PCRE2 (Unicode properties, JIT-compiled),
+// which the tests and fuzz_text hold the scanner to. `\s` is Unicode's White_Space property, which is
+// what tiktoken's regex engine (Rust's) means by it; PCRE2's own `\s` leaves out U+0085. The last
+// alternative matches one character, as in tiktoken's pattern: it is reached only by a single whitespace
+// character before a non-space, so the two forms cut alike.
 //
 // Each match starts where the previous one ended and depends only on the text from its start on (the
 // pattern has no look-behind), so text may be cut into parts that are pre-tokenized apart wherever a
