@@ -21,17 +21,17 @@
 #include "tools/compare.h"
 #include "tools/convert_images.h"
 #include "common/compat.h"
-#include "trainer/config.h"
-#include "trainer/from_config.h"
+#include "trainer/config/config.h"
+#include "trainer/run/from_config.h"
 #include "common/log.h"
 #include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
-#include "trainer/eval_command.h"
-#include "trainer/export.h"
-#include "trainer/sample_command.h"
+#include "trainer/commands/eval_command.h"
+#include "trainer/commands/export.h"
+#include "trainer/commands/sample_command.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
-#include "trainer/train.h"
+#include "trainer/run/train.h"
 
 namespace fs = std::filesystem;
 

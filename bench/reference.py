@@ -7,7 +7,7 @@
     reference.py --describe --config FILE [--set ...]   # the model's state shapes and FLOPs, as JSON
     reference.py --print-defaults                       # this script's copy of the trainer's defaults
 
-It reads the trainer's YAML config (defaults < file < --set, as trainer/config.h) and mirrors what bears
+It reads the trainer's YAML config (defaults < file < --set, as trainer/config/config.h) and mirrors what bears
 on speed:
   model      torchvision resnet18/34/50/101/152 (conv1 rebuilt for data.shape[0] != 3; without torchvision,
              or with --models builtin, this file's copy of them), or the CIFAR ResNet-20/32/56 below, which
@@ -73,7 +73,7 @@ import time
 
 import yaml
 
-# The trainer's defaults (trainer/config.h, Config{}), every key. tests/test_bench.cpp checks that this
+# The trainer's defaults (trainer/config/config.h, Config{}), every key. tests/test_bench.cpp checks that this
 # copy equals the trainer's, key for key.
 DEFAULTS = {
     "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
@@ -298,7 +298,7 @@ def token_windows(seed, epoch, slots, T, N):
 
 
 def synthetic_token_batches(cfg, vocab, count, torch):
-    """The trainer's first `count` global batches of data.kind synthetic for a GPT (trainer/from_config.cpp
+    """The trainer's first `count` global batches of data.kind synthetic for a GPT (trainer/run/from_config.cpp
     synthetic_tokens: data.synthetic_size windows of T per epoch, (size + 1) * T + 1 tokens), as (x, y)."""
     T, G, S = cfg["model"]["context"], cfg["train"]["global_batch"], cfg["data"]["synthetic_size"]
     N = (S + 1) * T + 1
@@ -718,7 +718,7 @@ def forward_flops(model, shape, torch, nn):
 
 
 def optimizer_implementation(name, device, torch):
-    """torch.optim's keyword arguments for optim.implementation (trainer/optim.h's choice of kernels):
+    """torch.optim's keyword arguments for optim.implementation (trainer/numerics/optim.h's choice of kernels):
     auto is the trainer's auto, the fused kernels on CUDA where torch has them for both optimizers
     (2.4+, as the trainer's compat::kHasFusedOptimizers), torch.optim's default (foreach) before that,
     and a loop over the tensors on the CPU."""
@@ -730,7 +730,7 @@ def optimizer_implementation(name, device, torch):
 
 
 def learning_rate(cfg, step, total_steps, warmup_steps):
-    """trainer/optim.cpp's learning_rate for the 0-based optimizer step `step`."""
+    """trainer/numerics/optim.cpp's learning_rate for the 0-based optimizer step `step`."""
     peak, s = cfg["optim"]["lr"], cfg["schedule"]
     if step < warmup_steps:
         return peak * (step + 1) / warmup_steps

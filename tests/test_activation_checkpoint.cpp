@@ -1,7 +1,7 @@
 // Activation checkpointing: gradients, buffers and the RNG stream with checkpointing must equal those
 // of the same computation done the plain way.
 #include "models/activation_checkpoint.h"
-#include "trainer/amp.h"
+#include "trainer/numerics/amp.h"
 
 #include <gtest/gtest.h>
 

@@ -18,7 +18,7 @@
 #include "train_util.h"
 #include "tools/bench/bench.h"
 #include "common/compat.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/memory/resources.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

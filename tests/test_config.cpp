@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_config {

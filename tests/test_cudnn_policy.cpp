@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
-#include "trainer/config.h"
-#include "trainer/from_config.h"
+#include "trainer/config/config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/cudnn_policy.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

@@ -9,7 +9,7 @@
 
 #include "http_client.h"
 #include "train_util.h"
-#include "trainer/dist.h"
+#include "trainer/dist/dist.h"
 #include "trainer/memory/resources.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

@@ -1,4 +1,4 @@
-// `trainer eval` (trainer/eval_command.h): its numbers equal the training run's own final evaluation of
+// `trainer eval` (trainer/commands/eval_command.h): its numbers equal the training run's own final evaluation of
 // the same checkpoint (images and tokens, the latest and a chosen checkpoint), and torchvision weights
 // saved by Python give torchvision's logits, loss and accuracies on the same images.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include "data/files/token_h5.h"
 #include "train_util.h"
 #include "trainer/checkpoint/state_dict.h"
-#include "trainer/eval_command.h"
-#include "trainer/from_config.h"
+#include "trainer/commands/eval_command.h"
+#include "trainer/run/from_config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_eval {

@@ -18,12 +18,12 @@
 #include "models/gpt.h"
 #include "models/registry.h"
 #include "test_util.h"
-#include "trainer/config.h"
-#include "trainer/forward.h"
-#include "trainer/loss.h"
+#include "trainer/config/config.h"
+#include "trainer/numerics/forward.h"
+#include "trainer/numerics/loss.h"
 #include "trainer/memory/backend.h"
-#include "trainer/optim.h"
-#include "trainer/step.h"
+#include "trainer/numerics/optim.h"
+#include "trainer/step/step.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_fast_paths {
@@ -157,7 +157,7 @@ models::Model tiny_gpt(int64_t vocab_multiple) {
                               models::ModelOptions().vocab_size(300).context(16).vocab_multiple(vocab_multiple));
 }
 
-// The step's loss: cross entropy summed over the targets, divided by their count (trainer/step.cpp).
+// The step's loss: cross entropy summed over the targets, divided by their count (trainer/step/step.cpp).
 torch::Tensor loss_of(models::ModelImpl& m, const torch::Tensor& x, const torch::Tensor& y) {
   auto logits = m.forward(x);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
@@ -534,7 +534,7 @@ TEST(GptVocabPadding, ReferenceBuildsThePaddedGptOfTheTrainer) {
                                               ->forward_flops({1024}));
 }
 
-// uint8 images to the model's input (trainer/forward.h images_to_float). Off CUDA it is PyTorch's four
+// uint8 images to the model's input (trainer/numerics/forward.h images_to_float). Off CUDA it is PyTorch's four
 // element-wise ops; on CUDA one kernel of the trainer's own for NHWC bytes, which must give their bits:
 // every layout the loader hands over (a whole batch, a micro-batch narrowed at any sample, sizes that are
 // and are not a multiple of 4), with and without the statistics.

@@ -16,7 +16,7 @@
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/weights.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_safetensors {

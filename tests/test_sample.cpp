@@ -1,4 +1,4 @@
-// Generation (models/gpt.h's key-value cache, trainer/generate.h, `trainer sample`): the cached logits
+// Generation (models/gpt.h's key-value cache, trainer/numerics/generate.h, `trainer sample`): the cached logits
 // against the full forward, cached tokens against uncached ones, greedy decoding against transformers'
 // generate(do_sample=False) (where the reference Python has transformers: the 2.11 leg), seeded sampling,
 // the command's bad input, and train.sample_every (train.log, TensorBoard, a bitwise resume).
@@ -18,7 +18,7 @@
 #include "models/registry.h"
 #include "test_util.h"
 #include "train_util.h"
-#include "trainer/generate.h"
+#include "trainer/numerics/generate.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_sample {

@@ -1,4 +1,4 @@
-// The optimizer step driven in-process (trainer/step.h), without the executable: backoff under a real
+// The optimizer step driven in-process (trainer/step/step.h), without the executable: backoff under a real
 // cap of the capped CPU allocator, the retried step against a clean run at the size it backed off to,
 // grow-back when the cap rises, giving up, and the snapshot of every generator the step draws from.
 #include <gtest/gtest.h>
@@ -10,10 +10,10 @@
 
 #include "models/registry.h"
 #include "test_util.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
-#include "trainer/step.h"
+#include "trainer/step/step.h"
 #include "common/compat.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

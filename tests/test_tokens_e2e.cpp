@@ -8,8 +8,8 @@
 
 #include "data/files/token_h5.h"
 #include "train_util.h"
-#include "trainer/config.h"
-#include "trainer/from_config.h"
+#include "trainer/config/config.h"
+#include "trainer/run/from_config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_tokens_e2e {

@@ -6,7 +6,7 @@
 #include "common/compat.h"
 #include "train_util.h"
 #include "trainer/memory/backend.h"
-#include "trainer/optim.h"
+#include "trainer/numerics/optim.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_train {

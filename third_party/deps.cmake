@@ -94,7 +94,7 @@ if(TORCH_CUDA_LIBRARIES)
 endif()
 
 # c10d's process groups are compiled into LibTorch; their headers also need Gloo's and, for NCCL,
-# nccl.h. Each backend is built in where its headers are found; trainer/dist.cpp reports a missing one
+# nccl.h. Each backend is built in where its headers are found; trainer/dist/dist.cpp reports a missing one
 # at run time, only if a job asks for it.
 # - Gloo: Debian's LibTorch links Debian's libgloo.so; a self-contained LibTorch (pytorch.org's zip, the
 #   pip wheel) has Gloo inside libtorch_cpu.so but ships no Gloo headers, so Debian's headers
@@ -131,7 +131,7 @@ if(TRAINER_WITH_CUDA)
                     "distributed CUDA training is off")
   endif()
 endif()
-set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/dist.cpp PROPERTIES
+set_source_files_properties(${PROJECT_SOURCE_DIR}/trainer/dist/dist.cpp PROPERTIES
   COMPILE_DEFINITIONS "${TRAINER_DIST_DEFINITIONS}")
 
 message(STATUS "trainer: Torch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}), CUDA ${TRAINER_WITH_CUDA}, "

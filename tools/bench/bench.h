@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "tools/percentile.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace trainer {
 

@@ -14,7 +14,7 @@
 #include "common/signals.h"
 #include "tools/bench/bench_job.h"
 #include "tools/bench/bench_search.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/curve.h"
 

@@ -8,8 +8,8 @@
 #include "common/log.h"
 #include "tools/bench/host_info.h"
 #include "tools/metrics_watch.h"
-#include "trainer/from_config.h"
-#include "trainer/train.h"
+#include "trainer/run/from_config.h"
+#include "trainer/run/train.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

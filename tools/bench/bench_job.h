@@ -13,8 +13,8 @@
 
 #include "common/run_lock.h"
 #include "tools/bench/bench.h"
-#include "trainer/config.h"
-#include "trainer/train.h"
+#include "trainer/config/config.h"
+#include "trainer/run/train.h"
 
 namespace trainer::bench {
 

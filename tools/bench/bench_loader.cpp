@@ -11,7 +11,7 @@
 #include "tools/bench/bench_job.h"
 #include "tools/bench/host_info.h"
 #include "trainer/memory/backend.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/resources.h"
 
 using nlohmann::json;
@@ -76,7 +76,7 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
     check_data_file(cfg, cfg.data.train, cfg.data.in_memory);
     ds = std::make_shared<data::ImageH5Dataset>(cfg.data.train, cfg.data.in_memory);
   }
-  // The same options as the training loop's loader (trainer/setup.cpp).
+  // The same options as the training loop's loader (trainer/run/setup.cpp).
   data::LoaderOptions lo = image_loader_options(cfg, workers);
   lo.pin_memory = pin_memory;
   data::Loader loader(ds, lo);

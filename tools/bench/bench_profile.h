@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/train.h"
+#include "trainer/run/train.h"
 
 namespace at {
 struct RecordFunction;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tools/bench/bench_job.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace trainer::bench {
 

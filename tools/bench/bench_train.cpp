@@ -7,7 +7,7 @@
 #include "tools/bench/bench_job.h"
 #include "tools/bench/bench_profile.h"
 #include "tools/bench/host_info.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -46,7 +46,7 @@ double timed_wall_s(const Job& job, const BenchOptions& opts) {
 // FLOPs per sample from the model's own count, the achieved TFLOP/s and MFU; for a token job the
 // context, vocabulary and tokens/s.
 void add_flops(json& j, const Config& cfg, const BenchOptions& opts, const std::string& gpu_name) {
-  // The model is built again here, with trainer/run.cpp's options: train() keeps its model private.
+  // The model is built again here, with trainer/run/run.cpp's options: train() keeps its model private.
   auto s = j["sample_shape"].get<std::vector<int64_t>>();
   const bool tokens = token_job(cfg);
   const int64_t vocab = tokens ? vocab_size(cfg) : 0;

@@ -1,4 +1,4 @@
-// The fused cross-entropy's CUDA kernels, behind plain C++ (no LibTorch types): trainer/loss.cpp checks
+// The fused cross-entropy's CUDA kernels, behind plain C++ (no LibTorch types): trainer/numerics/loss.cpp checks
 // the tensors and calls these; trainer/kernels/cross_entropy.cu is compiled by nvcc only in a CUDA build
 // (TRAINER_WITH_CUDA).
 //

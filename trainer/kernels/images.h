@@ -1,5 +1,5 @@
 // uint8 images to the model's float32 input in one pass, behind plain C++ (no LibTorch types):
-// trainer/forward.cpp checks the tensors and calls this; trainer/kernels/images.cu is compiled by nvcc only
+// trainer/numerics/forward.cpp checks the tensors and calls this; trainer/kernels/images.cu is compiled by nvcc only
 // in a CUDA build (TRAINER_WITH_CUDA).
 //
 // For n bytes x of images laid out channels last (NHWC: element i is of channel i % C):

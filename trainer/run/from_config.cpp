@@ -1,4 +1,4 @@
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 
 #include "data/samples/image_folder.h"
 #include "data/files/image_h5.h"

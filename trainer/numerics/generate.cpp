@@ -1,4 +1,4 @@
-#include "trainer/generate.h"
+#include "trainer/numerics/generate.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

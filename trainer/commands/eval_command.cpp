@@ -1,4 +1,4 @@
-#include "trainer/eval_command.h"
+#include "trainer/commands/eval_command.h"
 
 #include <chrono>
 #include <cmath>
@@ -16,10 +16,10 @@
 #include "data/files/image_h5.h"
 #include "data/files/token_h5.h"
 #include "models/registry.h"
-#include "trainer/amp.h"
+#include "trainer/numerics/amp.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/resources.h"
 
 namespace fs = std::filesystem;

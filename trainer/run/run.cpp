@@ -4,7 +4,7 @@
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
-#include "trainer/run.h"
+#include "trainer/run/run.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "common/compat.h"
 #include "common/signals.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/search_findings.h"
 
 namespace trainer {

@@ -14,11 +14,11 @@
 #include "data/samples/loader.h"
 #include "data/samples/token_loader.h"
 #include "models/model.h"
-#include "trainer/config.h"
-#include "trainer/evaluate.h"
+#include "trainer/config/config.h"
+#include "trainer/step/evaluate.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/resources.h"
-#include "trainer/step.h"
+#include "trainer/step/step.h"
 
 namespace trainer {
 

@@ -4,7 +4,7 @@
 // micro-batch, then recomputed activations, then give up) and redo the step with the same samples. After
 // a clean step the ladder may grow the micro-batch back.
 //
-// TrainingRun (trainer/run.h) calls Step::run once per optimizer step. A test can drive a Step
+// TrainingRun (trainer/run/run.h) calls Step::run once per optimizer step. A test can drive a Step
 // in-process: build the parts (model, Optimizer, GradScaler, a capped MemoryBackend, a MemoryReporter),
 // then call run() on batches and read the StepResult.
 #pragma once
@@ -25,16 +25,16 @@
 #include "common/rng.h"
 #include "data/samples/batch.h"
 #include "models/model.h"
-#include "trainer/amp.h"
-#include "trainer/dist.h"
-#include "trainer/forward.h"
-#include "trainer/loss.h"
+#include "trainer/numerics/amp.h"
+#include "trainer/dist/dist.h"
+#include "trainer/numerics/forward.h"
+#include "trainer/numerics/loss.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/cudnn_policy.h"
 #include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
-#include "trainer/optim.h"
+#include "trainer/numerics/optim.h"
 
 namespace trainer {
 

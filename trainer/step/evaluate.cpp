@@ -1,11 +1,11 @@
-#include "trainer/evaluate.h"
+#include "trainer/step/evaluate.h"
 
 #include <spdlog/spdlog.h>
 
 #include <optional>
 
 #include "data/samples/loader.h"
-#include "trainer/dist.h"
+#include "trainer/dist/dist.h"
 
 namespace trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/amp.h"
+#include "trainer/numerics/amp.h"
 
 #include "common/compat.h"
 

@@ -8,7 +8,7 @@
 //                  run.cpp calls it on the test split
 //   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
 //   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
-//   sampling.cpp   train.sample_every: a short text sample on rank 0 (trainer/generate.h), to train.log,
+//   sampling.cpp   train.sample_every: a short text sample on rank 0 (trainer/numerics/generate.h), to train.log,
 //                  metrics.jsonl and TensorBoard
 //   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
 //
@@ -28,11 +28,11 @@
 #include "data/samples/loader.h"
 #include "data/samples/token_loader.h"
 #include "models/model.h"
-#include "trainer/amp.h"
+#include "trainer/numerics/amp.h"
 #include "trainer/checkpoint/store.h"
-#include "trainer/config.h"
-#include "trainer/dist.h"
-#include "trainer/evaluate.h"
+#include "trainer/config/config.h"
+#include "trainer/dist/dist.h"
+#include "trainer/step/evaluate.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
@@ -41,9 +41,9 @@
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 #include "trainer/observe/tensorboard.h"
-#include "trainer/optim.h"
-#include "trainer/step.h"
-#include "trainer/train.h"
+#include "trainer/numerics/optim.h"
+#include "trainer/step/step.h"
+#include "trainer/run/train.h"
 
 namespace data {
 class Tokenizer;  // data/text/tokenizer.h

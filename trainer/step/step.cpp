@@ -1,6 +1,6 @@
 // The optimizer step: forward/backward over micro-batches, the update, and recovery from running out of
 // memory in any part of it.
-#include "trainer/step.h"
+#include "trainer/step/step.h"
 
 #include <spdlog/spdlog.h>
 

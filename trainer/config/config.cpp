@@ -1,6 +1,6 @@
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
-#include "trainer/default_config.h"
+#include "trainer/config/default_config.h"
 #include "common/compat.h"
 #include "models/registry.h"
 #include "trainer/memory/backend.h"

@@ -14,8 +14,8 @@
 
 #include "common/clock.h"
 #include "trainer/checkpoint/state_dict.h"
-#include "trainer/from_config.h"
-#include "trainer/run.h"
+#include "trainer/run/from_config.h"
+#include "trainer/run/run.h"
 
 namespace fs = std::filesystem;
 

@@ -1,11 +1,11 @@
 // The training run: train() sequences setup, resume, steps, evaluation, checkpoints and logging;
-// the step itself (micro-batches, OOM retries, the optimizer update) lives in trainer/step.cpp.
+// the step itself (micro-batches, OOM retries, the optimizer update) lives in trainer/step/step.cpp.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace trainer {
 

@@ -13,7 +13,7 @@
 //   each sample      printed as the prompt and its continuation, decoded (invalid UTF-8 as U+FFFD), then a
 //                    line of dashes; it stops early at `<|endoftext|>` (not printed) where the tokenizer
 //                    has it. The speed goes to stderr; --json FILE writes every token and the speed.
-//   decoding         trainer/generate.h: temperature (0 = greedy), top-k, a generator seeded by --seed, the
+//   decoding         trainer/numerics/generate.h: temperature (0 = greedy), top-k, a generator seeded by --seed, the
 //                    key-value cache (--no-kv-cache runs the whole window per token)
 #pragma once
 
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/generate.h"
+#include "trainer/numerics/generate.h"
 
 namespace trainer {
 

@@ -67,7 +67,7 @@ struct OptimConfig {
   double beta2 = 0.999;         ///< adamw
   double eps = 1e-8;            ///< adamw
   double grad_clip = 0.0;       ///< max global gradient norm (0 = off)
-  /// How the update runs (trainer/optim.h): auto (fused on CUDA with LibTorch 2.4+, foreach on CUDA
+  /// How the update runs (trainer/numerics/optim.h): auto (fused on CUDA with LibTorch 2.4+, foreach on CUDA
   /// before, plain on the CPU), plain (tensor by tensor), foreach (multi-tensor ops), fused (one fused
   /// kernel per group: LibTorch 2.4+).
   std::string implementation = "auto";
@@ -91,11 +91,11 @@ struct TrainConfig {
   int64_t eval_batch = 500;     ///< evaluation batch (its micro-batch backs off on OOM by itself)
   int64_t eval_batches = 0;     ///< evaluate on the first N batches of the split (0 = all of it)
   double label_smoothing = 0.0; ///< cross-entropy label smoothing
-  bool fused_loss = true;       ///< the cross-entropy in one CUDA kernel each way (trainer/loss.h); CPU: plain
+  bool fused_loss = true;       ///< the cross-entropy in one CUDA kernel each way (trainer/numerics/loss.h); CPU: plain
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)
   bool deterministic = false;   ///< deterministic algorithms (bitwise-reproducible runs)
-  /// How a step saves the buffers (BatchNorm statistics) that a retried step restores (trainer/step.h):
+  /// How a step saves the buffers (BatchNorm statistics) that a retried step restores (trainer/step/step.h):
   /// batched (one copy per dtype) or per_buffer (a copy per buffer, the earlier way; kept to be measured).
   std::string snapshot = "batched";
   /// GPT models: every N optimizer steps, one short sample of text from sample_prompt, written to train.log,

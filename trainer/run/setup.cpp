@@ -15,8 +15,8 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "trainer/checkpoint/state_dict.h"
-#include "trainer/from_config.h"
-#include "trainer/run.h"
+#include "trainer/run/from_config.h"
+#include "trainer/run/run.h"
 
 namespace fs = std::filesystem;
 

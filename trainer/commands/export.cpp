@@ -1,4 +1,4 @@
-#include "trainer/export.h"
+#include "trainer/commands/export.h"
 
 #include <nlohmann/json.hpp>
 
@@ -17,7 +17,7 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/checkpoint/weights.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace fs = std::filesystem;
 

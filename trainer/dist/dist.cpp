@@ -1,5 +1,5 @@
 // c10d rendezvous, collectives and the overlapped bucketed gradient all-reduce (see dist.h).
-#include "trainer/dist.h"
+#include "trainer/dist/dist.h"
 
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/function_hook.h>

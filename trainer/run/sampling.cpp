@@ -7,8 +7,8 @@
 #include "data/files/token_h5.h"
 #include "data/text/tokenizer.h"
 #include "models/gpt.h"
-#include "trainer/generate.h"
-#include "trainer/run.h"
+#include "trainer/numerics/generate.h"
+#include "trainer/run/run.h"
 
 namespace fs = std::filesystem;
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace trainer {
 

@@ -1,9 +1,9 @@
-#include "trainer/forward.h"
+#include "trainer/numerics/forward.h"
 
 #include <stdexcept>
 #include <string>
 
-#include "trainer/amp.h"
+#include "trainer/numerics/amp.h"
 
 #ifdef TRAINER_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>

@@ -1,4 +1,4 @@
-#include "trainer/loss.h"
+#include "trainer/numerics/loss.h"
 
 #include <stdexcept>
 #include <string>

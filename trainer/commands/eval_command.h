@@ -1,4 +1,4 @@
-// `trainer eval`: scores weights on a split with the training run's own evaluation (trainer/evaluate.h)
+// `trainer eval`: scores weights on a split with the training run's own evaluation (trainer/step/evaluate.h)
 // and reports the result as one JSON file and one line.
 //
 //   what is scored   the latest checkpoint of a run folder, a chosen checkpoint folder, or the
@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "models/model.h"
-#include "trainer/config.h"
-#include "trainer/evaluate.h"
+#include "trainer/config/config.h"
+#include "trainer/step/evaluate.h"
 #include "trainer/memory/backend.h"
 
 namespace trainer {

@@ -17,7 +17,7 @@
 
 #include "common/clock.h"
 #include "common/signals.h"
-#include "trainer/run.h"
+#include "trainer/run/run.h"
 
 namespace trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/optim.h"
+#include "trainer/numerics/optim.h"
 
 #include <ATen/record_function.h>
 

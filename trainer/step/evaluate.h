@@ -1,7 +1,7 @@
 // Evaluation of a split: loss, top-1 and top-5 per sample (images) or per target token (language
-// models), through the forward path training uses (trainer/forward.h). It backs off on its own: an OOM
+// models), through the forward path training uses (trainer/numerics/forward.h). It backs off on its own: an OOM
 // halves the evaluation micro-batch and redoes that chunk, without touching the training micro-batch.
-// The training run (TrainingRun::evaluate) and `trainer eval` (trainer/eval_command.h) both call it.
+// The training run (TrainingRun::evaluate) and `trainer eval` (trainer/commands/eval_command.h) both call it.
 #pragma once
 
 #include <torch/torch.h>
@@ -13,8 +13,8 @@
 #include "data/samples/dataset.h"
 #include "data/samples/token_loader.h"
 #include "models/model.h"
-#include "trainer/forward.h"
-#include "trainer/loss.h"
+#include "trainer/numerics/forward.h"
+#include "trainer/numerics/loss.h"
 #include "trainer/memory/backend.h"
 
 namespace trainer {

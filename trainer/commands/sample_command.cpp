@@ -1,4 +1,4 @@
-#include "trainer/sample_command.h"
+#include "trainer/commands/sample_command.h"
 
 #include <cmath>
 #include <cstdio>
@@ -17,7 +17,7 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/checkpoint/weights.h"
-#include "trainer/from_config.h"
+#include "trainer/run/from_config.h"
 #include "trainer/memory/resources.h"
 
 namespace fs = std::filesystem;
