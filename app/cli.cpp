@@ -12,25 +12,25 @@
 #include <cuda_runtime_api.h>  // CUDART_VERSION, for --version
 #endif
 
+#include "common/compat.h"
+#include "common/log.h"
+#include "common/signals.h"
 #include "data/files/idx.h"
-#include "data/files/token_h5.h"
 #include "data/files/image_h5.h"
+#include "data/files/token_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "tools/bench/bench.h"
 #include "tools/compare.h"
 #include "tools/convert_images.h"
-#include "common/compat.h"
-#include "trainer/config/config.h"
-#include "trainer/run/from_config.h"
-#include "common/log.h"
-#include "common/signals.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/commands/eval_command.h"
 #include "trainer/commands/export.h"
 #include "trainer/commands/sample_command.h"
+#include "trainer/config/config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
+#include "trainer/run/from_config.h"
 #include "trainer/run/train.h"
 
 namespace fs = std::filesystem;

@@ -1,8 +1,8 @@
 // YAML configs (trainer/config/config.h): apply_yaml_text and validate throw ConfigError for anything they do not
 // accept. What is accepted must survive the round trip through to_yaml (resolved_config.yaml and a
 // checkpoint's config.yaml are read back on resume): reading it again gives the same tree.
-#include "trainer/config/config.h"
 #include "fuzz_util.h"
+#include "trainer/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

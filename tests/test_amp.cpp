@@ -1,7 +1,7 @@
 // Mixed precision: the autocast guard, the loss scaler and the amp config checks. References are the
 // same computation in fp32, hand-computed values, and (where the fused kernels run) ATen's kernels.
-#include "trainer/numerics/amp.h"
 #include "common/compat.h"
+#include "trainer/numerics/amp.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

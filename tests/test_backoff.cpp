@@ -15,10 +15,10 @@
 #include "models/registry.h"
 #include "test_util.h"
 #include "train_util.h"
-#include "trainer/numerics/forward.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/report.h"
+#include "trainer/numerics/forward.h"
+#include "trainer/run/from_config.h"
 #include "trainer/step/step.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

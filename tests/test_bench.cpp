@@ -11,13 +11,13 @@
 #include <fstream>
 #include <map>
 
+#include "common/compat.h"
 #include "data/files/token_h5.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
-#include "train_util.h"
 #include "tools/bench/bench.h"
-#include "common/compat.h"
+#include "train_util.h"
 #include "trainer/config/config.h"
 #include "trainer/memory/resources.h"
 

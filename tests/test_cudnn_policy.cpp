@@ -6,8 +6,8 @@
 
 #include "test_util.h"
 #include "trainer/config/config.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/cudnn_policy.h"
+#include "trainer/run/from_config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_cudnn_policy {

@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "data/files/image_h5.h"
-#include "data/samples/loader.h"
 #include "data/files/token_h5.h"
+#include "data/samples/loader.h"
 #include "train_util.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/commands/eval_command.h"

@@ -19,9 +19,9 @@
 #include "models/registry.h"
 #include "test_util.h"
 #include "trainer/config/config.h"
+#include "trainer/memory/backend.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/numerics/loss.h"
-#include "trainer/memory/backend.h"
 #include "trainer/numerics/optim.h"
 #include "trainer/step/step.h"
 

@@ -8,13 +8,13 @@
 #include <cmath>
 #include <limits>
 
+#include "common/compat.h"
 #include "models/registry.h"
 #include "test_util.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
+#include "trainer/run/from_config.h"
 #include "trainer/step/step.h"
-#include "common/compat.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_step {

@@ -14,9 +14,9 @@
 #include "common/signals.h"
 #include "tools/bench/bench_job.h"
 #include "tools/bench/bench_search.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/curve.h"
+#include "trainer/run/from_config.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -4,15 +4,15 @@
 #include <chrono>
 #include <memory>
 
-#include "data/samples/dataset.h"
 #include "data/files/image_h5.h"
-#include "data/samples/loader.h"
 #include "data/files/token_h5.h"
+#include "data/samples/dataset.h"
+#include "data/samples/loader.h"
 #include "tools/bench/bench_job.h"
 #include "tools/bench/host_info.h"
 #include "trainer/memory/backend.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/resources.h"
+#include "trainer/run/from_config.h"
 
 using nlohmann::json;
 

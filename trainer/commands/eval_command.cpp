@@ -9,18 +9,18 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
-#include "common/files.h"
 #include "common/compat.h"
+#include "common/files.h"
 #include "common/run_lock.h"
-#include "data/samples/dataset.h"
 #include "data/files/image_h5.h"
 #include "data/files/token_h5.h"
+#include "data/samples/dataset.h"
 #include "models/registry.h"
-#include "trainer/numerics/amp.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/resources.h"
+#include "trainer/numerics/amp.h"
+#include "trainer/run/from_config.h"
 
 namespace fs = std::filesystem;
 

@@ -22,8 +22,8 @@
 
 #include "models/model.h"
 #include "trainer/config/config.h"
-#include "trainer/step/evaluate.h"
 #include "trainer/memory/backend.h"
+#include "trainer/step/evaluate.h"
 
 namespace trainer {
 

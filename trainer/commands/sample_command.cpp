@@ -17,8 +17,8 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/checkpoint/weights.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/resources.h"
+#include "trainer/run/from_config.h"
 
 namespace fs = std::filesystem;
 

@@ -1,9 +1,9 @@
 #include "trainer/run/from_config.h"
 
-#include "data/samples/image_folder.h"
 #include "data/files/image_h5.h"
 #include "data/files/packed_images.h"
 #include "data/files/token_h5.h"
+#include "data/samples/image_folder.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/weights.h"
 #include "trainer/memory/backend.h"

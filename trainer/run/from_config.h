@@ -15,9 +15,9 @@
 #include "data/samples/token_loader.h"
 #include "models/model.h"
 #include "trainer/config/config.h"
-#include "trainer/step/evaluate.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/resources.h"
+#include "trainer/step/evaluate.h"
 #include "trainer/step/step.h"
 
 namespace trainer {

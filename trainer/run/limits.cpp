@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
-#include "trainer/run/from_config.h"
 #include "trainer/memory/heap.h"
+#include "trainer/run/from_config.h"
 #include "trainer/run/run.h"
 
 namespace trainer {

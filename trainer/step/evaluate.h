@@ -13,9 +13,9 @@
 #include "data/samples/dataset.h"
 #include "data/samples/token_loader.h"
 #include "models/model.h"
+#include "trainer/memory/backend.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/numerics/loss.h"
-#include "trainer/memory/backend.h"
 
 namespace trainer {
 
