@@ -401,100 +401,159 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   return r;
 }
 
+// ---- the micro-batch search ------------------------------------------------------------------------
+
+// A probe is the step's worst micro-batch: the first one's forward and backward, then, when the step
+// accumulates (mb below the batch), the second one's with the first one's gradients alive. One pass alone
+// misses those gradients, and picked sizes whose real step then ran out of memory. Its peak is what the
+// curve search fits. Nothing trains: the gradients are zeroed after, and find_micro_batch puts the
+// snapshot back.
+//
+// One line per probe: on a CPU a probe of a large micro-batch takes minutes, and the search must not be
+// silent for that long. A stop is honoured before a probe and at every block boundary inside one (forward
+// and backward), so a SIGTERM waits for one block, not for a probe that takes minutes on a CPU.
+class Step::Probe {
+ public:
+  Probe(Step& step, const data::Batch& batch, const SearchControl& control, MicroBatchSearch& found)
+      : s_(step), batch_(batch), control_(control), found_(found), blocks_(step.p_.model->num_blocks()) {}
+
+  /// What the searches call: the outcome at `mb`, found before the restart or measured now.
+  ProbeOutcome operator()(int64_t mb, ProbeRole role) {
+    if (const auto k = control_.known.find(mb); k != control_.known.end()) return reuse(mb, role, k->second);
+    const auto t = std::chrono::steady_clock::now();
+    const CudnnAttempt kind = role == ProbeRole::kConfirm ? CudnnAttempt::kConfirmProbe : CudnnAttempt::kCalibrationProbe;
+    ProbeOutcome o = measure(mb, kind);
+    // A probe that timed a new size and ran out of memory may have failed in the timing's workspaces.
+    if (!o.fits && s_.cudnn_.on_oom()) o = measure(mb, kind);
+    if (control_.on_probe) control_.on_probe(mb, o);
+    log_measured(mb, role, o, seconds_since(t));
+    return o;
+  }
+
+ private:
+  /// Found by an earlier process under the same conditions (the run's auto_search.json).
+  ProbeOutcome reuse(int64_t mb, ProbeRole role, const ProbeOutcome& o) {
+    ++found_.probes;
+    ++found_.reused;
+    spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} (found before the restart)", found_.probes, mb,
+                 o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "");
+    found_.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
+                            {"peak_bytes", o.peak_bytes}, {"reused", true}});
+    return o;
+  }
+
+  /// One run of the probe at `mb`: its passes under the cuDNN policy's flag, and its peak; an OOM is a
+  /// probe that does not fit.
+  ProbeOutcome measure(int64_t mb, CudnnAttempt kind) {
+    ++found_.probes;
+    stop_if_asked("before probe " + std::to_string(found_.probes) + " (micro-batch " + std::to_string(mb) + ")");
+    const std::vector<int64_t> sizes = worst_sizes(mb);
+    const CudnnDecision d = s_.apply_cudnn(kind, sizes, 0);
+    for (int64_t t : d.tuned_sizes()) found_.tuned_sizes.push_back(t);
+    s_.p_.memory->reset_peak();
+    if (control_.stop) watch_blocks(mb);
+    struct Unwatch {  // the check lives as long as the probe, whatever way it ends
+      models::ModelImpl& m;
+      ~Unwatch() { m.set_block_check(nullptr); }
+    } unwatch{*s_.p_.model};
+    ProbeOutcome o;
+    try {
+      run_passes(sizes);
+      o.peak_bytes = s_.p_.memory->peak_bytes();
+      s_.p_.optimizer->zero_grad();
+      o.fits = true;
+    } catch (const SearchStopped&) {
+      s_.drop_failed_attempt();
+      throw;
+    } catch (const std::exception& e) {
+      if (!is_oom_error(e)) throw;
+      s_.drop_failed_attempt();
+    }
+    return o;
+  }
+
+  /// The micro-batches of the probe: the first, and a second one when the step accumulates.
+  std::vector<int64_t> worst_sizes(int64_t mb) const {
+    std::vector<int64_t> sizes;
+    for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch_.size()); at += mb)
+      sizes.push_back(std::min<int64_t>(mb, batch_.size() - at));
+    return sizes;
+  }
+
+  /// Forward and backward of each micro-batch in turn, the gradients accumulating.
+  void run_passes(const std::vector<int64_t>& sizes) {
+    for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
+      Logits out = forward_logits(*s_.p_.model, batch_.images.narrow(0, at, sizes[i]),
+                                  batch_.labels.narrow(0, at, sizes[i]), s_.o_.forward);
+      summed_cross_entropy(out.logits, out.targets, s_.o_.loss, out.columns).backward();
+    }
+  }
+
+  void stop_if_asked(const std::string& where) const {
+    if (control_.stop && control_.stop()) throw SearchStopped(where);
+  }
+
+  /// The stop check at every block boundary of this probe's passes.
+  void watch_blocks(int64_t mb) {
+    s_.p_.model->set_block_check([this, mb, n = found_.probes](int64_t i, bool backward) {
+      stop_if_asked(std::string(backward ? "in backward" : "in forward") + " at block " + std::to_string(i + 1) +
+                    " of " + std::to_string(blocks_) + " of probe " + std::to_string(n) + " (micro-batch " +
+                    std::to_string(mb) + ")");
+    });
+  }
+
+  /// The probe's line, and what it left behind in the trace (its own tensors are gone: this is what the
+  /// next probe starts from).
+  void log_measured(int64_t mb, ProbeRole role, const ProbeOutcome& o, double secs) {
+    spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} ({:.1f} s)", found_.probes, mb,
+                 o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "", secs);
+    found_.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
+                            {"peak_bytes", o.peak_bytes}, {"held_after_bytes", s_.p_.memory->current_bytes()},
+                            {"s", secs}});
+  }
+
+  Step& s_;
+  const data::Batch& batch_;
+  const SearchControl& control_;
+  MicroBatchSearch& found_;
+  const int64_t blocks_;
+};
+
 MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
                                         int64_t start, const SearchControl& control) {
   // Measured on real samples with the optimizer state already allocated, so the job starts fast rather
   // than OOM-ing its way down.
   p_.optimizer->zero_grad();
   MicroBatchSearch found;
-  // A probe is the step's worst micro-batch: the first one's forward and backward, then, when the step
-  // accumulates (mb below the batch), the second one's with the first one's gradients alive. One pass
-  // alone misses those gradients, and picked sizes whose real step then ran out of memory. Its peak is
-  // what the curve search fits.
-  // One line per probe: on a CPU a probe of a large micro-batch takes minutes, and the search must not be
-  // silent for that long.
-  // A stop is honoured before a probe and at every block boundary inside one (forward and backward), so
-  // a SIGTERM waits for one block, not for a probe that takes minutes on a CPU.
-  const int64_t blocks = p_.model->num_blocks();
-  auto stop_if_asked = [&](const std::string& where) {
-    if (control.stop && control.stop()) throw SearchStopped(where);
-  };
-  auto probe_once = [&](int64_t mb, CudnnAttempt kind) {
-    ++found.probes;
-    stop_if_asked("before probe " + std::to_string(found.probes) + " (micro-batch " + std::to_string(mb) + ")");
-    std::vector<int64_t> sizes;
-    for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch.size()); at += mb)
-      sizes.push_back(std::min<int64_t>(mb, batch.size() - at));
-    const CudnnDecision d = apply_cudnn(kind, sizes, 0);
-    for (int64_t t : d.tuned_sizes()) found.tuned_sizes.push_back(t);
-    p_.memory->reset_peak();
-    ProbeOutcome o;
-    if (control.stop)
-      p_.model->set_block_check([&, mb, n = found.probes](int64_t i, bool backward) {
-        stop_if_asked(std::string(backward ? "in backward" : "in forward") + " at block " + std::to_string(i + 1) +
-                      " of " + std::to_string(blocks) + " of probe " + std::to_string(n) + " (micro-batch " +
-                      std::to_string(mb) + ")");
-      });
-    struct Unset {  // the check lives as long as the probe, whatever way it ends
-      models::ModelImpl& m;
-      ~Unset() { m.set_block_check(nullptr); }
-    } unset{*p_.model};
-    try {
-      for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
-        Logits out = forward_logits(*p_.model, batch.images.narrow(0, at, sizes[i]),
-                                    batch.labels.narrow(0, at, sizes[i]), o_.forward);
-        summed_cross_entropy(out.logits, out.targets, o_.loss, out.columns).backward();
-      }
-      o.peak_bytes = p_.memory->peak_bytes();
-      p_.optimizer->zero_grad();
-      o.fits = true;
-    } catch (const SearchStopped&) {
-      drop_failed_attempt();
-      throw;
-    } catch (const std::exception& e) {
-      if (!is_oom_error(e)) throw;
-      drop_failed_attempt();
-    }
-    return o;
-  };
-  auto probe = [&](int64_t mb, ProbeRole role) {
-    if (const auto k = control.known.find(mb); k != control.known.end()) {
-      // Found by an earlier process under the same conditions (the run's auto_search.json).
-      ++found.probes;
-      ++found.reused;
-      const ProbeOutcome& o = k->second;
-      spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} (found before the restart)", found.probes, mb,
-                   o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "");
-      found.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
-                             {"peak_bytes", o.peak_bytes}, {"reused", true}});
-      return o;
-    }
-    const auto t = std::chrono::steady_clock::now();
-    const CudnnAttempt kind = role == ProbeRole::kConfirm ? CudnnAttempt::kConfirmProbe : CudnnAttempt::kCalibrationProbe;
-    ProbeOutcome o = probe_once(mb, kind);
-    // A probe that timed a new size and ran out of memory may have failed in the timing's workspaces.
-    if (!o.fits && cudnn_.on_oom()) o = probe_once(mb, kind);
-    if (control.on_probe) control.on_probe(mb, o);
-    const double secs = seconds_since(t);
-    spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} ({:.1f} s)", found.probes, mb,
-                 o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "", secs);
-    // What the probe left behind (its own tensors are gone: this is what the next probe starts from).
-    found.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
-                           {"peak_bytes", o.peak_bytes}, {"held_after_bytes", p_.memory->current_bytes()},
-                           {"s", secs}});
-    return o;
-  };
+  Probe probe(*this, batch, control, found);
   const int64_t size = batch.size();
   const int64_t floor = std::min(min_micro_batch, size);
   found.start = start > 0 ? std::clamp(start, floor, size) : 0;
   found.method = found.start > 0 ? "start" : o_.auto_search;
   std::optional<StepSnapshot> snapshot;
+  int64_t mb = search_micro_batch(probe, floor, size, limit, snapshot, found);
+  mb = agree_on_micro_batch(mb, found);
+  if (snapshot) snapshot->restore();  // the probes must not count as training
+  if (found.stopped) return found;
+  if (mb < 0)
+    throw OomGaveUp("micro_batch auto: the model and its optimizer state do not fit in memory (limit " +
+                    (limit > 0 ? format_bytes(limit) : std::string("none")) +
+                    "); raise memory.limit or use a smaller model");
+  // Nothing fits even at the floor: start there, and let the caller or the ladder's next rung
+  // (recomputation) try.
+  found.floor_fits = mb >= floor;
+  found.micro_batch = std::max(mb, floor);
+  return found;
+}
+
+int64_t Step::search_micro_batch(Probe& probe, int64_t floor, int64_t size, int64_t limit,
+                                 std::optional<StepSnapshot>& snapshot, MicroBatchSearch& found) {
   int64_t mb = -1;  // -1: the optimizer state or the snapshot did not fit
   try {
     p_.optimizer->allocate_state();
     snapshot.emplace(*p_.model, o_.forward.device);
     if (found.method == "curve") {
-      const CurveSearch cs = find_max_micro_batch_by_curve(probe, floor, size, limit);
+      const CurveSearch cs = find_max_micro_batch_by_curve(std::ref(probe), floor, size, limit);
       found.ended = cs.ended;
       mb = cs.micro_batch;  // 0: not even the floor fits
     } else {
@@ -511,27 +570,19 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
     if (!is_oom_error(e)) throw;
     drop_failed_attempt();
   }
+  return mb;
+}
+
+int64_t Step::agree_on_micro_batch(int64_t mb, MicroBatchSearch& found) {
   // The smallest over ranks: the micro-batch count per step (and so the collectives) must be equal. A
   // rank that was stopped still comes here, so that every rank learns of it and none waits for it.
-  if (p_.dist) {
-    const auto a = p_.dist->all_max({-static_cast<double>(mb), found.stopped ? 1.0 : 0.0}, "the micro-batch agreement");
-    mb = static_cast<int64_t>(-a[0]);
-    if (a[1] > 0 && !found.stopped) {
-      found.stopped = true;
-      found.stopped_at = "on another rank";
-    }
+  if (!p_.dist) return mb;
+  const auto a = p_.dist->all_max({-static_cast<double>(mb), found.stopped ? 1.0 : 0.0}, "the micro-batch agreement");
+  if (a[1] > 0 && !found.stopped) {
+    found.stopped = true;
+    found.stopped_at = "on another rank";
   }
-  if (snapshot) snapshot->restore();  // the probes must not count as training
-  if (found.stopped) return found;
-  if (mb < 0)
-    throw OomGaveUp("micro_batch auto: the model and its optimizer state do not fit in memory (limit " +
-                    (limit > 0 ? format_bytes(limit) : std::string("none")) +
-                    "); raise memory.limit or use a smaller model");
-  // Nothing fits even at the floor: start there, and let the caller or the ladder's next rung
-  // (recomputation) try.
-  found.floor_fits = mb >= floor;
-  found.micro_batch = std::max(mb, floor);
-  return found;
+  return static_cast<int64_t>(-a[0]);
 }
 
 Pretune Step::pretune(const data::Batch& batch, int64_t step) {

@@ -25,15 +25,15 @@
 #include "common/rng.h"
 #include "data/samples/batch.h"
 #include "models/model.h"
-#include "trainer/numerics/amp.h"
 #include "trainer/dist/dist.h"
-#include "trainer/numerics/forward.h"
-#include "trainer/numerics/loss.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/cudnn_policy.h"
 #include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
+#include "trainer/numerics/amp.h"
+#include "trainer/numerics/forward.h"
+#include "trainer/numerics/loss.h"
 #include "trainer/numerics/optim.h"
 
 namespace trainer {
@@ -249,6 +249,14 @@ class Step {
   void apply_activation_checkpointing();
 
  private:
+  /// One probe of find_micro_batch's search (step.cpp).
+  class Probe;
+  /// The search proper: the optimizer state and the snapshot allocated, then the curve search or the
+  /// doubling; -1 when those did not fit. A stop is recorded in `found`.
+  int64_t search_micro_batch(Probe& probe, int64_t floor, int64_t size, int64_t limit,
+                             std::optional<StepSnapshot>& snapshot, MicroBatchSearch& found);
+  /// Data parallel: the smallest micro-batch over ranks, and a stop on any rank.
+  int64_t agree_on_micro_batch(int64_t mb, MicroBatchSearch& found);
   void attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r);
   /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
   torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
