@@ -3,14 +3,18 @@
 //   run.cpp        the loop: it only sequences (fetch -> poll -> step -> record -> evaluate -> agree on
 //                  save/stop), and how the run ends
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
+//   auto_batch.cpp train.micro_batch: auto before the first step: the start, the checkpointing, the
+//                  findings kept across a restart (the search itself is Step::find_micro_batch)
+//   record.cpp     what each step writes: metrics.jsonl, the progress line, telemetry, memory reports
 //   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
-//   evaluate.h     the evaluation of a split, with its own OOM backoff (shared with `trainer eval`);
-//                  run.cpp calls it on the test split
 //   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
 //   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
-//   sampling.cpp   train.sample_every: a short text sample on rank 0 (trainer/numerics/generate.h), to train.log,
-//                  metrics.jsonl and TensorBoard
-//   step.{h,cpp}   one optimizer step (Step), its OOM recovery and its snapshot
+//   sampling.cpp   train.sample_every: a short text sample on rank 0 (trainer/numerics/generate.h), to
+//                  train.log, metrics.jsonl and TensorBoard
+//   from_config.*  what the config builds, shared with `trainer bench` and the commands
+//
+// Beneath it, trainer/step/: one optimizer step (Step), its OOM recovery and its snapshot, and the
+// evaluation of a split with its own OOM backoff (shared with `trainer eval`).
 //
 // Internal to trainer/: users call train() (train.h).
 #pragma once
@@ -28,28 +32,30 @@
 #include "data/samples/loader.h"
 #include "data/samples/token_loader.h"
 #include "models/model.h"
-#include "trainer/numerics/amp.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/config/config.h"
 #include "trainer/dist/dist.h"
-#include "trainer/step/evaluate.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/curve.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
 #include "trainer/memory/resources.h"
+#include "trainer/numerics/amp.h"
+#include "trainer/numerics/optim.h"
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 #include "trainer/observe/tensorboard.h"
-#include "trainer/numerics/optim.h"
-#include "trainer/step/step.h"
 #include "trainer/run/train.h"
+#include "trainer/step/evaluate.h"
+#include "trainer/step/step.h"
 
 namespace data {
 class Tokenizer;  // data/text/tokenizer.h
 }  // namespace data
 
 namespace trainer {
+
+class SearchFindings;  // trainer/memory/search_findings.h
 
 /// The training stream, image or token loader, behind one face: both return data::Batch and keep
 /// their place in samples, so resume and OOM retries do not care which it is.
@@ -101,21 +107,34 @@ class TrainingRun {
   // run.cpp
   void start(bool resumed);
   std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
+  void maybe_evaluate();
+  std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
+  std::optional<int> agree_on_save_and_stop();
+  int give_up(const OomGaveUp& e);
+  int finish();
+
+  // auto_batch.cpp
   // train.micro_batch: auto. `stopped` when a stop (SIGTERM, SIGINT) came during the search: its findings
   // are in auto_search.json and the run exits (stop_during_search).
   MicroBatchSearch search_micro_batch(const data::Batch& batch);
+  // memory.activation_checkpointing: sets co.checkpointing; returns where the choice came from.
+  std::string choose_checkpointing(MicroBatchOptions& co) const;
+  MicroBatchSearch search_once(const data::Batch& batch, const MicroBatchOptions& co, SearchFindings& findings);
+  void log_auto_micro_batch(const MicroBatchSearch& found, bool checkpointing, const std::string& from,
+                            double search_s);  // the line and the auto_micro_batch event
   int stop_during_search(const MicroBatchSearch& found);
   // What a probe's outcome depends on, for auto_search.json: the config less how long the run is, what it
   // logs and when it saves; the agreed limit, the device, the rank, the checkpointing and the start.
   nlohmann::json search_conditions(bool checkpointing) const;
   void pretune(const data::Batch& batch);  // memory.cudnn_policy pretune, once before the first step
   int64_t curve_start() const;  // where the auto search starts: the curve's prediction (0 = no curve)
+
+  // record.cpp
   void record(const StepResult& r, const data::Batch& batch, double step_time);
-  void maybe_evaluate();
-  std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
-  std::optional<int> agree_on_save_and_stop();
-  int give_up(const OomGaveUp& e);
-  int finish();
+  void count_nonfinite(const StepResult& r);  // divergence: 5 in a row without a GradScaler
+  nlohmann::json step_metrics(const StepResult& r, double step_time, double sps) const;  // metrics.jsonl's line
+  void log_progress(const StepResult& r);  // the step line of train.log, over the window since the last
+  void observe_resources();                // telemetry, the resources line, a requested memory report
 
   // limits.cpp
   void poll(bool batch_failed);  // the memory limit every step, the threads every 50 steps

@@ -30,7 +30,7 @@ struct RunOptions {
   StepObserver* observer = nullptr;  ///< optional, owned by the caller
 };
 
-/// Trains `cfg` into `opts.run_dir`. Returns the process exit code (see trainer/signals.h).
+/// Trains `cfg` into `opts.run_dir`. Returns the process exit code (see common/signals.h).
 /// Throws std::runtime_error (or ConfigError) with a one-line message for bad input.
 int train(const Config& cfg, const RunOptions& opts);
 

@@ -1,0 +1,158 @@
+// train.micro_batch: auto, once before the first step: where the search starts (a memory curve's
+// prediction), which activation checkpointing it searches under, what it remembers across a restart
+// (auto_search.json), and what a stop during it does. The search itself is the step's
+// (Step::find_micro_batch, trainer/step/step.cpp).
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <filesystem>
+
+#include "common/clock.h"
+#include "common/compat.h"
+#include "common/signals.h"
+#include "trainer/memory/search_findings.h"
+#include "trainer/run/from_config.h"
+#include "trainer/run/run.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+int64_t TrainingRun::curve_start() const {
+  if (!curve_ || cfg_.memory.activation_checkpointing == "every_k") return 0;  // no curve of that setting
+  const auto it = curve_->fits.find(step_runner_->controller().checkpointing() ? "all" : "none");
+  if (it == curve_->fits.end()) return 0;
+  // Predicted not to fit at all: start at the floor, which the search then checks first.
+  return std::max<int64_t>(1, predict_max_micro_batch(it->second, agreed_limit_, rank_batch()));
+}
+
+nlohmann::json TrainingRun::search_conditions(bool checkpointing) const {
+  Config c = cfg_;
+  // Not what a probe's memory depends on: how long the run is, its schedule, what it logs, when it saves.
+  c.train.steps = 0;
+  c.train.epochs = 0;
+  c.train.eval_every = 0;
+  c.schedule = ScheduleConfig{};
+  c.log = LogConfig{};
+  c.checkpoint = CheckpointConfig{};
+  return {{"config", to_yaml(c)}, {"limit", agreed_limit_}, {"device", device_.str()},
+          {"torch", compat::torch_version()}, {"world_size", env_.world_size}, {"rank", env_.rank},
+          {"checkpointing", checkpointing}, {"start", curve_start()}};
+}
+
+MicroBatchSearch TrainingRun::search_micro_batch(const data::Batch& batch) {
+  // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
+  // search is a collective, which a rank whose batch did not fit would not have entered.
+  need_micro_batch_search_ = false;
+  const auto t = std::chrono::steady_clock::now();
+  MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
+  std::string from = choose_checkpointing(co);  // the auto_micro_batch event's checkpointing_from
+  // A stop is honoured within the search; what it found so far is kept for the restart (auto_search.json
+  // in this rank's folder), and what an earlier process found under the same conditions is not probed again.
+  SearchFindings findings((fs::path(rank_dir_) / "auto_search.json").string());
+  if (!findings.problem().empty()) spdlog::warn("{}", findings.problem());
+  MicroBatchSearch found = search_once(batch, co, findings);
+  if (found.stopped) return found;
+  if (cfg_.memory.activation_checkpointing == "auto" && !found.floor_fits && !co.checkpointing) {
+    co.checkpointing = true;
+    from = "floor_does_not_fit";
+    const MicroBatchSearch first = found;
+    found = search_once(batch, co, findings);
+    if (found.stopped) return found;
+    found.probes += first.probes;
+    found.reused += first.reused;
+    found.trace.insert(found.trace.begin(), first.trace.begin(), first.trace.end());
+    found.tuned_sizes.insert(found.tuned_sizes.end(), first.tuned_sizes.begin(), first.tuned_sizes.end());
+  }
+  const double search_s = seconds_since(t);
+  co.micro_batch = found.micro_batch;
+  step_runner_->set_controller(make_controller(co, agreed_limit_));
+  step_runner_->apply_activation_checkpointing();
+  log_auto_micro_batch(found, co.checkpointing, from, search_s);
+  return found;
+}
+
+std::string TrainingRun::choose_checkpointing(MicroBatchOptions& co) const {
+  // memory.activation_checkpointing: auto picks the setting with the size, before the first step: the
+  // memory curve's faster setting under the limit; without a curve (or where it predicts nothing fits),
+  // recomputation only where not even the floor fits without it, the ladder's order. Every rank reaches
+  // the same choice: the curve, the agreed limit and the search's outcome are the same on all.
+  if (cfg_.memory.activation_checkpointing != "auto") return "config";
+  if (curve_) {
+    const CurveChoice c = choose_setting(*curve_, agreed_limit_, rank_batch());
+    if (c.setting != "neither") {
+      co.checkpointing = c.setting == "all";
+      return "curve";
+    }
+  }
+  return "floor_fits";
+}
+
+MicroBatchSearch TrainingRun::search_once(const data::Batch& batch, const MicroBatchOptions& co,
+                                          SearchFindings& findings) {
+  step_runner_->set_controller(make_controller(co, agreed_limit_));
+  step_runner_->apply_activation_checkpointing();
+  const nlohmann::json conditions = search_conditions(co.checkpointing);
+  SearchControl control;
+  control.stop = [] { return stop_requested(); };
+  control.known = findings.known(conditions);
+  control.on_probe = [&](int64_t mb, const ProbeOutcome& o) {
+    try {
+      findings.record(conditions, mb, o);
+    } catch (const std::exception& e) {  // a cache: the search goes on without it
+      spdlog::warn("{}", e.what());
+    }
+  };
+  if (!control.known.empty())
+    spdlog::info("micro_batch auto: {} probe(s) of an earlier process under the same conditions are taken from {}",
+                 control.known.size(), findings.path());
+  return step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start(), control);
+}
+
+void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool checkpointing, const std::string& from,
+                                       double search_s) {
+  const std::string how = found.start ? "from the memory curve's " + std::to_string(found.start)
+                           : found.method == "curve" ? "from its probes' memory curve, " + found.ended
+                                                     : std::string("doubling from the floor");
+  spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
+               found.micro_batch, limit_bytes_ ? format_bytes(limit_bytes_) : "no limit",
+               step_runner_->controller().accum_steps(), checkpointing ? "on" : "off", from, found.probes, search_s,
+               how);
+  metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
+                                      {"accum_steps", step_runner_->controller().accum_steps()},
+                                      {"checkpointing", checkpointing},
+                                      {"checkpointing_from", from},
+                                      {"floor_fits", found.floor_fits},
+                                      {"limit", limit_bytes_},
+                                      {"start", found.start},
+                                      {"probes", found.probes},
+                                      {"reused_probes", found.reused},
+                                      {"search_s", search_s},
+                                      {"method", found.method},
+                                      {"ended", found.ended},
+                                      {"tuned_sizes", found.tuned_sizes},
+                                      {"trace", found.trace}});
+}
+
+int TrainingRun::stop_during_search(const MicroBatchSearch& found) {
+  // Nothing has trained and nothing needs saving: the probes' findings are already in auto_search.json,
+  // and the restart (no checkpoint: a fresh start) resumes the search from them.
+  const int sig = stop_requested() ? stop_signal() : SIGTERM;  // the stop came on another rank
+  const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  telemetry_.set_stopping();
+  spdlog::warn("stop requested by {} during micro_batch auto's search, {}: exiting before the first step; the "
+               "probes that ran to their end are kept in {} for the restart",
+               name, found.stopped_at, (fs::path(rank_dir_) / "auto_search.json").string());
+  metrics_.event("stop", {{"step", step_}, {"signal", name}, {"during", "auto_search"}, {"at", found.stopped_at},
+                          {"probes", found.probes}});
+  return exit_code_for_signal(sig);
+}
+
+void TrainingRun::pretune(const data::Batch& batch) {
+  // Once per process (LibTorch's cuDNN plans live as long as the process), at the size the run starts at:
+  // after the auto search, before the first step.
+  need_pretune_ = false;
+  step_runner_->pretune(batch, step_);
+}
+
+}  // namespace trainer
