@@ -1,8 +1,8 @@
 #include "trainer/config/config.h"
 
-#include "trainer/config/default_config.h"
 #include "common/compat.h"
 #include "models/registry.h"
+#include "trainer/config/default_config.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 
@@ -32,7 +32,8 @@ struct Field {
   bool allow_auto;    // integer keys that also take `auto` (stored as -1)
 };
 
-std::vector<Field> fields(Config& c) {
+// The table, one function per section of the config; fields() joins them, in this order.
+std::vector<Field> model_fields(Config& c) {  // the model
   return {
       {"model.name", &c.model.name, false},
       {"model.num_classes", &c.model.num_classes, false},
@@ -45,6 +46,11 @@ std::vector<Field> fields(Config& c) {
       {"model.vocab_multiple", &c.model.vocab_multiple, false},
       {"model.fused_bias", &c.model.fused_bias, false},
       {"model.dropout", &c.model.dropout, false},
+  };
+}
+
+std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
+  return {
       {"data.kind", &c.data.kind, false},
       {"data.train", &c.data.train, false},
       {"data.test", &c.data.test, false},
@@ -62,6 +68,11 @@ std::vector<Field> fields(Config& c) {
       {"data.ratio", &c.data.ratio, false},
       {"data.crop_pct", &c.data.crop_pct, false},
       {"data.max_image_pixels", &c.data.max_image_pixels, false},
+  };
+}
+
+std::vector<Field> optim_fields(Config& c) {  // the optimizer
+  return {
       {"optim.name", &c.optim.name, false},
       {"optim.lr", &c.optim.lr, false},
       {"optim.momentum", &c.optim.momentum, false},
@@ -73,12 +84,22 @@ std::vector<Field> fields(Config& c) {
       {"optim.eps", &c.optim.eps, false},
       {"optim.grad_clip", &c.optim.grad_clip, false},
       {"optim.implementation", &c.optim.implementation, false},
+  };
+}
+
+std::vector<Field> schedule_fields(Config& c) {  // the learning-rate schedule
+  return {
       {"schedule.name", &c.schedule.name, false},
       {"schedule.warmup_steps", &c.schedule.warmup_steps, false},
       {"schedule.warmup_epochs", &c.schedule.warmup_epochs, false},
       {"schedule.min_lr", &c.schedule.min_lr, false},
       {"schedule.milestones", &c.schedule.milestones, false},
       {"schedule.gamma", &c.schedule.gamma, false},
+  };
+}
+
+std::vector<Field> train_fields(Config& c) {  // the loop
+  return {
       {"train.global_batch", &c.train.global_batch, false},
       {"train.micro_batch", &c.train.micro_batch, true},
       {"train.steps", &c.train.steps, false},
@@ -95,6 +116,11 @@ std::vector<Field> fields(Config& c) {
       {"train.sample_every", &c.train.sample_every, false},
       {"train.sample_tokens", &c.train.sample_tokens, false},
       {"train.sample_prompt", &c.train.sample_prompt, false},
+  };
+}
+
+std::vector<Field> amp_fields(Config& c) {  // mixed precision
+  return {
       {"amp.enabled", &c.amp.enabled, false},
       {"amp.dtype", &c.amp.dtype, false},
       {"amp.scaler", &c.amp.scaler, false},
@@ -102,6 +128,11 @@ std::vector<Field> fields(Config& c) {
       {"amp.growth_factor", &c.amp.growth_factor, false},
       {"amp.backoff_factor", &c.amp.backoff_factor, false},
       {"amp.growth_interval", &c.amp.growth_interval, false},
+  };
+}
+
+std::vector<Field> memory_fields(Config& c) {  // memory: the cap, the ladder, the search, cuDNN
+  return {
       {"memory.limit", &c.memory.limit, false},
       {"memory.auto_margin", &c.memory.auto_margin, false},
       {"memory.auto_reserve", &c.memory.auto_reserve, false},
@@ -117,22 +148,45 @@ std::vector<Field> fields(Config& c) {
       {"memory.cudnn_policy", &c.memory.cudnn_policy, false},
       {"memory.cudnn_benchmark_limit", &c.memory.cudnn_benchmark_limit, false},
       {"memory.cudnn_empty_cache", &c.memory.cudnn_empty_cache, false},
+  };
+}
+
+std::vector<Field> checkpoint_fields(Config& c) {  // checkpoints
+  return {
       {"checkpoint.every_steps", &c.checkpoint.every_steps, false},
       {"checkpoint.every_seconds", &c.checkpoint.every_seconds, false},
       {"checkpoint.keep_last", &c.checkpoint.keep_last, false},
       {"checkpoint.async", &c.checkpoint.async, false},
       {"checkpoint.max_failures", &c.checkpoint.max_failures, false},
       {"checkpoint.final", &c.checkpoint.final, false},
+  };
+}
+
+std::vector<Field> log_fields(Config& c) {  // logs and endpoints
+  return {
       {"log.every", &c.log.every, false},
       {"log.level", &c.log.level, false},
       {"log.http_port", &c.log.http_port, false},
       {"log.http_host", &c.log.http_host, false},
       {"log.tensorboard", &c.log.tensorboard, false},
+  };
+}
+
+std::vector<Field> dist_fields(Config& c) {  // data parallelism
+  return {
       {"dist.backend", &c.dist.backend, false},
       {"dist.timeout_s", &c.dist.timeout_s, false},
       {"dist.bucket_mb", &c.dist.bucket_mb, false},
-      {"seed", &c.seed, false},
   };
+}
+
+std::vector<Field> fields(Config& c) {
+  std::vector<Field> all;
+  for (auto section : {model_fields, data_fields, optim_fields, schedule_fields, train_fields, amp_fields,
+                       memory_fields, checkpoint_fields, log_fields, dist_fields})
+    for (Field& f : section(c)) all.push_back(std::move(f));
+  all.push_back({"seed", &c.seed, false});
+  return all;
 }
 
 [[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& what) {
