@@ -202,16 +202,10 @@ std::string safetensors(const std::string& header, const std::string& data, uint
   return b + header + data;
 }
 
-}  // namespace
+// ---- the seeds, one function per family ---------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: fuzz_make_corpus CORPUS_DIR (fuzz/corpus)\n";
-    return 2;
-  }
-  const fs::path out(argv[1]);
-  for (const char* t : {"idx", "image_h5", "tokens", "state_dict", "safetensors", "manifest"}) fs::create_directories(out / t);
-
+// image_h5/ and tokens/: one valid file of each format and one per flaw, and one from the project's writer.
+void write_h5_seeds(const fs::path& out) {
   {
     std::lock_guard<std::mutex> lock(data::hdf5_lock());
     image_h5(out / "image_h5" / "valid.h5", ImageFlaw::None);
@@ -242,7 +236,10 @@ int main(int argc, char** argv) {
                          torch::arange(2 * 2 * 3 * 3, torch::kUInt8).reshape({2, 2, 3, 3}),
                          torch::tensor({2, 0}, torch::kInt64), meta, opt);
   }
+}
 
+// idx/: small image and label files, plain and gzipped, and headers that claim more or less than the file holds.
+void write_idx_seeds(const fs::path& out) {
   write(out / "idx" / "images_2x2x3", idx(3, {2, 2, 3}, 12));
   write(out / "idx" / "images_2x2x3.gz", gzip(idx(3, {2, 2, 3}, 12)));
   write(out / "idx" / "labels_5", idx(1, {5}, 5));
@@ -252,7 +249,10 @@ int main(int argc, char** argv) {
   write(out / "idx" / "overflowing_dims", idx(3, {0xffffffffu, 0xffffffffu, 0xffffffffu}, 4));
   write(out / "idx" / "trailing_bytes", idx(1, {2}, 3));
   write(out / "idx" / "empty_images", idx(3, {0, 28, 28}, 0));
+}
 
+// state_dict/: torch.save archives of two tensors, of every dtype written, and of none.
+void write_state_dict_seeds(const fs::path& out) {
   write(out / "state_dict" / "two_tensors.pt",
         trainer::tensors_to_bytes({{"conv.weight", torch::arange(6, torch::kFloat32).reshape({2, 3})},
                                    {"bn.num_batches_tracked", torch::tensor(int64_t{7})}}));
@@ -262,7 +262,10 @@ int main(int argc, char** argv) {
                                    {"u", torch::ones({1, 1}, torch::kUInt8)},
                                    {"t", torch::ones({2}, torch::kBool)}}));
   write(out / "state_dict" / "empty.pt", trainer::tensors_to_bytes({}));
+}
 
+// safetensors/: files of our writer, one of another writer's layout, and hostile files.
+void write_safetensors_seeds(const fs::path& out) {
   const fs::path st = out / "safetensors";
   write(st / "two_tensors.safetensors",
         trainer::safetensors_bytes({{"conv.weight", torch::arange(6, torch::kFloat32).reshape({2, 3})},
@@ -294,7 +297,10 @@ int main(int argc, char** argv) {
   write(st / "duplicate_names.safetensors", safetensors("{\"a\":{" + f32 + "[0,8]},\"a\":{" + f32 + "[8,16]}}", std::string(16, '\0')));
   write(st / "not_an_object.safetensors", safetensors("[1, 2, 3]", ""));
   write(st / "bool_byte_2.safetensors", safetensors(R"({"t":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x02", 2)));
+}
 
+// manifest/: a checkpoint manifest that fits fuzz_manifest.cpp's folder, and ones that break a rule.
+void write_manifest_seeds(const fs::path& out) {
   const std::string model = "model bytes\n", state = "{\"step\": 1}";  // as fuzz_manifest.cpp's folder
   auto entry = [](const std::string& name, const std::string& bytes) {
     return "\"" + name + "\": {\"size\": " + std::to_string(bytes.size()) + ", \"crc32\": \"" + crc_hex(bytes) + "\"}";
@@ -308,27 +314,45 @@ int main(int argc, char** argv) {
   write(out / "manifest" / "huge_numbers.json",
         manifest("\"model.pt\": {\"size\": 18446744073709551615, \"crc32\": \"x\"}", "-9223372036854775808",
                  "1e999"));
-  // Images (fuzz_jpeg): small JPEGs of each kind the decoder branches on, a PNG, and three that break a rule.
-  {
-    fs::create_directories(out / "jpeg");
-    const int w = 40, h = 24;
-    std::vector<uint8_t> px(w * h * 4);
-    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37) ^ (i / 160 * 11));
-    auto str = [](const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); };
-    const std::string baseline = str(data::encode_jpeg(px.data(), w, h, 90));
-    write(out / "jpeg" / "rgb_420.jpg", baseline);
-    write(out / "jpeg" / "rgb_444_progressive.jpg", str(data::encode_jpeg(px.data(), w, h, 80, 3, 444, true)));
-    write(out / "jpeg" / "rgb_422.jpg", str(data::encode_jpeg(px.data(), w, h, 70, 3, 422)));
-    write(out / "jpeg" / "gray.jpg", str(data::encode_jpeg(px.data(), w, h, 90, 1)));
-    write(out / "jpeg" / "cmyk.jpg", str(data::encode_jpeg(px.data(), w, h, 90, 4)));
-    write(out / "jpeg" / "rgba.png", str(data::encode_png(px.data(), w, h, 4)));
-    write(out / "jpeg" / "truncated.jpg", baseline.substr(0, baseline.size() / 2));
-    std::string huge = baseline;  // SOF0 claims 65,500 x 65,500
-    const size_t sof = huge.find("\xFF\xC0");
-    huge.replace(sof + 5, 4, "\xFF\xDC\xFF\xDC");
-    write(out / "jpeg" / "huge_header.jpg", huge);
-    write(out / "jpeg" / "empty", "");
+}
+
+// Images (fuzz_jpeg): small JPEGs of each kind the decoder branches on, a PNG, and three that break a rule.
+void write_jpeg_seeds(const fs::path& out) {
+  fs::create_directories(out / "jpeg");
+  const int w = 40, h = 24;
+  std::vector<uint8_t> px(w * h * 4);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37) ^ (i / 160 * 11));
+  auto str = [](const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); };
+  const std::string baseline = str(data::encode_jpeg(px.data(), w, h, 90));
+  write(out / "jpeg" / "rgb_420.jpg", baseline);
+  write(out / "jpeg" / "rgb_444_progressive.jpg", str(data::encode_jpeg(px.data(), w, h, 80, 3, 444, true)));
+  write(out / "jpeg" / "rgb_422.jpg", str(data::encode_jpeg(px.data(), w, h, 70, 3, 422)));
+  write(out / "jpeg" / "gray.jpg", str(data::encode_jpeg(px.data(), w, h, 90, 1)));
+  write(out / "jpeg" / "cmyk.jpg", str(data::encode_jpeg(px.data(), w, h, 90, 4)));
+  write(out / "jpeg" / "rgba.png", str(data::encode_png(px.data(), w, h, 4)));
+  write(out / "jpeg" / "truncated.jpg", baseline.substr(0, baseline.size() / 2));
+  std::string huge = baseline;  // SOF0 claims 65,500 x 65,500
+  const size_t sof = huge.find("\xFF\xC0");
+  huge.replace(sof + 5, 4, "\xFF\xDC\xFF\xDC");
+  write(out / "jpeg" / "huge_header.jpg", huge);
+  write(out / "jpeg" / "empty", "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: fuzz_make_corpus CORPUS_DIR (fuzz/corpus)\n";
+    return 2;
   }
+  const fs::path out(argv[1]);
+  for (const char* t : {"idx", "image_h5", "tokens", "state_dict", "safetensors", "manifest"}) fs::create_directories(out / t);
+  write_h5_seeds(out);
+  write_idx_seeds(out);
+  write_state_dict_seeds(out);
+  write_safetensors_seeds(out);
+  write_manifest_seeds(out);
+  write_jpeg_seeds(out);
   std::cout << "wrote the binary seeds under " << out.string() << "\n";
   return 0;
 }

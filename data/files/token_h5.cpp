@@ -90,6 +90,82 @@ int64_t read_int_attr(hid_t loc, const char* name) {
   return v;
 }
 
+// Checks the root attributes `format` and `format_version` of a trainer.tokens file.
+void check_tokens_format(hid_t file) {
+  if (!h5_has_attr(file, "format")) {
+    throw H5Problem("no root attribute 'format'; expected a trainer.tokens file (docs/TRANSFORMERS.md)");
+  }
+  const std::string format = read_string_attr(file, "format");
+  if (format != kTokensFormat) {
+    throw H5Problem("format is '" + format + "', expected '" + kTokensFormat + "' (docs/TRANSFORMERS.md)");
+  }
+  if (!h5_has_attr(file, "format_version")) throw H5Problem("no root attribute 'format_version'");
+  const int64_t version = read_int_attr(file, "format_version");
+  if (version != kTokensVersion) {
+    throw H5Problem("format_version " + std::to_string(version) + " is not supported (this build reads " +
+                    std::to_string(kTokensVersion) + ")");
+  }
+}
+
+// The root attribute `vocab_size`, checked to be in [1, 2^31).
+int64_t read_tokens_vocab_size(hid_t file) {
+  if (!h5_has_attr(file, "vocab_size")) throw H5Problem("no root attribute 'vocab_size'");
+  const int64_t vocab = read_int_attr(file, "vocab_size");
+  if (vocab < 1 || vocab > INT32_MAX) throw H5Problem("vocab_size " + std::to_string(vocab) + " is not in [1, 2^31)");
+  return vocab;
+}
+
+// What /tokens holds: its element type and its number of tokens.
+struct TokensDatasetLayout {
+  bool is_u16 = true;
+  hsize_t n = 0;
+};
+
+// Checks that /tokens is a 1-D uint16 or int32 dataset whose extent the file really stores.
+TokensDatasetLayout check_tokens_dataset(hid_t file, hid_t dset) {
+  H5Handle type(H5Dget_type(dset), H5Tclose);
+  H5Handle space(H5Dget_space(dset), H5Sclose);
+  const bool is_u16 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 2 &&
+                      H5Tget_sign(type.get()) == H5T_SGN_NONE;
+  const bool is_i32 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 4 &&
+                      H5Tget_sign(type.get()) == H5T_SGN_2;
+  if (H5Sget_simple_extent_ndims(space.get()) != 1 || !(is_u16 || is_i32)) {
+    throw H5Problem("/tokens must be a 1-D uint16 or int32 dataset");
+  }
+  // Before anything of the claimed size is allocated (the in-memory copy, the loader's window order).
+  if (auto problem = dataset_size_problem(file, dset, "tokens"); !problem.empty()) throw H5Problem(problem);
+  TokensDatasetLayout layout;
+  layout.is_u16 = is_u16;
+  H5Sget_simple_extent_dims(space.get(), &layout.n, nullptr);
+  return layout;
+}
+
+// Reads all n tokens of /tokens into `u16` (a uint16 dataset) or `i32`.
+void read_all_tokens(hid_t dset, hsize_t n, bool is_u16, std::vector<uint16_t>& u16, std::vector<int32_t>& i32) {
+  try {
+    if (is_u16) u16.resize(n);
+    else i32.resize(n);
+  } catch (const std::bad_alloc&) {
+    throw H5Problem("cannot hold its " + std::to_string(n) + " tokens in memory");
+  }
+  void* dst = is_u16 ? static_cast<void*>(u16.data()) : static_cast<void*>(i32.data());
+  if (n > 0) check(H5Dread(dset, is_u16 ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, H5S_ALL, H5S_ALL,
+                           H5P_DEFAULT, dst),
+                   "reading /tokens");
+}
+
+// Checks that every token read into memory is in [0, vocab); `where` prefixes the error.
+template <typename T>
+void check_tokens_in_vocab(const std::string& where, const std::vector<T>& tokens, int64_t vocab) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int64_t t = tokens[i];
+    if (t < 0 || t >= vocab) {
+      throw std::runtime_error(where + "token " + std::to_string(t) + " at position " + std::to_string(i) +
+                               " is outside [0, vocab_size = " + std::to_string(vocab) + ")");
+    }
+  }
+}
+
 
 
 }  // namespace
@@ -324,22 +400,8 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw std::runtime_error(where + "cannot open the HDF5 file");
   try {
-    if (!h5_has_attr(file.get(), "format")) {
-      throw H5Problem("no root attribute 'format'; expected a trainer.tokens file (docs/TRANSFORMERS.md)");
-    }
-    const std::string format = read_string_attr(file.get(), "format");
-    if (format != kTokensFormat) {
-      throw H5Problem("format is '" + format + "', expected '" + kTokensFormat + "' (docs/TRANSFORMERS.md)");
-    }
-    if (!h5_has_attr(file.get(), "format_version")) throw H5Problem("no root attribute 'format_version'");
-    const int64_t version = read_int_attr(file.get(), "format_version");
-    if (version != kTokensVersion) {
-      throw H5Problem("format_version " + std::to_string(version) + " is not supported (this build reads " +
-                      std::to_string(kTokensVersion) + ")");
-    }
-    if (!h5_has_attr(file.get(), "vocab_size")) throw H5Problem("no root attribute 'vocab_size'");
-    vocab_ = read_int_attr(file.get(), "vocab_size");
-    if (vocab_ < 1 || vocab_ > INT32_MAX) throw H5Problem("vocab_size " + std::to_string(vocab_) + " is not in [1, 2^31)");
+    check_tokens_format(file.get());
+    vocab_ = read_tokens_vocab_size(file.get());
     if (h5_has_attr(file.get(), "source")) source_ = read_string_attr(file.get(), "source");
     if (h5_has_attr(file.get(), "tokenizer")) tokenizer_ = read_string_attr(file.get(), "tokenizer");
     if (h5_has_attr(file.get(), "tokenizer_path")) tokenizer_path_ = read_string_attr(file.get(), "tokenizer_path");
@@ -347,32 +409,11 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
     if (H5Lexists(file.get(), "tokens", H5P_DEFAULT) <= 0) throw H5Problem("no dataset /tokens");
     H5Handle dset(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);
     if (!dset.valid()) throw H5Problem("/tokens is not a dataset");
-    H5Handle type(H5Dget_type(dset.get()), H5Tclose);
-    H5Handle space(H5Dget_space(dset.get()), H5Sclose);
-    const bool is_u16 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 2 &&
-                        H5Tget_sign(type.get()) == H5T_SGN_NONE;
-    const bool is_i32 = H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 4 &&
-                        H5Tget_sign(type.get()) == H5T_SGN_2;
-    if (H5Sget_simple_extent_ndims(space.get()) != 1 || !(is_u16 || is_i32)) {
-      throw H5Problem("/tokens must be a 1-D uint16 or int32 dataset");
-    }
-    // Before anything of the claimed size is allocated (the in-memory copy, the loader's window order).
-    if (auto problem = dataset_size_problem(file.get(), dset.get(), "tokens"); !problem.empty()) throw H5Problem(problem);
-    uint16_ = is_u16;
-    hsize_t n = 0;
-    H5Sget_simple_extent_dims(space.get(), &n, nullptr);
-    size_ = static_cast<int64_t>(n);
+    const TokensDatasetLayout layout = check_tokens_dataset(file.get(), dset.get());
+    uint16_ = layout.is_u16;
+    size_ = static_cast<int64_t>(layout.n);
     if (in_memory_) {
-      try {
-        if (uint16_) u16_.resize(n);
-        else i32_.resize(n);
-      } catch (const std::bad_alloc&) {
-        throw H5Problem("cannot hold its " + std::to_string(n) + " tokens in memory");
-      }
-      void* dst = uint16_ ? static_cast<void*>(u16_.data()) : static_cast<void*>(i32_.data());
-      if (n > 0) check(H5Dread(dset.get(), uint16_ ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32, H5S_ALL, H5S_ALL,
-                               H5P_DEFAULT, dst),
-                       "reading /tokens");
+      read_all_tokens(dset.get(), layout.n, uint16_, u16_, i32_);
     } else {
       dset_ = dset.release();
       file_ = file.release();
@@ -382,13 +423,8 @@ TokenDataset::TokenDataset(const std::string& path, bool in_memory) : path_(path
   }
   if (in_memory_) {
     // Checked once here, so read() from memory needs no check.
-    for (int64_t i = 0; i < size_; ++i) {
-      const int64_t t = uint16_ ? u16_[i] : i32_[i];
-      if (t < 0 || t >= vocab_) {
-        throw std::runtime_error(where + "token " + std::to_string(t) + " at position " + std::to_string(i) +
-                                 " is outside [0, vocab_size = " + std::to_string(vocab_) + ")");
-      }
-    }
+    if (uint16_) check_tokens_in_vocab(where, u16_, vocab_);
+    else check_tokens_in_vocab(where, i32_, vocab_);
   }
 }
 

@@ -242,56 +242,66 @@ uint64_t le64(const uint8_t* p) {
   return v;
 }
 
-// Parses and checks the file's bytes [data, data + size); the tensors alias them and keep `keep` alive.
-SafetensorsContents parse(const uint8_t* data, uint64_t size, const std::shared_ptr<void>& keep, const std::string& source) {
-  auto fail = [&](const std::string& what) -> void {
-    throw std::runtime_error(source + ": not a valid safetensors file: " + what);
-  };
+// Throws the one-line error of a safetensors file that breaks a rule of the format.
+[[noreturn]] void fail_safetensors(const std::string& source, const std::string& what) {
+  throw std::runtime_error(source + ": not a valid safetensors file: " + what);
+}
+
+// The header length (the file's first 8 bytes), checked against the limit and the file's size.
+uint64_t safetensors_header_length(const uint8_t* data, uint64_t size, const std::string& source) {
+  auto fail = [&](const std::string& what) { fail_safetensors(source, what); };
   if (size < 8) fail("it has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
   const uint64_t n = le64(data);
   if (n > kSafetensorsMaxHeaderBytes)
     fail("the header length " + std::to_string(n) + " is over the limit of " + std::to_string(kSafetensorsMaxHeaderBytes) + " bytes");
   if (n > size - 8)
     fail("the header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
+  return n;
+}
 
-  HeaderParser header(source);
-  const char* json_begin = reinterpret_cast<const char*>(data + 8);
-  nlohmann::json::sax_parse(json_begin, json_begin + n, &header);
-
-  // Each tensor's byte size, then their ranges in order: back to back from 0 to the end of the file.
-  const uint64_t data_size = size - 8 - n;
-  std::vector<size_t> order(header.entries.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    order[i] = i;
-    const Entry& e = header.entries[i];
-    const std::string name = "tensor '" + printable(e.name) + "'";
-    uint64_t count = 1;
-    for (uint64_t d : e.shape) {
-      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || __builtin_mul_overflow(count, d, &count))
-        fail(name + " has the shape " + shape_text(e.shape) + ", whose element count overflows 64 bits");
-    }
-    uint64_t bytes = 0;
-    if (__builtin_mul_overflow(count, e.dtype->size, &bytes))
-      fail(name + " has the shape " + shape_text(e.shape) + ", whose byte size overflows 64 bits");
-    const uint64_t begin = e.offsets[0], end = e.offsets[1];
-    if (begin > end) fail(name + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] that end before they begin");
-    if (end > data_size)
-      fail(name + " runs past the end of the file: its data_offsets end at " + std::to_string(end) + ", the data has " +
-           std::to_string(data_size) + " bytes");
-    if (end - begin != bytes)
-      fail(name + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] spanning " +
-           std::to_string(end - begin) + " bytes, but " + e.dtype->name + " " + shape_text(e.shape) + " takes " +
-           std::to_string(bytes));
+// Checks that a tensor's data_offsets lie in the data and span the byte size of its dtype and shape.
+void check_entry_extent(const Entry& e, uint64_t data_size, const std::string& source) {
+  auto fail = [&](const std::string& what) { fail_safetensors(source, what); };
+  const std::string name = "tensor '" + printable(e.name) + "'";
+  uint64_t count = 1;
+  for (uint64_t d : e.shape) {
+    if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || __builtin_mul_overflow(count, d, &count))
+      fail(name + " has the shape " + shape_text(e.shape) + ", whose element count overflows 64 bits");
   }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(count, e.dtype->size, &bytes))
+    fail(name + " has the shape " + shape_text(e.shape) + ", whose byte size overflows 64 bits");
+  const uint64_t begin = e.offsets[0], end = e.offsets[1];
+  if (begin > end) fail(name + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] that end before they begin");
+  if (end > data_size)
+    fail(name + " runs past the end of the file: its data_offsets end at " + std::to_string(end) + ", the data has " +
+         std::to_string(data_size) + " bytes");
+  if (end - begin != bytes)
+    fail(name + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] spanning " +
+         std::to_string(end - begin) + " bytes, but " + e.dtype->name + " " + shape_text(e.shape) + " takes " +
+         std::to_string(bytes));
+}
+
+// The entries' indices in the order of their data (by begin, then end offset).
+std::vector<size_t> entries_in_data_order(const std::vector<Entry>& entries) {
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const auto& x = header.entries[a].offsets;
-    const auto& y = header.entries[b].offsets;
+    const auto& x = entries[a].offsets;
+    const auto& y = entries[b].offsets;
     return x[0] != y[0] ? x[0] < y[0] : x[1] < y[1];
   });
+  return order;
+}
+
+// Checks that the tensors' data, in `order`, lies back to back from 0 to the end of the data: no overlap, no gap.
+void check_data_back_to_back(const std::vector<Entry>& entries, const std::vector<size_t>& order, uint64_t data_size,
+                             const std::string& source) {
+  auto fail = [&](const std::string& what) { fail_safetensors(source, what); };
   uint64_t expected = 0;
   const Entry* previous = nullptr;
   for (size_t i : order) {
-    const Entry& e = header.entries[i];
+    const Entry& e = entries[i];
     if (e.offsets[0] < expected)
       fail("the data of tensors '" + printable(previous->name) + "' and '" + printable(e.name) + "' overlap");
     if (e.offsets[0] > expected)
@@ -302,6 +312,42 @@ SafetensorsContents parse(const uint8_t* data, uint64_t size, const std::shared_
   if (expected != data_size)
     fail("the tensors' data ends at byte " + std::to_string(expected) + " of " + std::to_string(data_size) +
          " (bytes after the last tensor)");
+}
+
+// The tensor of entry `e` over the data at `base`: aliasing it (keeping `keep` alive), or a copy if misaligned.
+at::Tensor entry_tensor(const Entry& e, const uint8_t* base, const std::shared_ptr<void>& keep,
+                        const std::string& source) {
+  std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
+  const auto options = at::TensorOptions().dtype(e.dtype->type);
+  const uint8_t* p = base + e.offsets[0];
+  const uint64_t bytes = e.offsets[1] - e.offsets[0];
+  if (e.dtype->type == at::kBool && std::any_of(p, p + bytes, [](uint8_t b) { return b > 1; }))
+    fail_safetensors(source, "the BOOL tensor '" + printable(e.name) + "' holds a byte other than 0 or 1");
+  at::Tensor t;
+  if (bytes == 0) {
+    t = torch::empty(shape, options);
+  } else if (reinterpret_cast<uintptr_t>(p) % e.dtype->size == 0) {
+    t = torch::from_blob(const_cast<uint8_t*>(p), shape, [keep](void*) {}, options);
+  } else {  // misaligned for its dtype (another writer's layout): the one copy, into aligned memory
+    t = torch::empty(shape, options);
+    std::memcpy(t.data_ptr(), p, bytes);
+  }
+  return t;
+}
+
+// Parses and checks the file's bytes [data, data + size); the tensors alias them and keep `keep` alive.
+SafetensorsContents parse(const uint8_t* data, uint64_t size, const std::shared_ptr<void>& keep, const std::string& source) {
+  const uint64_t n = safetensors_header_length(data, size, source);
+
+  HeaderParser header(source);
+  const char* json_begin = reinterpret_cast<const char*>(data + 8);
+  nlohmann::json::sax_parse(json_begin, json_begin + n, &header);
+
+  // Each tensor's byte size, then their ranges in order: back to back from 0 to the end of the file.
+  const uint64_t data_size = size - 8 - n;
+  for (const Entry& e : header.entries) check_entry_extent(e, data_size, source);
+  const std::vector<size_t> order = entries_in_data_order(header.entries);
+  check_data_back_to_back(header.entries, order, data_size, source);
 
   SafetensorsContents out;
   out.metadata = std::move(header.metadata);
@@ -309,22 +355,7 @@ SafetensorsContents parse(const uint8_t* data, uint64_t size, const std::shared_
   const uint8_t* base = data + 8 + n;
   for (size_t i : order) {
     const Entry& e = header.entries[i];
-    std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
-    const auto options = at::TensorOptions().dtype(e.dtype->type);
-    const uint8_t* p = base + e.offsets[0];
-    const uint64_t bytes = e.offsets[1] - e.offsets[0];
-    if (e.dtype->type == at::kBool && std::any_of(p, p + bytes, [](uint8_t b) { return b > 1; }))
-      fail("the BOOL tensor '" + printable(e.name) + "' holds a byte other than 0 or 1");
-    at::Tensor t;
-    if (bytes == 0) {
-      t = torch::empty(shape, options);
-    } else if (reinterpret_cast<uintptr_t>(p) % e.dtype->size == 0) {
-      t = torch::from_blob(const_cast<uint8_t*>(p), shape, [keep](void*) {}, options);
-    } else {  // misaligned for its dtype (another writer's layout): the one copy, into aligned memory
-      t = torch::empty(shape, options);
-      std::memcpy(t.data_ptr(), p, bytes);
-    }
-    out.tensors.emplace_back(e.name, std::move(t));
+    out.tensors.emplace_back(e.name, entry_tensor(e, base, keep, source));
   }
   return out;
 }

@@ -89,11 +89,8 @@ std::string py_quote(const std::string& s) {
   return r + "'";
 }
 
-}  // namespace
-
-ExportResult export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out,
-                            const ExportOptions& options) {
-  const Layout layout = parse_layout(options.layout);
+// The output format: --format, or else from the output's name; checked to be known and to fit the name.
+std::string export_format(const ExportOptions& options, const std::string& out) {
   std::string format = options.format;
   if (format.empty()) format = ends_with(out, ".safetensors") ? "safetensors" : "pt";
   if (format != "pt" && format != "safetensors")
@@ -101,12 +98,11 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   if (format == "pt" && ends_with(out, ".safetensors"))
     throw std::invalid_argument("export: --format pt would write a torch.save archive into " + out +
                                 "; use --format safetensors, or another file name");
+  return format;
+}
 
-  std::error_code ec;
-  std::string file = out;
-  if (fs::is_directory(out, ec))
-    file = (fs::path(out) / (format == "safetensors" ? "model.safetensors" : layout == Layout::hf ? "pytorch_model.bin" : "model.pt")).string();
-
+// The checkpoint to export: `checkpoint`, or else the latest one of `run_dir` that has its weights.
+LoadedCheckpoint export_checkpoint(const std::string& run_dir, const std::string& checkpoint) {
   std::optional<LoadedCheckpoint> ck;
   // Only the weights (and the config, to know the model) are read: a checkpoint without them falls back
   // like a corrupt one.
@@ -116,27 +112,74 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   if (!checkpoint.empty()) ck = CheckpointStore::load(checkpoint, check);
   else ck = CheckpointStore(run_dir, 0).load_latest(check);
   if (!ck) throw std::runtime_error(run_dir + ": no checkpoint to export");
+  return std::move(*ck);
+}
 
+// The checkpoint's weights in our layout, without a GPT's vocabulary padding when they go to the hf layout.
+NamedTensors our_weights(const LoadedCheckpoint& ck, Layout layout) {
+  NamedTensors ours = tensors_from_bytes(ck.file("model.pt"), ck.path + "/model.pt");
+  // Transformers knows only the real vocabulary: a GPT padded by model.vocab_multiple loses its padding
+  // rows (zeros, never a token) in the hf layout; in ours it keeps them, to resume or fine-tune as it was.
+  if (layout == Layout::hf && ck.files.count("state.json")) {
+    const auto state = nlohmann::json::parse(ck.file("state.json"), nullptr, /*allow_exceptions=*/false);
+    if (state.is_object() && state.contains("vocab_size") && state["vocab_size"].is_number_integer())
+      ours = without_vocab_padding(std::move(ours), state["vocab_size"].get<int64_t>());
+  }
+  return ours;
+}
+
+// Writes config.json beside `file` (layout hf) and sets r.config and r.how_to_load (from_pretrained of the folder).
+void write_hf_config(const std::string& file, const std::string& format, const NamedTensors& ours, const Config& cfg,
+                     ExportResult& r) {
+  const fs::path folder = fs::path(file).parent_path();
+  r.config = (folder / "config.json").string();
+  write_file_atomically(r.config, gpt2_config(ours, cfg).dump(2) + "\n", "export");
+  const std::string expected = format == "safetensors" ? "model.safetensors" : "pytorch_model.bin";
+  r.how_to_load = fs::path(file).filename() == expected
+                      ? "transformers.GPT2LMHeadModel.from_pretrained(" + py_quote(folder.empty() ? "." : folder.string()) + ")"
+                      : "rename the file to " + expected + ", then transformers.GPT2LMHeadModel.from_pretrained(<its folder>)";
+}
+
+// The timm call that builds our ViT's architecture and loads `file` into it.
+std::string timm_vit_how_to_load(const NamedTensors& ours, const std::string& model, const std::string& file) {
+  const auto& patch = tensor(ours, "patch_embed.weight");  // (C, in_chans, p, p)
+  const int64_t p = patch.size(2), tokens = tensor(ours, "pos_embed").size(1);
+  const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(tokens - 1))));
+  return "timm.create_model('vit_tiny_patch16_224', img_size=" + std::to_string(side * p) +
+         ", patch_size=" + std::to_string(p) + ", in_chans=" + std::to_string(patch.size(1)) +
+         ", embed_dim=" + std::to_string(patch.size(0)) + ", depth=" + std::to_string(count_blocks(ours, "blocks.")) +
+         ", num_heads=" + std::to_string(registered_heads(model)) +
+         ", num_classes=" + std::to_string(tensor(ours, "head.weight").size(0)) +
+         ", act_layer='gelu_tanh', norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-5), checkpoint_path=" +
+         py_quote(file) + ")";
+}
+
+}  // namespace
+
+ExportResult export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out,
+                            const ExportOptions& options) {
+  const Layout layout = parse_layout(options.layout);
+  const std::string format = export_format(options, out);
+
+  std::error_code ec;
+  std::string file = out;
+  if (fs::is_directory(out, ec))
+    file = (fs::path(out) / (format == "safetensors" ? "model.safetensors" : layout == Layout::hf ? "pytorch_model.bin" : "model.pt")).string();
+
+  const LoadedCheckpoint ck = export_checkpoint(run_dir, checkpoint);
   ExportResult r;
-  r.checkpoint = ck->path;
+  r.checkpoint = ck.path;
   r.weights = file;
   if (format == "pt" && layout == Layout::ours) {
     // model.pt is already a state dict that torch.load reads, with our names: copied as it is.
-    write_file_atomically(file, ck->file("model.pt"), "export");
+    write_file_atomically(file, ck.file("model.pt"), "export");
     r.how_to_load = "torch.load(" + py_quote(file) + ")";
     return r;
   }
 
   Config cfg;
-  if (ck->files.count("config.yaml")) apply_yaml_text(cfg, ck->files.at("config.yaml"), ck->path + "/config.yaml");
-  NamedTensors ours = tensors_from_bytes(ck->file("model.pt"), ck->path + "/model.pt");
-  // Transformers knows only the real vocabulary: a GPT padded by model.vocab_multiple loses its padding
-  // rows (zeros, never a token) in the hf layout; in ours it keeps them, to resume or fine-tune as it was.
-  if (layout == Layout::hf && ck->files.count("state.json")) {
-    const auto state = nlohmann::json::parse(ck->file("state.json"), nullptr, /*allow_exceptions=*/false);
-    if (state.is_object() && state.contains("vocab_size") && state["vocab_size"].is_number_integer())
-      ours = without_vocab_padding(std::move(ours), state["vocab_size"].get<int64_t>());
-  }
+  if (ck.files.count("config.yaml")) apply_yaml_text(cfg, ck.files.at("config.yaml"), ck.path + "/config.yaml");
+  const NamedTensors ours = our_weights(ck, layout);
   const std::string& model = cfg.model.name;
   NamedTensors mapped;
   try {
@@ -152,7 +195,7 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
     // {"format": "pt"}: what transformers and timm write, and what transformers checks before it loads.
     write_safetensors(file, mapped,
                       {{"format", "pt"}, {"trainer.model", model}, {"trainer.layout", to_string(layout)},
-                       {"trainer.step", std::to_string(ck->step)}});
+                       {"trainer.step", std::to_string(ck.step)}});
   } else {
     write_file_atomically(file, tensors_to_bytes(mapped), "export");
   }
@@ -160,28 +203,13 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   const std::string load = format == "safetensors" ? "safetensors.torch.load_file(" + py_quote(file) + ")"
                                                    : "torch.load(" + py_quote(file) + ")";
   if (layout == Layout::hf) {
-    const fs::path folder = fs::path(file).parent_path();
-    r.config = (folder / "config.json").string();
-    write_file_atomically(r.config, gpt2_config(ours, cfg).dump(2) + "\n", "export");
-    const std::string expected = format == "safetensors" ? "model.safetensors" : "pytorch_model.bin";
-    r.how_to_load = fs::path(file).filename() == expected
-                        ? "transformers.GPT2LMHeadModel.from_pretrained(" + py_quote(folder.empty() ? "." : folder.string()) + ")"
-                        : "rename the file to " + expected + ", then transformers.GPT2LMHeadModel.from_pretrained(<its folder>)";
+    write_hf_config(file, format, ours, cfg, r);
   } else if (layout == Layout::timm && family == Family::resnet) {
     const auto& conv1 = tensor(ours, "conv1.weight");
     r.how_to_load = "timm.create_model(" + py_quote(model) + ", num_classes=" + std::to_string(tensor(ours, "fc.weight").size(0)) +
                     ", in_chans=" + std::to_string(conv1.size(1)) + ", checkpoint_path=" + py_quote(file) + ")";
   } else if (layout == Layout::timm) {  // ViT
-    const auto& patch = tensor(ours, "patch_embed.weight");  // (C, in_chans, p, p)
-    const int64_t p = patch.size(2), tokens = tensor(ours, "pos_embed").size(1);
-    const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(tokens - 1))));
-    r.how_to_load = "timm.create_model('vit_tiny_patch16_224', img_size=" + std::to_string(side * p) +
-                    ", patch_size=" + std::to_string(p) + ", in_chans=" + std::to_string(patch.size(1)) +
-                    ", embed_dim=" + std::to_string(patch.size(0)) + ", depth=" + std::to_string(count_blocks(ours, "blocks.")) +
-                    ", num_heads=" + std::to_string(registered_heads(model)) +
-                    ", num_classes=" + std::to_string(tensor(ours, "head.weight").size(0)) +
-                    ", act_layer='gelu_tanh', norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-5), checkpoint_path=" +
-                    py_quote(file) + ")";
+    r.how_to_load = timm_vit_how_to_load(ours, model, file);
   } else if (imagenet_resnet(model)) {
     r.how_to_load = "torchvision.models." + model + "(num_classes=" + std::to_string(tensor(ours, "fc.weight").size(0)) +
                     ").load_state_dict(" + load + ")";
