@@ -375,7 +375,7 @@ def cpu_model():
 
 
 def known_peak_tflops(name, precision):
-    """Dense tensor-core TFLOP/s; the same table as trainer/bench.cpp's known_peak_tflops."""
+    """Dense tensor-core TFLOP/s; the same table as tools/bench/bench_train.cpp's known_peak_tflops."""
     if precision not in ("bf16", "fp16"):
         return 0.0
     if "H200" in name and "NVL" not in name:
@@ -390,7 +390,7 @@ def known_peak_tflops(name, precision):
 
 
 def percentile(values, q):
-    """numpy.percentile's default (linear interpolation), as trainer/bench.cpp's percentile."""
+    """numpy.percentile's default (linear interpolation), as tools/percentile.h's percentile."""
     v = sorted(values)
     rank = q / 100.0 * (len(v) - 1)
     lo = int(math.floor(rank))
@@ -945,7 +945,7 @@ def run(cfg, args, torch):
 
 
 def loaded_blas():
-    """The BLAS libraries mapped into this process (as trainer/bench.cpp's loaded_blas)."""
+    """The BLAS libraries mapped into this process (as tools/bench/host_info.cpp's loaded_blas)."""
     seen = []
     try:
         with open("/proc/self/maps") as f:
