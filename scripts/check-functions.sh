@@ -15,8 +15,7 @@ venv=${TRAINER_LIZARD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/trainer/lizard-$vers
 if [[ ! -x $venv/bin/lizard ]]; then
   echo "check-functions: installing lizard $version into $venv" >&2
   rm -rf "$venv"
-  mkdir -p "$(dirname "$venv")"
-  if ! /usr/bin/python3 -m venv "$venv" >&2 ||
+  if ! mkdir -p "$(dirname "$venv")" || ! /usr/bin/python3 -m venv "$venv" >&2 ||
      ! "$venv/bin/pip" install --no-cache-dir --progress-bar off -q "lizard==$version" >&2; then
     rm -rf "$venv"
     echo "error: check-functions: could not install lizard $version from PyPI into $venv" >&2
