@@ -270,6 +270,138 @@ TEST(OomController, HalvingsOnlyClimbsTheLadderItBacksOffOn) {
   EXPECT_FALSE(MicroBatchController::from_json(old).to_json().at("halvings_only").get<bool>());
 }
 
+// A device whose step peak is a line, fixed + per_sample x micro-batch, and which runs out of memory when
+// that peak is over the limit: the controller sees the peaks a real cap would show it.
+struct LinearRun {
+  MicroBatchController c;
+  int64_t limit;
+  int64_t fixed = 100 * kMiB, per_sample = 10 * kMiB;
+  int64_t ooms = 0;
+  std::vector<int64_t> probes;
+  std::vector<trainer::OomEvent> events, skips;
+
+  int64_t peak(int64_t m) const { return fixed + per_sample * m; }
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      if (peak(c.micro_batch()) > limit) {
+        ASSERT_NE(c.on_oom(limit).kind, OomAction::Kind::kGiveUp);
+        ++ooms;
+        continue;
+      }
+      if (const auto p = c.maybe_grow(limit, peak(c.micro_batch()))) probes.push_back(*p);
+      for (const auto& e : c.take_events()) {
+        events.push_back(e);
+        if (e.kind == OomEventKind::kProbeSkipped) skips.push_back(e);
+      }
+    }
+  }
+};
+
+// Under a limit of 405 MiB the line (100 MiB + 10 MiB a sample) allows 30 samples; at 655 MiB, 55. The
+// peaks at 64 (before the cut) and 16 (after two backoffs) give the controller that line, so no probe
+// fails: 24, 28, 30, then 31 is skipped (the line puts it at 410 MiB). After the rise, 2 x 30 = 60 is
+// lowered to the 55 the line allows, and 64 is skipped. Without the line, 31 and then 64, 60 and 57
+// would have run out of memory.
+TEST(OomController, ProbesNoSizeTheLineThroughItsPeaksPutsOverTheLimit) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.grow_after = 3;
+  o.headroom = 0.0;
+  LinearRun run{MicroBatchController(o), 1000 * kMiB};
+  run.steps(5);
+  EXPECT_EQ(run.c.largest_predicted_to_fit(), 64);  // one size seen: no line yet
+  run.limit = 405 * kMiB;
+  run.steps(100);
+  EXPECT_EQ(run.ooms, 2);  // 64 -> 32 -> 16: the backoffs, and nothing else
+  EXPECT_EQ(run.probes, (std::vector<int64_t>{24, 28, 30}));
+  EXPECT_EQ(run.c.micro_batch(), 30);
+  EXPECT_EQ(run.c.largest_predicted_to_fit(), 30);
+  ASSERT_EQ(run.skips.size(), 1u);  // once, not at every clean step after
+  EXPECT_EQ(run.skips[0].reason,
+            "not probing micro-batch 31: the line through the peaks at micro-batch 16 to 64 (5 sizes) puts "
+            "micro-batch 31 at 410.0 MiB, over the limit 405.0 MiB; keeping 30 until the limit rises");
+  EXPECT_EQ(run.skips[0].peak_bytes, run.peak(30));
+  EXPECT_EQ(run.c.skipped_micro_batch(), 31);
+  EXPECT_EQ(run.c.peaks(false).at(16), run.peak(16));
+  EXPECT_TRUE(run.c.peaks(true).empty());
+
+  run.limit = 655 * kMiB;
+  run.events.clear();
+  run.steps(1);  // the limit rose: the next clean step probes, lowered to what the line allows
+  ASSERT_EQ(run.probes.size(), 4u);
+  EXPECT_EQ(run.probes.back(), 55);
+  const auto ev = run.events;
+  ASSERT_EQ(kinds(ev), (std::vector<OomEventKind>{OomEventKind::kLimitChanged, OomEventKind::kProbe}));
+  EXPECT_EQ(ev[1].reason,
+            "probing micro-batch 55 after the memory limit rose to 655.0 MiB (not 60: the line through the peaks "
+            "at micro-batch 16 to 64 (5 sizes) puts micro-batch 60 at 700.0 MiB, over the limit 655.0 MiB)");
+  run.steps(100);
+  EXPECT_EQ(run.ooms, 2);
+  EXPECT_EQ(run.probes.size(), 4u);
+  EXPECT_EQ(run.c.micro_batch(), 55);
+  ASSERT_EQ(run.skips.size(), 2u);
+  EXPECT_NE(run.skips[1].reason.find("not probing micro-batch 64: "), std::string::npos) << run.skips[1].reason;
+
+  // A checkpoint keeps the line and the skip: the resumed controller decides as this one does.
+  MicroBatchController r = MicroBatchController::from_json(nlohmann::json::parse(run.c.to_json().dump()));
+  EXPECT_EQ(r.to_json(), run.c.to_json());
+  EXPECT_EQ(r.largest_predicted_to_fit(), 55);
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(r.maybe_grow(run.limit, run.peak(55)).has_value());
+  EXPECT_TRUE(r.take_events().empty());
+  // States written before the controller kept peaks read with none; hostile peaks are refused by name.
+  nlohmann::json old = run.c.to_json();
+  old.erase("peaks");
+  old.erase("skipped_micro_batch");
+  EXPECT_TRUE(MicroBatchController::from_json(old).peaks(false).empty());
+  nlohmann::json bad = run.c.to_json();
+  bad["peaks"]["without_checkpointing"] = nlohmann::json::array({nlohmann::json::array({65, 1000})});
+  EXPECT_NE(error_text([&] { MicroBatchController::from_json(bad); }).find("peaks out of range"), std::string::npos);
+  bad["peaks"]["without_checkpointing"] = "many";
+  EXPECT_NE(error_text([&] { MicroBatchController::from_json(bad); }).find("wrong type"), std::string::npos);
+}
+
+// The line needs sizes a factor of two apart: between 16 and 24 the slope would be the allocator's
+// rounding. A size that ran under the limit is never ruled out. With memory.ladder_sizes: halvings a
+// size the line rules out is skipped, not lowered.
+TEST(OomController, TheLineNeedsAFactorOfTwoAndHalvingsSkipWhatItRulesOut) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.grow_after = 1;
+  o.headroom = 0.0;
+  MicroBatchController c(o);
+  c.on_oom(400 * kMiB);  // 64 -> 32
+  c.on_oom(400 * kMiB);  // 32 -> 16
+  ASSERT_EQ(c.maybe_grow(400 * kMiB, 260 * kMiB), 24);  // peak at 16; probes halfway to the failed 32
+  EXPECT_FALSE(c.maybe_grow(400 * kMiB, 340 * kMiB).has_value());  // peak at 24: the probe is kept
+  EXPECT_EQ(c.peaks(false).size(), 2u);
+  EXPECT_EQ(c.largest_predicted_to_fit(), 64);
+
+  // Peaks that curve: the least-squares line puts 64 at 707.5 MiB, but 64 ran at 705 MiB, so under a
+  // limit of 705 MiB it is not ruled out; under 704 MiB the line's 63 stands.
+  MicroBatchController curved(o);
+  curved.add_peak(16, false, 260 * kMiB);
+  curved.add_peak(32, false, 420 * kMiB);
+  curved.add_peak(64, false, 705 * kMiB);
+  EXPECT_THROW(curved.add_peak(65, false, 1), std::invalid_argument);
+  curved.on_limit_changed(705 * kMiB);
+  EXPECT_EQ(curved.largest_predicted_to_fit(), 64);
+  curved.on_limit_changed(704 * kMiB);
+  EXPECT_EQ(curved.largest_predicted_to_fit(), 63);
+
+  o.halvings_only = true;
+  LinearRun run{MicroBatchController(o), 1000 * kMiB};
+  run.steps(3);
+  run.limit = 400 * kMiB;
+  run.steps(20);  // 64 -> 32 -> 16; 32 failed, so the ladder has nothing to probe
+  EXPECT_EQ(run.c.micro_batch(), 16);
+  run.limit = 655 * kMiB;  // 32 fits, 64 does not (740 MiB)
+  run.steps(50);
+  EXPECT_EQ(run.probes, (std::vector<int64_t>{32}));
+  EXPECT_EQ(run.ooms, 2);
+  ASSERT_EQ(run.skips.size(), 1u);
+  EXPECT_NE(run.skips[0].reason.find("not probing micro-batch 64: "), std::string::npos) << run.skips[0].reason;
+}
+
 TEST(OomController, ProbesAgainWhenTheLimitRises) {
   MicroBatchOptions o;
   o.global_batch = 64;

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <stdexcept>
+
+#include "trainer/memory/curve.h"
 
 namespace trainer {
 
@@ -91,6 +95,7 @@ const char* to_string(OomEventKind kind) {
     case OomEventKind::kProbeFailed: return "probe_failed";
     case OomEventKind::kProbeSucceeded: return "probe_succeeded";
     case OomEventKind::kLimitChanged: return "limit_changed";
+    case OomEventKind::kProbeSkipped: return "probe_skipped";
   }
   return "unknown";
 }
@@ -153,6 +158,7 @@ std::optional<OomEvent> MicroBatchController::on_limit_changed(int64_t new_limit
   if (rose) {
     // Sizes that failed under the old limit may fit now; the next clean step probes.
     failed_micro_ = 0;
+    skipped_micro_ = 0;
     ckpt_off_failed_ = false;
     limit_rose_ = true;
     reason += ": forgetting failed sizes, probing at the next clean step";
@@ -187,6 +193,7 @@ OomAction MicroBatchController::on_oom(int64_t limit_bytes) {
     ckpt_by_ladder_ = true;
     // Failures seen without checkpointing say nothing about sizes with it.
     failed_micro_ = 0;
+    skipped_micro_ = 0;
     ckpt_off_failed_ = false;
     a.kind = OomAction::Kind::kEnableCheckpointing;
     a.event = record(make_event(OomEventKind::kCheckpointingOn, micro_, false,
@@ -237,7 +244,10 @@ OomEvent MicroBatchController::on_probe_succeeded() {
     throw std::logic_error("micro-batch controller: on_probe_succeeded without a probe");
   const std::string what = probe_ == ProbeKind::kGrow ? "micro-batch " + std::to_string(micro_)
                                                       : std::string("activation checkpointing off");
-  if (probe_ == ProbeKind::kCheckpointingOff) ckpt_by_ladder_ = false;
+  if (probe_ == ProbeKind::kCheckpointingOff) {
+    ckpt_by_ladder_ = false;
+    skipped_micro_ = 0;  // a skip was judged on the line with checkpointing
+  }
   probe_ = ProbeKind::kNone;
   last_good_micro_ = micro_;
   clean_steps_ = 0;
@@ -245,8 +255,92 @@ OomEvent MicroBatchController::on_probe_succeeded() {
                            "probe step with " + what + " was clean: keeping it"));
 }
 
+void MicroBatchController::remember_peak(int64_t peak_bytes) { add_peak(micro_, checkpointing_, peak_bytes); }
+
+void MicroBatchController::add_peak(int64_t micro_batch, bool checkpointing, int64_t peak_bytes) {
+  if (micro_batch < 1 || micro_batch > opt_.global_batch)
+    throw std::invalid_argument("micro-batch controller: a peak at micro-batch " + std::to_string(micro_batch) +
+                                ", outside [1, global_batch = " + std::to_string(opt_.global_batch) + "]");
+  if (peak_bytes <= 0) return;
+  auto& seen = peaks_[checkpointing ? 1 : 0];
+  // The lowest: the first step at a size may hold cuDNN's timing workspaces, which later steps do not.
+  const auto [it, fresh] = seen.emplace(micro_batch, peak_bytes);
+  if (!fresh) it->second = std::min(it->second, peak_bytes);
+  while (seen.size() > kMaxPeakSizes) {  // drop the size farthest from where the run is now
+    const auto last = std::prev(seen.end());
+    seen.erase(std::llabs(seen.begin()->first - micro_) >= std::llabs(last->first - micro_) ? seen.begin() : last);
+  }
+}
+
+namespace {
+
+// peak = fixed + per_sample x micro-batch through the peaks seen, once they span a factor of two.
+std::optional<MemoryFit> line_through(const std::map<int64_t, int64_t>& seen) {
+  if (seen.size() < 2 || seen.rbegin()->first < 2 * seen.begin()->first) return std::nullopt;
+  std::vector<CurvePoint> points;
+  for (const auto& [micro, peak] : seen) points.push_back({micro, peak, 0});
+  return fit_memory_curve(points);
+}
+
+std::string line_text(const std::map<int64_t, int64_t>& seen, const MemoryFit& line, int64_t micro) {
+  return "the line through the peaks at micro-batch " + std::to_string(seen.begin()->first) + " to " +
+         std::to_string(seen.rbegin()->first) + " (" + std::to_string(seen.size()) + " sizes) puts micro-batch " +
+         std::to_string(micro) + " at " + bytes_text(static_cast<int64_t>(line.peak_at(micro)));
+}
+
+}  // namespace
+
+int64_t MicroBatchController::largest_predicted_to_fit() const {
+  const auto& seen = peaks(checkpointing_);
+  const auto line = line_through(seen);
+  if (limit_ == 0 || !line) return opt_.global_batch;
+  int64_t allowed = predict_max_micro_batch(*line, limit_, opt_.global_batch);
+  // A size that ran under this limit's bytes is not ruled out by a line that misses its point.
+  for (const auto& [micro, peak] : seen)
+    if (peak <= limit_) allowed = std::max(allowed, micro);
+  return allowed;
+}
+
+// The size a grow probe tries (<= micro_: none): double while nothing has failed, else halfway to the
+// smallest failed size; with halvings_only the ladder's next size below it. Then no more than the line
+// through the clean steps' peaks allows under the limit: a size it puts over the limit is skipped.
+int64_t MicroBatchController::grow_target(int64_t peak_bytes) {
+  clamped_why_.clear();
+  int64_t target = 0;
+  if (opt_.halvings_only) {
+    const int64_t start = opt_.micro_batch == 0 ? opt_.global_batch : opt_.micro_batch;
+    const auto sizes = halving_ladder(opt_.global_batch, start, opt_.min_micro_batch);
+    const auto next = std::upper_bound(sizes.begin(), sizes.end(), micro_);
+    if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_)) return micro_;
+    target = *next;
+  } else {
+    target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
+    target = std::min(target, opt_.global_batch);
+    if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
+  }
+  const int64_t allowed = largest_predicted_to_fit();
+  if (target <= micro_ || target <= allowed) return target;
+  const auto& seen = peaks(checkpointing_);
+  const std::string why = line_text(seen, *line_through(seen), target) + ", over the limit " + bytes_text(limit_);
+  // With halvings_only no size of the ladder lies between micro_ and its next one.
+  if (!opt_.halvings_only && allowed > micro_) {
+    clamped_why_ = " (not " + std::to_string(target) + ": " + why + ")";
+    return allowed;
+  }
+  if (skipped_micro_ == 0 || target < skipped_micro_) {  // once per size and limit, not every clean step
+    skipped_micro_ = target;
+    OomEvent e = make_event(OomEventKind::kProbeSkipped, micro_, checkpointing_,
+                            "not probing micro-batch " + std::to_string(target) + ": " + why +
+                                "; keeping " + std::to_string(micro_) + " until the limit rises");
+    e.peak_bytes = peak_bytes;
+    record(e);
+  }
+  return micro_;
+}
+
 std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int64_t peak_bytes) {
   on_limit_changed(limit_bytes);
+  remember_peak(peak_bytes);  // the size and setting this step ran at, a probe's or not
   if (probe_ != ProbeKind::kNone) {
     on_probe_succeeded();
     // The next probe waits for grow_after clean steps again, unless the limit rises.
@@ -271,20 +365,7 @@ std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int
     checkpointing_ = false;
     probe_ = ProbeKind::kCheckpointingOff;
   } else if (micro_ < opt_.global_batch) {
-    // Double while nothing has failed; once a size failed, bisect towards it. With halvings_only: the
-    // next size of the ladder, if it is below any failed size.
-    int64_t target = 0;
-    if (opt_.halvings_only) {
-      const int64_t start = opt_.micro_batch == 0 ? opt_.global_batch : opt_.micro_batch;
-      const auto sizes = halving_ladder(opt_.global_batch, start, opt_.min_micro_batch);
-      const auto next = std::upper_bound(sizes.begin(), sizes.end(), micro_);
-      if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_)) return std::nullopt;
-      target = *next;
-    } else {
-      target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
-      target = std::min(target, opt_.global_batch);
-      if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
-    }
+    const int64_t target = grow_target(peak_bytes);
     if (target <= micro_) return std::nullopt;
     micro_ = target;
     probe_ = ProbeKind::kGrow;
@@ -296,7 +377,7 @@ std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int
   OomEvent e = make_event(OomEventKind::kProbe, old, old_ckpt,
                           (probe_ == ProbeKind::kGrow ? "probing micro-batch " + std::to_string(micro_)
                                                       : std::string("probing with activation checkpointing off")) +
-                              " " + why);
+                              " " + why + (probe_ == ProbeKind::kGrow ? clamped_why_ : std::string()));
   e.peak_bytes = peak_bytes;
   record(e);
   return micro_;
@@ -326,7 +407,10 @@ nlohmann::json MicroBatchController::to_json() const {
           {"limit_rose", limit_rose_},
           {"clean_steps", clean_steps_},
           {"probe", probe_name(probe_)},
-          {"last_good_micro_batch", last_good_micro_}};
+          {"last_good_micro_batch", last_good_micro_},
+          // [[micro_batch, lowest peak bytes], ...]: a resumed run keeps the line its probes are judged on
+          {"peaks", {{"without_checkpointing", peaks_[0]}, {"with_checkpointing", peaks_[1]}}},
+          {"skipped_micro_batch", skipped_micro_}};
 }
 
 MicroBatchController MicroBatchController::from_json(const nlohmann::json& j) {
@@ -358,8 +442,19 @@ MicroBatchController MicroBatchController::from_json(const nlohmann::json& j) {
     c.clean_steps_ = get("clean_steps").get<int64_t>();
     c.probe_ = probe_from_name(get("probe").get<std::string>());
     c.last_good_micro_ = get("last_good_micro_batch").get<int64_t>();
-    if (c.limit_ < 0 || c.failed_micro_ < 0 || c.clean_steps_ < 0 || c.last_good_micro_ < o.min_micro_batch ||
-        c.last_good_micro_ > o.global_batch)
+    // Both absent in states written before the controller kept peaks: the line starts empty.
+    c.skipped_micro_ = j.value("skipped_micro_batch", int64_t{0});
+    if (j.contains("peaks")) {
+      const auto& peaks = j.at("peaks");
+      c.peaks_[0] = peaks.at("without_checkpointing").get<std::map<int64_t, int64_t>>();
+      c.peaks_[1] = peaks.at("with_checkpointing").get<std::map<int64_t, int64_t>>();
+      for (const auto& seen : c.peaks_)
+        for (const auto& [micro, peak] : seen)
+          if (micro < 1 || micro > o.global_batch || peak < 1 || seen.size() > kMaxPeakSizes)
+            throw std::invalid_argument("micro-batch controller state: peaks out of range in " + peaks.dump());
+    }
+    if (c.limit_ < 0 || c.failed_micro_ < 0 || c.skipped_micro_ < 0 || c.clean_steps_ < 0 ||
+        c.last_good_micro_ < o.min_micro_batch || c.last_good_micro_ > o.global_batch)
       throw std::invalid_argument("micro-batch controller state: a counter is out of range in " + j.dump());
     return c;
   } catch (const nlohmann::json::exception& e) {

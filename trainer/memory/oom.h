@@ -16,6 +16,10 @@
 // ladder turned it on) starts when the limit rose, or after `grow_after` clean steps whose peak stayed
 // below (1 - headroom) * limit. A probe that OOMs is reverted and remembered: the smallest micro-batch
 // that failed at the current limit is never probed again (nor anything above it) until the limit rises.
+// A probe the clean steps' own peaks rule out is not run: the controller keeps the lowest peak it saw at
+// each micro-batch (per checkpointing setting), and once they span a factor of two it fits a line
+// (trainer/memory/curve.h) and probes no size that the line puts over the limit. It probes the largest
+// size the line allows instead, or nothing.
 // With `halvings_only` the micro-batch only ever takes sizes of halving_ladder(): a probe climbs to the
 // next of them instead of bisecting towards a failed size, so a run reuses a few sizes (and whatever
 // cuDNN tuned for them, trainer/memory/cudnn_policy.h) rather than meeting new ones.
@@ -25,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,9 +70,11 @@ enum class OomEventKind {
   kProbeFailed,      ///< the probe OOMed: back to the last good configuration, size remembered
   kProbeSucceeded,   ///< the probe step was clean: its configuration is kept
   kLimitChanged,     ///< the memory limit differs from the last one seen
+  kProbeSkipped,     ///< grow-back: the line through the clean steps' peaks puts every larger size over the limit
 };
 
-/// "backoff", "checkpointing_on", "give_up", "probe", "probe_failed", "probe_succeeded", "limit_changed".
+/// "backoff", "checkpointing_on", "give_up", "probe", "probe_failed", "probe_succeeded", "limit_changed",
+/// "probe_skipped".
 const char* to_string(OomEventKind kind);
 
 /// One transition, for the log and metrics.jsonl.
@@ -128,14 +135,31 @@ class MicroBatchController {
   int64_t limit() const { return limit_; }
   /// Clean steps since the last OOM, probe start or probe success.
   int64_t clean_steps() const { return clean_steps_; }
+  /// The lowest step peak seen at each micro-batch, with activation checkpointing on or off (at most
+  /// kMaxPeakSizes sizes each: the ones nearest the current micro-batch).
+  const std::map<int64_t, int64_t>& peaks(bool checkpointing) const { return peaks_[checkpointing ? 1 : 0]; }
+  /// A peak measured outside a step, at `micro_batch` with checkpointing on or off: kept as a clean
+  /// step's would be. The run gives it the auto search's probes, which measure the step's worst
+  /// micro-batch. Throws std::invalid_argument unless 1 <= micro_batch <= global_batch.
+  void add_peak(int64_t micro_batch, bool checkpointing, int64_t peak_bytes);
+  /// The largest micro-batch in [0, global_batch] that the line through peaks(checkpointing()) puts at or
+  /// under the limit, or that peaked at or under it; global_batch without a limit, or while the peaks
+  /// span less than a factor of two (the slope would be the allocator's rounding).
+  int64_t largest_predicted_to_fit() const;
+  /// The smallest probe size skipped as predicted over the current limit (0 = none); forgotten like
+  /// failed sizes, when the limit rises.
+  int64_t skipped_micro_batch() const { return skipped_micro_; }
+
+  static constexpr size_t kMaxPeakSizes = 8;
 
   /// Call when an attempt ran out of memory, with the limit in force. During a probe this reverts it
   /// (kRevertProbe); otherwise it climbs the ladder. Records and returns the event.
   OomAction on_oom(int64_t limit_bytes);
 
-  /// Call after each clean step with the limit in force and the step's peak bytes. A clean probe step
-  /// is accepted first (on_probe_succeeded). Returns the micro-batch size of a probe that the next step
-  /// runs (for a checkpointing-off probe: the unchanged size), or nullopt.
+  /// Call after each clean step with the limit in force and the step's peak bytes. The peak is kept for
+  /// the size and setting the step ran at, and a clean probe step is accepted (on_probe_succeeded).
+  /// Returns the micro-batch size of a probe that the next step runs (for a checkpointing-off probe: the
+  /// unchanged size), or nullopt.
   std::optional<int64_t> maybe_grow(int64_t limit_bytes, int64_t peak_bytes);
 
   /// The probe OOMed: back to the last good configuration; a grow probe's size is remembered as failed.
@@ -162,6 +186,9 @@ class MicroBatchController {
   OomEvent make_event(OomEventKind kind, int64_t old_micro, bool old_ckpt, std::string reason) const;
   OomEvent record(OomEvent e);
   void remember_failure(int64_t micro);
+  void remember_peak(int64_t peak_bytes);
+  int64_t grow_target(int64_t peak_bytes);
+  std::optional<int64_t> skip_probe(int64_t target);
 
   MicroBatchOptions opt_;
   int64_t micro_ = 0;
@@ -174,6 +201,9 @@ class MicroBatchController {
   int64_t clean_steps_ = 0;
   ProbeKind probe_ = ProbeKind::kNone;
   int64_t last_good_micro_ = 0;
+  std::map<int64_t, int64_t> peaks_[2];  ///< [checkpointing]: micro-batch -> lowest clean step peak
+  int64_t skipped_micro_ = 0;
+  std::string clamped_why_;  ///< set by grow_target when the line lowered the probe's size
   std::vector<OomEvent> events_;
 };
 

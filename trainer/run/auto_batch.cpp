@@ -53,6 +53,7 @@ MicroBatchSearch TrainingRun::search_micro_batch(const data::Batch& batch) {
   if (!findings.problem().empty()) spdlog::warn("{}", findings.problem());
   MicroBatchSearch found = search_once(batch, co, findings);
   if (found.stopped) return found;
+  size_t other_setting = 0;  // the trace's first probes, of a search without checkpointing that found nothing
   if (cfg_.memory.activation_checkpointing == "auto" && !found.floor_fits && !co.checkpointing) {
     co.checkpointing = true;
     from = "floor_does_not_fit";
@@ -62,11 +63,21 @@ MicroBatchSearch TrainingRun::search_micro_batch(const data::Batch& batch) {
     found.probes += first.probes;
     found.reused += first.reused;
     found.trace.insert(found.trace.begin(), first.trace.begin(), first.trace.end());
+    other_setting = first.trace.size();
     found.tuned_sizes.insert(found.tuned_sizes.end(), first.tuned_sizes.begin(), first.tuned_sizes.end());
   }
   const double search_s = seconds_since(t);
   co.micro_batch = found.micro_batch;
-  step_runner_->set_controller(make_controller(co, agreed_limit_));
+  MicroBatchController controller = make_controller(co, agreed_limit_);
+  // The probes that fitted are points of the step's memory curve: grow-back judges its probes on them
+  // from the first step (trainer/memory/oom.h). In one process only: each rank probed its own sizes,
+  // and every rank's controller must decide alike.
+  if (!dist_) {
+    for (size_t i = other_setting; i < found.trace.size(); ++i)
+      if (const auto& p = found.trace[i]; p.at("fits").get<bool>())
+        controller.add_peak(p.at("micro_batch").get<int64_t>(), co.checkpointing, p.at("peak_bytes").get<int64_t>());
+  }
+  step_runner_->set_controller(std::move(controller));
   step_runner_->apply_activation_checkpointing();
   log_auto_micro_batch(found, co.checkpointing, from, search_s);
   return found;
