@@ -50,7 +50,7 @@ POLL_S = 0.02
 # "oom" with the ladder's answer as "kind"; the transitions without an OOM as their own event name, the kind
 # repeated), the give-up, the auto search's pick and the evaluation's own backoff.
 MEMORY_EVENTS = ("oom", "backoff", "checkpointing_on", "give_up", "probe", "probe_failed", "probe_succeeded",
-                 "limit_changed", "oom_gave_up", "auto_micro_batch", "eval_backoff")
+                 "probe_skipped", "limit_changed", "oom_gave_up", "auto_micro_batch", "eval_backoff")
 # What is kept of each memory event.
 EVENT_FIELDS = ("old_micro_batch", "new_micro_batch", "old_checkpointing", "new_checkpointing", "limit_bytes",
                 "peak_bytes", "reason", "message", "error")

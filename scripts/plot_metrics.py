@@ -23,6 +23,7 @@ EVENT_STYLE = {
     "checkpointing_on": ("#ff7f0e", ":", "checkpointing on"),
     "probe": ("#2ca02c", "--", "grow probe"),
     "probe_failed": ("#2ca02c", ":", "probe failed"),
+    "probe_skipped": ("#bcbd22", ":", "probe skipped"),
     "limit_changed": ("#8c564b", "-.", "limit changed"),
     "checkpoint": ("#7f7f7f", ":", "checkpoint"),
     "resume": ("#9467bd", "-", "resume"),
