@@ -255,8 +255,6 @@ OomEvent MicroBatchController::on_probe_succeeded() {
                            "probe step with " + what + " was clean: keeping it"));
 }
 
-void MicroBatchController::remember_peak(int64_t peak_bytes) { add_peak(micro_, checkpointing_, peak_bytes); }
-
 void MicroBatchController::add_peak(int64_t micro_batch, bool checkpointing, int64_t peak_bytes) {
   if (micro_batch < 1 || micro_batch > opt_.global_batch)
     throw std::invalid_argument("micro-batch controller: a peak at micro-batch " + std::to_string(micro_batch) +
@@ -304,14 +302,13 @@ int64_t MicroBatchController::largest_predicted_to_fit() const {
 // The size a grow probe tries (<= micro_: none): double while nothing has failed, else halfway to the
 // smallest failed size; with halvings_only the ladder's next size below it. Then no more than the line
 // through the clean steps' peaks allows under the limit: a size it puts over the limit is skipped.
-int64_t MicroBatchController::grow_target(int64_t peak_bytes) {
-  clamped_why_.clear();
+MicroBatchController::GrowTarget MicroBatchController::grow_target(int64_t peak_bytes) {
   int64_t target = 0;
   if (opt_.halvings_only) {
     const int64_t start = opt_.micro_batch == 0 ? opt_.global_batch : opt_.micro_batch;
     const auto sizes = halving_ladder(opt_.global_batch, start, opt_.min_micro_batch);
     const auto next = std::upper_bound(sizes.begin(), sizes.end(), micro_);
-    if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_)) return micro_;
+    if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_)) return {micro_, ""};
     target = *next;
   } else {
     target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
@@ -319,28 +316,25 @@ int64_t MicroBatchController::grow_target(int64_t peak_bytes) {
     if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
   }
   const int64_t allowed = largest_predicted_to_fit();
-  if (target <= micro_ || target <= allowed) return target;
+  if (target <= micro_ || target <= allowed) return {target, ""};
   const auto& seen = peaks(checkpointing_);
   const std::string why = line_text(seen, *line_through(seen), target) + ", over the limit " + bytes_text(limit_);
   // With halvings_only no size of the ladder lies between micro_ and its next one.
-  if (!opt_.halvings_only && allowed > micro_) {
-    clamped_why_ = " (not " + std::to_string(target) + ": " + why + ")";
-    return allowed;
-  }
+  if (!opt_.halvings_only && allowed > micro_) return {allowed, " (not " + std::to_string(target) + ": " + why + ")"};
   if (skipped_micro_ == 0 || target < skipped_micro_) {  // once per size and limit, not every clean step
     skipped_micro_ = target;
     OomEvent e = make_event(OomEventKind::kProbeSkipped, micro_, checkpointing_,
-                            "not probing micro-batch " + std::to_string(target) + ": " + why +
-                                "; keeping " + std::to_string(micro_) + " until the limit rises");
+                            "not probing micro-batch " + std::to_string(target) + ": " + why + "; keeping " +
+                                std::to_string(micro_) + " until the limit rises");
     e.peak_bytes = peak_bytes;
     record(e);
   }
-  return micro_;
+  return {micro_, ""};
 }
 
 std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int64_t peak_bytes) {
   on_limit_changed(limit_bytes);
-  remember_peak(peak_bytes);  // the size and setting this step ran at, a probe's or not
+  add_peak(micro_, checkpointing_, peak_bytes);  // the size and setting this step ran at, a probe's or not
   if (probe_ != ProbeKind::kNone) {
     on_probe_succeeded();
     // The next probe waits for grow_after clean steps again, unless the limit rises.
@@ -361,13 +355,15 @@ std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int
                                      bytes_text(peak_bytes) + " under limit " + bytes_text(limit_);
   // Checkpointing costs a recomputed forward on every step; dropping it first buys back more speed
   // than a larger micro-batch would.
+  std::string lowered;
   if (checkpointing_ && ckpt_by_ladder_ && !ckpt_off_failed_) {
     checkpointing_ = false;
     probe_ = ProbeKind::kCheckpointingOff;
   } else if (micro_ < opt_.global_batch) {
-    const int64_t target = grow_target(peak_bytes);
-    if (target <= micro_) return std::nullopt;
-    micro_ = target;
+    const GrowTarget target = grow_target(peak_bytes);
+    if (target.micro_batch <= micro_) return std::nullopt;
+    micro_ = target.micro_batch;
+    lowered = target.lowered;
     probe_ = ProbeKind::kGrow;
   } else {
     return std::nullopt;
@@ -377,7 +373,7 @@ std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int
   OomEvent e = make_event(OomEventKind::kProbe, old, old_ckpt,
                           (probe_ == ProbeKind::kGrow ? "probing micro-batch " + std::to_string(micro_)
                                                       : std::string("probing with activation checkpointing off")) +
-                              " " + why + (probe_ == ProbeKind::kGrow ? clamped_why_ : std::string()));
+                              " " + why + lowered);
   e.peak_bytes = peak_bytes;
   record(e);
   return micro_;

@@ -186,9 +186,12 @@ class MicroBatchController {
   OomEvent make_event(OomEventKind kind, int64_t old_micro, bool old_ckpt, std::string reason) const;
   OomEvent record(OomEvent e);
   void remember_failure(int64_t micro);
-  void remember_peak(int64_t peak_bytes);
-  int64_t grow_target(int64_t peak_bytes);
-  std::optional<int64_t> skip_probe(int64_t target);
+  /// A grow probe's size (<= micro_: none), and why the line lowered it ("" if it did not).
+  struct GrowTarget {
+    int64_t micro_batch = 0;
+    std::string lowered;
+  };
+  GrowTarget grow_target(int64_t peak_bytes);
 
   MicroBatchOptions opt_;
   int64_t micro_ = 0;
@@ -203,7 +206,6 @@ class MicroBatchController {
   int64_t last_good_micro_ = 0;
   std::map<int64_t, int64_t> peaks_[2];  ///< [checkpointing]: micro-batch -> lowest clean step peak
   int64_t skipped_micro_ = 0;
-  std::string clamped_why_;  ///< set by grow_target when the line lowered the probe's size
   std::vector<OomEvent> events_;
 };
 
