@@ -25,6 +25,9 @@ With GPU activity in the traces (CUDA kernels, copies, sets; a "gpu" table):
 Without GPU activity (a "cpu" table): the same classes over the CPU ops' self time (an op's time less
 its children's), the host time outside any op, and the ops one side runs and the other does not.
 Both kinds count the ops every step runs (aten::convolution, aten::batch_norm, aten::linear, ...).
+Both kinds list the trainer's own stages, the "trainer.<stage>" scopes of its loop (trainer/run/run.cpp:
+fetch, poll, step, snapshot, record, agree): each one's calls and time, and its host time outside any op,
+which is the bookkeeping a GPU waits for between two steps' kernels. A trace without them lists none.
 
 The JSON (schema "trainer-profile-table/1") holds every figure; the markdown is the table for
 docs/BENCHMARKS.md. Exit 2 with one "error: ..." line for a missing or unreadable trace or one without
@@ -44,6 +47,8 @@ SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
               "cudaMemcpyFromSymbol", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH",
               "cuMemcpyDtoH_v2"}
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+# The trainer's loop stages, in the order a step runs them (the scopes' names; others are listed after).
+STAGES = ["trainer.fetch", "trainer.poll", "trainer.step", "trainer.snapshot", "trainer.record", "trainer.agree"]
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
 # The host ops worth counting on every step, in the markdown's order (all ops are in the JSON).
 KEY_OPS = ["aten::convolution", "aten::convolution_backward", "aten::batch_norm", "aten::layer_norm", "aten::linear",
@@ -166,7 +171,7 @@ def kind_of(e):
     if cat == "user_annotation":
         return "scope"
     if cat is None:  # torch 1.13's list: every event is a CPU op, user scopes among them
-        return "scope" if e["name"].startswith(("ProfilerStep#", "Optimizer.")) else "op"
+        return "scope" if e["name"].startswith(("ProfilerStep#", "Optimizer.", "trainer.")) else "op"
     if cat == "cpu_op":
         return "op"
     return None
@@ -205,6 +210,7 @@ def analyze(path):
                 stack[-1]["self"] -= min(e["dur"], max(0.0, stack[-1]["end"] - e["ts"]))
             e["optimizer"] = any(s["kind"] == "scope" and s["name"].startswith("Optimizer.step") for s in stack) or (
                 e["kind"] == "scope" and e["name"].startswith("Optimizer.step"))
+            e["in_step"] = any(s["kind"] == "scope" and s["name"].startswith("ProfilerStep#") for s in stack)
             parent_op = next((s["name"] for s in reversed(stack) if s["kind"] == "op"), None)
             e["caller"] = parent_op or next((s["name"] for s in reversed(stack)), None)
             if e["kind"] == "runtime":
@@ -217,6 +223,7 @@ def analyze(path):
 
     res = {"trace": path, "format": fmt, "steps": n, "step_names": [s["name"] for s in steps],
            "step_ms": sum(s["dur"] for s in steps) / n / 1e3}
+    res["stages_per_step"] = stages = host_stages(host, n)
     # Counts are summed as integers and divided once: adding 1/n thousands of times drifts off whole numbers.
     counts = defaultdict(int)
     for e in ops:
@@ -306,7 +313,11 @@ def analyze(path):
                 d = names.setdefault(e["name"], {"count_per_step": 0, "ms_per_step": 0.0, "class": cls})
                 d["count_per_step"] += 1
                 d["ms_per_step"] += e["dur"] / n / 1e3
-        res["host_outside_ops_ms_per_step"] = sum(s["self"] for s in steps) / n / 1e3
+        # The steps' own host time, and their stages' (trainer.agree runs between two steps: not counted).
+        step_ids = {id(s) for s in steps}
+        own = [e for evs in host.values() for e in evs if id(e) in step_ids or (
+            e["kind"] == "scope" and e["name"].startswith("trainer.") and e["in_step"])]
+        res["host_outside_ops_ms_per_step"] = sum(e["self"] for e in own) / n / 1e3
     for d in names.values():
         d["count_per_step"] /= n
     res["time_ms_per_step"] = {c: per_class.get(c, 0.0) for c in CLASSES}
@@ -314,6 +325,21 @@ def analyze(path):
     res["total_class_ms_per_step"] = sum(per_class.values())
     res["names"] = names
     return res
+
+
+def host_stages(host, n):
+    """The "trainer.<stage>" scopes on the host, per step: calls, time, and the time outside any op and any
+    other scope within them (the stage's own bookkeeping). Their order: STAGES, then the others by name."""
+    calls, total, own = defaultdict(int), defaultdict(float), defaultdict(float)
+    for evs in host.values():
+        for e in evs:
+            if e["kind"] == "scope" and e["name"].startswith("trainer."):
+                calls[e["name"]] += 1
+                total[e["name"]] += e["dur"]
+                own[e["name"]] += e["self"]
+    order = [s for s in STAGES if s in calls] + sorted(s for s in calls if s not in STAGES)
+    return {s: {"calls_per_step": calls[s] / n, "ms_per_step": total[s] / n / 1e3,
+                "outside_ops_ms_per_step": own[s] / n / 1e3} for s in order}
 
 
 def compare(a, b, names):
@@ -390,6 +416,12 @@ def markdown(t, title):
                 lines.append("- %.3f ms after `%s`, before `%s`%s" % (
                     g["ms"], g["after_kernel"], g["before_kernel"],
                     " (launched by `%s`)" % g["next_launched_by"] if g["next_launched_by"] else ""))
+    for side, S in ((a, A), (b, B)):
+        stages = S.get("stages_per_step") or {}
+        if stages:
+            lines += ["", "Host stages of %s (per step: calls, ms, of which outside any op):" % side, ""]
+            lines += ["- `%s`: %s, %s ms (%s)" % (k, fmt(d["calls_per_step"], True), fmt(d["ms_per_step"]),
+                                                  fmt(d["outside_ops_ms_per_step"])) for k, d in stages.items()]
     what = "Kernels" if gpu else "Ops"
     for side in (a, b):
         rows = t["only_" + side][:12]

@@ -815,6 +815,11 @@ TEST(ResourcesHost, RssAndAvailableMemory) {
     if (line.rfind("VmRSS:", 0) == 0) vmrss_kib = std::stoll(line.substr(6));
   ASSERT_GT(vmrss_kib, 0);
   EXPECT_NEAR(static_cast<double>(rss), vmrss_kib * 1024.0, 4.0 * kMiB);
+  // It is read afresh each time (one descriptor kept open, read again from its start): 64 MiB touched
+  // show in the next read.
+  std::vector<char> touched(64 * kMiB, 1);
+  EXPECT_GT(trainer::host_rss_bytes() - rss, 60 * kMiB);
+  EXPECT_EQ(touched[12345], 1);
 }
 
 TEST(ResourcesLimit, AutoCpuRuleByHand) {

@@ -98,9 +98,25 @@ TEST(BenchProfile, ResNet18TracesOfBothSidesRunTheSameConvolutions) {
     EXPECT_FALSE(listed(t["only_trainer"], op)) << op;
     EXPECT_FALSE(listed(t["only_python"], op)) << op;
   }
+  // The trainer's loop stages, once a step each, the step's own stage holding the whole step; Python's
+  // loop has none. The agreement runs between two steps, so the last profiled step's is not in the trace.
+  const json& stages = t["sides"]["trainer"]["stages_per_step"];
+  const double step_ms = t["sides"]["trainer"]["step_ms"].get<double>();
+  for (const char* stage : {"trainer.fetch", "trainer.poll", "trainer.step", "trainer.snapshot", "trainer.record"}) {
+    ASSERT_TRUE(stages.contains(stage)) << stage << ": " << stages;
+    EXPECT_EQ(stages[stage]["calls_per_step"], 1) << stage;
+    EXPECT_GE(stages[stage]["ms_per_step"].get<double>(), stages[stage]["outside_ops_ms_per_step"].get<double>());
+    EXPECT_LE(stages[stage]["ms_per_step"].get<double>(), step_ms) << stage;
+  }
+  EXPECT_GT(stages["trainer.step"]["ms_per_step"].get<double>(), 0.5 * step_ms) << stages;
+  EXPECT_EQ(stages["trainer.agree"]["calls_per_step"], 0.5) << stages;
+  EXPECT_TRUE(t["sides"]["python"]["stages_per_step"].empty());
   const std::string md = testutil::read_file(dir / "table.md");
   EXPECT_NE(md.find("| `aten::convolution` calls | 20 | 20 | +0 |"), std::string::npos) << md;
   EXPECT_NE(md.find("CPU ops by their self time"), std::string::npos) << md;
+  EXPECT_NE(md.find("Host stages of trainer (per step: calls, ms, of which outside any op):\n\n- `trainer.fetch`: 1, "),
+            std::string::npos) << md;
+  EXPECT_EQ(md.find("Host stages of python"), std::string::npos) << md;
 }
 
 TEST(BenchProfile, TinyGptTracesOfBothSidesRunTheSameLayers) {

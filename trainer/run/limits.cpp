@@ -1,5 +1,6 @@
 // What the run re-reads between steps: the memory cap (control.yaml, the container's limit under
 // `memory.limit: auto`) and the CPUs it may use.
+#include <ATen/record_function.h>
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
@@ -10,6 +11,7 @@
 namespace trainer {
 
 void TrainingRun::poll(bool batch_failed) {
+  RECORD_USER_SCOPE("trainer.poll");
   poll_memory_limit(batch_failed);
   if (step_ % 50 == 0) poll_threads();
 }

@@ -1,6 +1,7 @@
 // What each step leaves behind: its line in metrics.jsonl, the progress line every log.every steps, the
 // resources and memory the telemetry endpoint shows, and a memory report when one was asked for. A run of
 // non-finite steps without a GradScaler ends the run here (divergence).
+#include <ATen/record_function.h>
 #include <spdlog/spdlog.h>
 
 #include "common/signals.h"
@@ -21,6 +22,7 @@ uint64_t indices_hash(const std::vector<int64_t>& indices) {
 }  // namespace
 
 void TrainingRun::record(const StepResult& r, const data::Batch& batch, double step_time) {
+  RECORD_USER_SCOPE("trainer.record");
   count_nonfinite(r);
   batch_hash_ = indices_hash(batch.indices);
   ++step_;

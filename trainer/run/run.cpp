@@ -4,8 +4,12 @@
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
+//
+// fetch, poll, step, record and the agreement are each a "trainer.<stage>" scope in a profile (`trainer
+// bench --profile`): bench/profile_table.py names the host time between two steps' kernels by stage.
 #include "trainer/run/run.h"
 
+#include <ATen/record_function.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -97,6 +101,7 @@ void TrainingRun::start(bool resumed) {
 }
 
 std::optional<data::Batch> TrainingRun::fetch() {
+  RECORD_USER_SCOPE("trainer.fetch");
   const auto t = std::chrono::steady_clock::now();
   data::Batch batch;
   try {
@@ -160,6 +165,7 @@ std::string TrainingRun::evaluate_and_log(bool final) {
 }
 
 std::optional<int> TrainingRun::agree_on_save_and_stop() {
+  RECORD_USER_SCOPE("trainer.agree");
   if (main_rank()) collect_saves();  // a background save that failed is reported now and retried below
   bool ckpt_now = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
                   (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds) ||

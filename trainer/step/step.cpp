@@ -8,6 +8,7 @@
 #include "common/compat.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
@@ -330,6 +331,7 @@ void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limi
 }
 
 StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t limit) {
+  RECORD_USER_SCOPE("trainer.step");
   // Samples that could not be decoded are in the batch as zero images with an ignored label (the dataset
   // logged each one); each is also a metrics event, once per step whatever the retries.
   for (const auto& f : batch.failures) {
@@ -351,6 +353,7 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   while (true) {
     try {
       if (!taken) {
+        RECORD_USER_SCOPE("trainer.snapshot");
         if (snapshot_) snapshot_->retake(*p_.model);
         else snapshot_.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
         taken = true;
