@@ -336,6 +336,9 @@ TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
                                                    return std::string();
                                                  }());
   EXPECT_EQ(error("m.json", "{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\"}}"), p + "m.json': a normalizer (NFC) is not supported");
+  // A normalizer that is not an object (found by fuzz_tokenizer: it was nlohmann's type_error, not this line).
+  EXPECT_EQ(error("m2.json", "{\"normalizer\": 18, \"model\": {\"type\": \"BPE\"}}"), p + "m2.json': a normalizer (18) is not supported");
+  EXPECT_EQ(error("m3.json", "{\"normalizer\": {\"type\": 7}, \"model\": {\"type\": \"BPE\"}}"), p + "m3.json': a normalizer (7) is not supported");
   EXPECT_EQ(error("n.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\\u4e2d\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}"),
             p + "n.json': model.vocab: '\xE4\xB8\xAD' has a character outside GPT-2's byte-level alphabet");
   EXPECT_EQ([&] {

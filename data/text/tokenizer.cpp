@@ -244,7 +244,11 @@ Bpe::Tables read_tokenizer_json(const std::string& content) {
   if (!model || !model->is_object()) throw Problem("no 'model'");
   const auto* type = child(*model, "type");
   if (type && *type != "BPE") throw Problem("the model is " + type->dump() + "; only BPE is supported");
-  if (const auto* norm = child(root, "normalizer")) throw Problem("a normalizer (" + norm->value("type", std::string("?")) + ") is not supported");
+  if (const auto* norm = child(root, "normalizer")) {  // of any shape: its type, or the value itself
+    const auto* kind = norm->is_object() ? child(*norm, "type") : norm;
+    const std::string what = !kind ? "?" : kind->is_string() ? kind->get<std::string>() : kind->dump().substr(0, 40);
+    throw Problem("a normalizer (" + what + ") is not supported");
+  }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (const auto* v = child(*model, key); v && !(v->is_string() && v->get<std::string>().empty()))
       throw Problem(std::string("model.") + key + " is set; GPT-2's BPE has none");
