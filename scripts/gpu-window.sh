@@ -7,8 +7,11 @@
 #                                                 and grow-back per cuDNN policy and auto against the
 #                                                 search (budget 120 s), both models against Python
 #                                                 (2 rounds)
-#   2     share fixes profile summary             about 6 min: two jobs on one GPU, each candidate fix off
-#                                                 and on, the profile tables
+#   2     share profile jpeg summary              about 6.5 min: two jobs on one GPU, the profile tables
+#                                                 (with the loop's host stages), ResNet-50 from packed
+#                                                 JPEGs (the images kernel) against synthetic batches;
+#                                                 every candidate fix has its GPU figure: `fixes` runs
+#                                                 only when listed
 #
 # Everything is written to WORK (default /tmp/trainer-window), outside PACK, and kept there between the
 # two calls; after each phase PACK gets that phase's small files as <phase>.tgz (no checkpoints, no
@@ -29,8 +32,8 @@ cd "$(dirname "$0")/.."
 pack=$1 part=$2 work=${3:-/tmp/trainer-window}
 case $part in
   1) phases=(env tests cap speed) ;;
-  2) phases=(share fixes profile summary) ;;
-  all) phases=(env tests share cap speed fixes profile summary) ;;
+  2) phases=(share profile jpeg summary) ;;
+  all) phases=(env tests share cap speed fixes profile jpeg summary) ;;
   *[a-z]*) IFS=, read -ra phases <<<"$part" ;;  # gpu-check.sh refuses a phase it does not know
   *) echo "error: part '$part': 1, 2, all or a list of phases" >&2; exit 2 ;;
 esac
