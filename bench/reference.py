@@ -45,7 +45,8 @@ on speed:
   threads    torch.set_num_threads(train.threads, or the CPUs this process may use: affinity and cgroup
              quota, as trainer/memory/resources.cpp's usable_cpus); cudnn.benchmark unless train.deterministic.
 Not mirrored (an error if asked for): data.kind hdf5, memory.activation_checkpointing other than none.
-Not needed here: train.snapshot (Python keeps no snapshot for a retried step); train.fused_loss (PyTorch
+Not needed here: train.snapshot (Python keeps no snapshot for a retried step); train.cuda_graph (the
+reference runs eagerly, as a user's PyTorch loop does: the graph is the trainer's); train.fused_loss (PyTorch
 has no fused cross-entropy: both values run F.cross_entropy on the float32 logits, the trainer's plain
 loss, whose arithmetic the fused kernels keep); train.sample_every, sample_tokens, sample_prompt (text
 samples while training, outside the timed steps' arithmetic).
@@ -92,14 +93,14 @@ DEFAULTS = {
                  "gamma": 0.1},
     "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,
               "eval_batch": 500, "eval_batches": 0, "label_smoothing": 0.0, "device": "auto", "threads": 0,
-              "deterministic": False, "snapshot": "batched", "fused_loss": True,
+              "deterministic": False, "snapshot": "batched", "cuda_graph": "auto", "fused_loss": True,
               "sample_every": 0, "sample_tokens": 64, "sample_prompt": ""},
     "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
             "backoff_factor": 0.5, "growth_interval": 2000},
     "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,
                "activation_checkpointing": "none", "checkpoint_every_k": 2, "ladder_checkpointing": True,
-               "grow_after": 50, "headroom": 0.25, "ladder_sizes": "any", "auto_search": "curve",
-               "cudnn_policy": "start", "cudnn_benchmark_limit": 0, "cudnn_empty_cache": True},
+               "grow_after": 50, "headroom": 0.25, "ladder_sizes": "any", "auto_search": "auto",
+               "cudnn_policy": "off", "cudnn_benchmark_limit": 0, "cudnn_empty_cache": True},
     "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True,
                    "max_failures": 3, "final": True},
     "dist": {"backend": "auto", "timeout_s": 600.0, "bucket_mb": 25.0},
@@ -502,14 +503,41 @@ def build_gpt(a, torch, nn, F, device=None):
                 x = b(x)
             x = self.transformer.ln_f(x)
             self.head_macs = T * a["n_embd"] * a["vocab_size"]
-            logits = F.linear(x, self.transformer.wte.weight)  # (B, T, padded): tied to the token embedding
-            return logits[..., :V] if padded != V else logits  # (B, T, V)
+            # (B, T, padded): tied to the token embedding. The padding columns stay on: the loss either
+            # takes them whole, masked (padded_cross_entropy), or slices them off (--padded-loss slice).
+            return F.linear(x, self.transformer.wte.weight)
 
         def extra_macs(self):
             """Multiply-adds the Linear hooks do not see: attention matmuls and the tied projection."""
             return self.head_macs + sum(b.attn.macs for b in self.transformer.h)
 
-    return GPT()
+    model = GPT()
+    model.columns = V  # the real columns of the (padded) output: models::ModelImpl::Padded::columns
+    return model
+
+
+def padded_cross_entropy(logits, y, columns, label_smoothing, how, torch, F):
+    """The step's loss: cross-entropy in float32 summed over the rows of `logits` (N, W), of which the first
+    `columns` are real (GPT's padded vocabulary: W > columns), as trainer/numerics/loss.h's
+    summed_cross_entropy: the padding columns take no part in it.
+
+    how "full" (the default, nanoGPT's cost): the float32 copy of all W columns, as nanoGPT's
+    F.cross_entropy over its 50304 columns makes under autocast; its padding columns set to -inf in place,
+    outside autograd (a strided fill of W - columns columns), so they add exp(-inf) = 0 to each row's sum
+    and get a zero gradient: the loss and gradients of the real columns alone, with no slice whose
+    backward zero-fills and copies the whole (N, W) gradient. With label smoothing (which averages over
+    every column) the padding columns cannot be masked away: the slice then.
+    how "slice": the real columns cut off before the float32 copy (the reference before; its backward pays
+    the zero-fill and the copy)."""
+    width = logits.shape[-1]
+    if columns >= width:
+        return F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=label_smoothing)
+    if how == "slice" or label_smoothing > 0:
+        return F.cross_entropy(logits[:, :columns].float(), y, reduction="sum", label_smoothing=label_smoothing)
+    full = logits.float()
+    with torch.no_grad():
+        full.narrow(1, columns, width - columns).fill_(float("-inf"))
+    return F.cross_entropy(full, y, reduction="sum")
 
 
 def build_model(cfg, torch, nn, F):
@@ -781,9 +809,14 @@ def run(cfg, args, torch):
 
     model = build_model(cfg, torch, nn, F)
     fwd_flops = forward_flops(model, shape, torch, nn)
+    columns = getattr(model, "columns", 1 << 62)  # a GPT's real vocabulary; every column of an image model's
     model.to(device)
     if channels_last and not tokens:
         model.to(memory_format=torch.channels_last)
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            raise ConfigError("command line: --compile: torch %s has no torch.compile (2.0+)" % torch.__version__)
+        model = torch.compile(model)  # compiled at its first call: the first step's time holds the compile
 
     o = cfg["optim"]
     decay, no_decay = [], []
@@ -867,8 +900,8 @@ def run(cfg, args, torch):
             y = labels[start:start + mb].to(device, non_blocking=True).reshape(-1)  # (B) or (B*T)
             with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp["enabled"]):
                 logits = model(x)
-            loss = F.cross_entropy(logits.float().reshape(y.shape[0], -1), y, reduction="sum",
-                                   label_smoothing=cfg["train"]["label_smoothing"]) / targets
+            loss = padded_cross_entropy(logits.reshape(y.shape[0], -1), y, columns,
+                                        cfg["train"]["label_smoothing"], args.padded_loss, torch, F) / targets
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         if o["grad_clip"] > 0:
@@ -887,6 +920,30 @@ def run(cfg, args, torch):
         prof.stop_trace()
         prof.export_chrome_trace(args.profile)
 
+    return summarize(cfg, args, torch, records, t_end, dict(
+        G=G, mb=mb, shape=shape, tokens=tokens, vocab=vocab, precision=precision, channels_last=channels_last,
+        threads=threads, fwd_flops=fwd_flops, device=device, cuda=cuda, prof=prof, total=total,
+        padded=padded_loss_of(columns, shape, tokens, vocab, cfg, args)))
+
+
+def padded_loss_of(columns, shape, tokens, vocab, cfg, args):
+    """How the loss took a padded vocabulary's columns (None for an unpadded output)."""
+    if not tokens:
+        return None
+    m = cfg["model"]["vocab_multiple"]
+    padded = (vocab + m - 1) // m * m
+    if padded == columns:
+        return None
+    how = "slice" if args.padded_loss == "slice" or cfg["train"]["label_smoothing"] > 0 else "full"
+    return {"columns": columns, "width": padded, "how": how}
+
+
+def summarize(cfg, args, torch, records, t_end, job):
+    """The result JSON from the step records: the schema of `trainer bench` (tools/bench/bench_stats.cpp's
+    summarize_steps and bench_train.cpp's figures), every headline figure by wall time over the timed steps."""
+    G, shape, tokens, precision, fwd_flops = job["G"], job["shape"], job["tokens"], job["precision"], job["fwd_flops"]
+    device, cuda, prof, total = job["device"], job["cuda"], job["prof"], job["total"]
+    mb, vocab, channels_last, threads = job["mb"], job["vocab"], job["channels_last"], job["threads"]
     timed = records[args.warmup:]
     step_time = [r["step_time_s"] for r in timed]
     tot = [r["step_time_s"] + r["data_wait_s"] for r in timed]
@@ -910,10 +967,13 @@ def run(cfg, args, torch):
         res["wall_s"] = sum(tot)
         res["wall_source"] = "sum of step_time + data_wait"
     res["samples_per_s_aggregate"] = len(timed) * G / res["wall_s"]
+    res["figures_basis"] = ("wall time over the timed steps" if args.warmup > 0
+                            else "sum of step_time + data_wait (no warmup step starts the clock)")
     peaks = [r["mem_peak_bytes"] for r in timed if r["mem_peak_bytes"] is not None]
     res.update({
         "mem_peak_bytes": max(peaks) if peaks else None, "micro_batch": mb, "oom_retries": 0, "skipped_updates": 0,
         "loss_first": timed[0]["loss"], "loss_last": timed[-1]["loss"],
+        "losses": [r["loss"] for r in records],  # every step's, the warmup's first
         "precision": precision, "channels_last": channels_last, "threads": threads, "loader_workers": 0,
         "data": "pool of %d pre-generated batches, cycled" % POOL_BATCHES,
         "flops_per_sample_forward": fwd_flops, "flops_per_sample_train": 3 * fwd_flops,
@@ -922,7 +982,10 @@ def run(cfg, args, torch):
         res.update({"context": shape[0], "vocab_size": vocab,
                     "tokens_per_s_median": res["samples_per_s_median"] * shape[0],
                     "tokens_per_s_aggregate": res["samples_per_s_aggregate"] * shape[0]})
-    achieved = 3 * fwd_flops * res["samples_per_s_median"] / 1e12
+    # MFU and the achieved TFLOP/s by wall time (samples_per_s_aggregate), as `trainer bench`; the median
+    # step's beside them, named so.
+    achieved = 3 * fwd_flops * res["samples_per_s_aggregate"] / 1e12
+    achieved_median = 3 * fwd_flops * res["samples_per_s_median"] / 1e12
     name = torch.cuda.get_device_name(device) if cuda else ""
     peak, source = args.peak_tflops, "--peak-tflops"
     if peak <= 0:
@@ -930,6 +993,8 @@ def run(cfg, args, torch):
     res.update({
         "achieved_tflops": achieved, "peak_tflops": peak if peak > 0 else None,
         "peak_tflops_source": source if peak > 0 else None, "mfu": achieved / peak if peak > 0 else None,
+        "achieved_tflops_median_step": achieved_median,
+        "mfu_median_step": achieved_median / peak if peak > 0 else None,
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "config_yaml": yaml.safe_dump(cfg, sort_keys=False),
     })
@@ -938,6 +1003,16 @@ def run(cfg, args, torch):
         res["profile"] = {"trace": args.profile, "first_step": args.warmup + 1, "last_step": total,
                           "activities": ["cpu", "cuda"] if cuda else ["cpu"], "writer": "torch.profiler"}
         res["profiled"] = True  # the timings above include the profiler's overhead
+    if job.get("padded"):
+        res["padded_loss"] = job["padded"]
+    if args.compile:
+        # The compile happens in the first step(s): their time against the steady step is its cost. The
+        # timed steps' figures above are the compiled model's steady speed.
+        warm = [r["step_time_s"] for r in records[:args.warmup]]
+        res["compile"] = {"mode": "default", "first_step_s": records[0]["step_time_s"], "warmup_steps_s": warm,
+                          "compile_s": max(0.0, sum(warm) - len(warm) * res["step_time_s_p50"]) if warm else None,
+                          "steady_step_s_p50": res["step_time_s_p50"]}
+        res["implementation"] = "pytorch_compile"
     if tokens:
         fused = ATTENTION == "auto" and hasattr(torch.nn.functional, "scaled_dot_product_attention")
         res["versions"]["models"] = "builtin (models/gpt.cpp's GPT), attention " + ("fused" if fused else "plain")
@@ -1007,6 +1082,12 @@ def main():
                          "trainer's automatic backend) or plain (written out)")
     ap.add_argument("--vocab-size", type=int, default=0,
                     help="a GPT's vocabulary (default: the registered model's; the trainer takes the token file's)")
+    ap.add_argument("--padded-loss", choices=("full", "slice"), default="full",
+                    help="a padded vocabulary's loss: over all the columns, the padding ones masked (full, nanoGPT's "
+                         "cost), or over the real columns sliced off first (slice, the reference before)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (2.0+): the result's compile object holds the compile's cost, "
+                         "its timed steps the compiled model's steady speed")
     ap.add_argument("--profile", default="", help="write a Chrome trace of the timed steps (torch.profiler) here")
     ap.add_argument("--describe", action="store_true", help="print the model's state shapes and FLOPs")
     ap.add_argument("--dump-batches", default="",
@@ -1042,11 +1123,13 @@ def main():
     else:
         print(text)
     if not args.describe:
-        rate = ("%.1f tokens/s (median)" % res["tokens_per_s_median"] if "tokens_per_s_median" in res
-                else "%.1f samples/s (median)" % res["samples_per_s_median"])
-        print("reference: %s batch %d on %s: step p50 %.4f s, p90 %.4f s, %s%s"
-              % (res["model"], res["global_batch"], res["device"], res["step_time_s_p50"], res["step_time_s_p90"],
-                 rate, " -> " + args.out if args.out else ""), file=sys.stderr)
+        rate = ("%.1f tokens/s" % res["tokens_per_s_aggregate"] if "tokens_per_s_aggregate" in res
+                else "%.1f samples/s" % res["samples_per_s_aggregate"])
+        print("reference: %s batch %d on %s: %s by wall time over %d steps (%.2f s), step p50 %.4f s, p90 %.4f s%s%s"
+              % (res["model"], res["global_batch"], res["device"], rate, res["timed_steps"], res["wall_s"],
+                 res["step_time_s_p50"], res["step_time_s_p90"],
+                 ", compile %.1f s" % res["compile"]["compile_s"] if res.get("compile", {}).get("compile_s") is not None
+                 else "", " -> " + args.out if args.out else ""), file=sys.stderr)
     return 0
 
 

@@ -61,9 +61,10 @@ std::vector<StepRecord> read_step_records(const std::string& metrics_path);
 ///   timed_steps, step_time_s_{p50,p90,mean,min,max}, step_total_s_{p50,p90} (step_time + data_wait),
 ///   data_wait_s_sum, data_wait_share = sum data_wait / sum (step_time + data_wait),
 ///   samples_per_s_median = median over steps of global_batch / (step_time + data_wait),
-///   samples_per_s_aggregate = steps * global_batch / wall_s, wall_s, wall_source,
+///   samples_per_s_aggregate = steps * global_batch / wall_s, wall_s, wall_source, figures_basis (what the
+///   headline figures are taken over: the wall time, or the summed step times without one),
 ///   mem_peak_bytes = max over the timed steps, micro_batch (of the last step), oom_retries (sum),
-///   skipped_updates, loss_first, loss_last.
+///   skipped_updates, loss_first, loss_last, losses (every record's loss in file order, warmup included).
 nlohmann::json summarize_steps(const std::vector<StepRecord>& records, int64_t warmup, int64_t steps,
                                int64_t global_batch, double wall_s);
 
@@ -90,8 +91,10 @@ std::vector<std::string> bench_overrides(const BenchOptions& opts);
 /// where a sample is one sequence), global_batch, precision (fp32 | bf16 |
 /// fp16), channels_last, device, threads, loader_workers, warmup_steps, flops_per_sample_forward
 /// (models::ModelImpl::forward_flops), flops_per_sample_train (3x forward), achieved_tflops (train FLOPs x
-/// samples_per_s_median / 1e12), peak_tflops, peak_tflops_source, mfu (achieved / peak; null when no
-/// peak is known), rss_peak_bytes, config_yaml (resolved, with the bench overrides), config_file,
+/// samples_per_s_aggregate / 1e12: by wall time), peak_tflops, peak_tflops_source, mfu (achieved / peak; null
+/// when no peak is known), achieved_tflops_median_step and mfu_median_step (the same of the median step),
+/// since_model_built_s (step 1's metrics line: from the model built to the first step's start; null if the
+/// line has none) and first_step_time_s, rss_peak_bytes, config_yaml (resolved, with the bench overrides), config_file,
 /// overrides, command_line, and bench_environment()'s fields; for a token job also context (T), vocab_size
 /// (the token file's, which the model is built with), tokens_per_s_median and tokens_per_s_aggregate
 /// (samples/s x T); with opts.profile_path, profile (StepProfiler::describe(): the trace of the timed

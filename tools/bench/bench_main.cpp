@@ -146,13 +146,15 @@ void print_summary(const json& j, const Config& cfg, const std::string& out) {
     std::cerr << "bench: loader " << cfg.data.kind << " " << j["samples_per_s"].get<double>() << " samples/s with "
               << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;
   } else {
+    // The headline figures by wall time over the timed steps; the step times beside them.
     std::cerr << "bench: " << cfg.model.name << " batch " << cfg.train.global_batch << " on " << j["device"].get<std::string>()
-              << ": step p50 " << j["step_time_s_p50"].get<double>() << " s, p90 " << j["step_time_s_p90"].get<double>()
-              << " s, " << j["samples_per_s_median"].get<double>() << " samples/s (median), ";
-    if (j.contains("tokens_per_s_median")) std::cerr << j["tokens_per_s_median"].get<double>() << " tokens/s (median), ";
-    std::cerr
-              << j["samples_per_s_aggregate"].get<double>() << " (aggregate), data wait "
-              << 100 * j["data_wait_share"].get<double>() << "%" << (out.empty() ? "" : " -> " + out) << std::endl;
+              << ": " << j["samples_per_s_aggregate"].get<double>() << " samples/s";
+    if (j.contains("tokens_per_s_aggregate")) std::cerr << ", " << j["tokens_per_s_aggregate"].get<double>() << " tokens/s";
+    if (!j["mfu"].is_null()) std::cerr << ", MFU " << 100 * j["mfu"].get<double>() << "%";
+    std::cerr << " (" << j["figures_basis"].get<std::string>() << ": " << j["timed_steps"] << " steps in "
+              << j["wall_s"].get<double>() << " s); step p50 " << j["step_time_s_p50"].get<double>() << " s, p90 "
+              << j["step_time_s_p90"].get<double>() << " s, data wait " << 100 * j["data_wait_share"].get<double>() << "%"
+              << (out.empty() ? "" : " -> " + out) << std::endl;
     if (j.contains("profile"))
       std::cerr << "bench: profile of steps " << j["profile"]["first_step"] << ".." << j["profile"]["last_step"] << " ("
                 << j["profile"]["writer"].get<std::string>() << ") -> " << j["profile"]["trace"].get<std::string>()

@@ -82,12 +82,18 @@ json summarize_steps(const std::vector<StepRecord>& records, int64_t warmup, int
     j["wall_source"] = "sum of step_time + data_wait";
   }
   j["samples_per_s_aggregate"] = static_cast<double>(steps * global_batch) / j["wall_s"].get<double>();
+  j["figures_basis"] = wall_s > 0 ? "wall time over the timed steps"
+                                  : "sum of step_time + data_wait (no warmup step starts the clock)";
   j["mem_peak_bytes"] = mem_peak;
   j["micro_batch"] = timed.back().micro_batch;
   j["oom_retries"] = ooms;
   j["skipped_updates"] = skipped;
   j["loss_first"] = loss_first;
   j["loss_last"] = loss_last;
+  // Every step's loss, the warmup's first: two runs of one job (a CUDA graph on and off) compare them.
+  json losses = json::array();
+  for (const auto& r : records) losses.push_back(r.loss);
+  j["losses"] = losses;
   return j;
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
 #include "common/signals.h"
 #include "trainer/run/run.h"
 
@@ -76,6 +77,9 @@ nlohmann::json TrainingRun::step_metrics(const StepResult& r, double step_time, 
                       {"batch_hash", batch_hash_},
                       {"updated", r.updated}};
   if (scaler_->is_enabled()) j["loss_scale"] = r.loss_scale;  // the scale this step's losses were multiplied by
+  // A fresh run's start: from the model built (and on its device) to this step's start, what the first
+  // batch, the micro-batch search and cuDNN's pretuning cost before any training.
+  if (step_ == 1) j["since_model_built_s"] = seconds_since(model_built_) - step_time;
   // The recovery of a step that ran out of memory (from the first OOM to this step's completion), a
   // grow-back probe, and the sizes met for the first time in this process (cuDNN chose their algorithms
   // in this step, timed or not): what a GPU run reads to tell a stall from a step.

@@ -231,6 +231,7 @@ class TrainingRun {
   bool cudnn_empty_cache_switch_ = false; // this LibTorch has the switch memory.cudnn_empty_cache sets
   std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
   std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
+  std::chrono::steady_clock::time_point model_built_;  // setup_model() done: step 1's since_model_built_s
   // Saving (saving.cpp): the newest checkpoint known to be written (the resumed one at first), the
   // failed attempts in a row since, and the background save being written.
   std::string last_saved_path_;

@@ -320,6 +320,7 @@ void TrainingRun::setup_model() {
   so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
       .growth_interval(cfg_.amp.growth_interval);
   scaler_ = std::make_unique<GradScaler>(so);
+  model_built_ = std::chrono::steady_clock::now();
 }
 
 void TrainingRun::setup_step() {
