@@ -20,9 +20,16 @@ Stages, in this order, each one or more trainer processes (docs/BENCHMARKS.md "T
                  completed smaller step), the grow-back probe steps' times against the steady steps at their
                  size, the steps at G after it against those before the cut (throughput), what cuDNN timed.
   auto:METHOD:CAP  a 3-step run with train.micro_batch: auto under the cut (or mid) cap, memory.auto_search
-                 curve or doubling (doubling and bisecting, the search before the curve): pick, probes, time.
-  verify:CAP     fresh 2-step runs pinned to the doubling search's pick + 1, + 2: is it the largest that fits?
-                 (a size fits when its pinned run completes with no OOM). The curve's fraction of it.
+                 the job's default (METHOD "default"), curve or doubling (doubling and bisecting): pick,
+                 probes, time, and why the search chose its size (the auto_micro_batch event).
+  verify:CAP     fresh 2-step runs pinned to the default search's pick + 1, + 2 (the doubling search's without
+                 one): is it the largest that fits? (a size fits when its pinned run completes with no OOM).
+                 Each search's fraction of it.
+
+The job's defaults (memory.cudnn_policy, memory.auto_search, train.cuda_graph) are read from the trainer's
+--dry-run: the default policy's cut runs first, then the default search under the cut cap and its check,
+so that the figures of the defaults (recovery with CUDA graphs on where the default takes them) come first
+within the budget; the other policies and searches after.
 
 cuDNN chooses a convolution's algorithm once per shape and process (trainer/memory/cudnn_policy.h), so
 every policy's run is a fresh process. Before a stage starts, its time is estimated from the runs so far;
@@ -449,6 +456,10 @@ class Check:
             "throughput_ratio": (sps(tail) / sps(before_lines)) if tail and before_lines else None,
             "tuned_sizes": tuned, "cudnn_first_uses": first_uses,
             "pretune": (r.events("cudnn_pretune") or [None])[0],
+            # train.cuda_graph as configured (the job's default unless --set), and what the run's start
+            # event says it resolved to where it says so
+            "cuda_graph": self.result.get("defaults", {}).get("cuda_graph"),
+            "cuda_graph_start": (r.events("start") or [{}])[0].get("cuda_graph"),
         }
         if out["recovery_s"] is not None and out["normal_step_s"]:
             out["recovery_over_normal"] = out["recovery_s"] / out["normal_step_s"]
@@ -478,8 +489,8 @@ class Check:
     def auto(self, method, cap_name):
         cap = self.cal[cap_name]
         name = "auto:%s:%s" % (method, cap_name)
-        r = Run(self, name, ["train.micro_batch=auto", "memory.limit=%d" % cap, "memory.auto_search=%s" % method,
-                             "train.steps=3"])
+        search = [] if method == "default" else ["memory.auto_search=%s" % method]
+        r = Run(self, name, ["train.micro_batch=auto", "memory.limit=%d" % cap, "train.steps=3"] + search)
         if r.rc != 0:
             raise r.error("the run failed")
         ev = r.events("auto_micro_batch")
@@ -487,6 +498,13 @@ class Check:
             raise RuntimeError(name + ": no auto_micro_batch event")
         e = ev[0]
         out = {k: e.get(k) for k in ("micro_batch", "probes", "search_s", "method", "ended", "tuned_sizes", "trace")}
+        # Why the search chose its size (the event's other fields: a faster size than the largest, say).
+        out["event"] = {k: v for k, v in e.items() if k not in ("trace", "event")}
+        why = e.get("why", e.get("reason", e.get("chosen_by")))
+        out["why"] = why
+        out["faster"] = why is not None and any(w in str(why).lower() for w in ("fast", "speed", "samples/s"))
+        if method == "default":
+            out["auto_search"] = self.result.get("defaults", {}).get("auto_search")
         out.update({"limit_bytes": cap, "wall_s": r.wall_s, "run_dir": r.dir,
                     "ooms_in_3_steps": len(r.events("oom")),
                     "micro_batch_after_3_steps": r.steps()[-1]["micro_batch"] if r.steps() else None})
@@ -503,10 +521,11 @@ class Check:
 
     def verify(self, cap_name):
         a = self.result["auto"].get(cap_name, {})
-        if "doubling" not in a:
-            raise RuntimeError("verify: no doubling search under the %s cap to verify" % cap_name)
+        base = "default" if "default" in a else "doubling"
+        if base not in a:
+            raise RuntimeError("verify: no default or doubling search under the %s cap to verify" % cap_name)
         cap = self.cal[cap_name]
-        d = a["doubling"]["micro_batch"]
+        d = a[base]["micro_batch"]
         G = self.cal["G"]
         tried = []
         largest = d
@@ -520,30 +539,30 @@ class Check:
             largest = m
             m += 1
         out = {"largest_fitting_micro_batch": largest, "exact": bool(tried) and not tried[-1]["fits"],
-               "tried": tried}
-        for method in ("curve", "doubling"):
+               "tried": tried, "from": base}
+        for method in ("default", "curve", "doubling"):
             if method in a:
                 out[method + "_fraction"] = a[method]["micro_batch"] / largest
         a["verify"] = out
         return out
 
     def targets(self):
-        """The issue's targets, measured here (None where not measured)."""
+        """The targets, measured here (None where not measured): the job's defaults (cuDNN policy, CUDA
+        graphs, the auto search)."""
         pol = self.result["policies"]
-        s = pol.get("start", {})
+        policy = self.result.get("defaults", {}).get("cudnn_policy") or "start"
+        s = pol.get(policy, {})
         cut_auto = self.result["auto"].get("cut", {})
-        curve = cut_auto.get("curve", {})
-        frac = cut_auto.get("verify", {}).get("curve_fraction")
-        if frac is None and curve and cut_auto.get("doubling"):
-            frac = curve["micro_batch"] / cut_auto["doubling"]["micro_batch"]
+        auto = cut_auto.get("default", {})
+        frac = cut_auto.get("verify", {}).get("default_fraction")
         t = {
-            "recovery_s <= 1 (policy start)": s.get("recovery_s"),
-            "grow-back step <= 1 s (policy start)": s.get("grow_back_step_s_max"),
-            "throughput after backoff and grow-back >= 0.98 (policy start)": s.get("throughput_ratio"),
-            "auto search <= 30 s (curve, cut cap)": curve.get("search_s"),
-            "auto within 90% of the largest that fits (curve, cut cap)": frac,
+            "recovery_s <= 1, goal 0.3 (policy %s, CUDA graphs as the default)" % policy: s.get("recovery_s"),
+            "grow-back step <= 1 s (policy %s)" % policy: s.get("grow_back_step_s_max"),
+            "throughput after backoff and grow-back >= 0.98 (policy %s)" % policy: s.get("throughput_ratio"),
+            "auto search <= 8 s (the default search, cut cap)": auto.get("search_s"),
+            "auto picks the largest that fits (the default search, cut cap), or a faster one": frac,
         }
-        limits = [1.0, 1.0, 0.98, 30.0, 0.9]
+        limits = [1.0, 1.0, 0.98, 8.0, 1.0]
         greater = [False, False, True, False, True]
         out = {}
         for (k, v), lim, g in zip(t.items(), limits, greater):
@@ -552,17 +571,23 @@ class Check:
         self.result["targets"] = out
 
 
-def global_batch_of(args):
-    """The job's global batch, as the trainer resolves it (its --dry-run prints the resolved YAML)."""
+def job_settings(args):
+    """The job's global batch and its defaults of memory.cudnn_policy, memory.auto_search and
+    train.cuda_graph (None for a key this trainer does not have), as the trainer resolves them (its
+    --dry-run prints the resolved YAML; each key's name is unique in it)."""
     cmd = shlex.split(args.trainer) + ["--config", args.config, "--dry-run"]
     for s in args.set:
         cmd += ["--set", s]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    found = {}
     for line in p.stdout.splitlines():
-        if line.strip().startswith("global_batch:"):
-            return int(line.split(":", 1)[1])
-    raise RuntimeError("cannot read train.global_batch from %s (exit %d): %s" % (" ".join(cmd), p.returncode,
-                                                                                  p.stdout[-500:]))
+        key, _, value = line.strip().partition(":")
+        if key in ("global_batch", "cudnn_policy", "auto_search", "cuda_graph") and key not in found:
+            found[key] = value.strip().strip('"\'')  # the YAML writer quotes strings
+    if "global_batch" not in found:
+        raise RuntimeError("cannot read train.global_batch from %s (exit %d): %s" % (" ".join(cmd), p.returncode,
+                                                                                      p.stdout[-500:]))
+    return int(found["global_batch"]), {k: found.get(k) for k in ("cudnn_policy", "auto_search", "cuda_graph")}
 
 
 def main():
@@ -586,7 +611,7 @@ def main():
     if args.low_steps + 3 > args.grow_after:
         ap.error("--grow-after must be at least --low-steps + 3 (no grow-back probe under the cut before the raise)")
     check = Check(args)
-    check.result["global_batch"] = global_batch_of(args)
+    check.result["global_batch"], check.result["defaults"] = job_settings(args)
     if args.mode == "cuda":
         try:
             names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -595,16 +620,22 @@ def main():
         except (OSError, subprocess.SubprocessError):
             check.result["device_name"] = None
     policies = [p for p in args.policies.split(",") if p]
+    default_policy = check.result["defaults"]["cudnn_policy"]
+    if default_policy in policies:  # the default's figures first
+        policies.remove(default_policy)
+        policies.insert(0, default_policy)
     if not check.stage("calibrate", check.calibrate):
         check.targets()
         check.save()
         return 1
     # The side by side that matters most first: the default policy and LibTorch's always-on, then the
     # search, then the other policies and the mid cap, as far as the budget goes.
-    order = [("cut:" + p, (lambda p=p: check.cut(p))) for p in policies[:2]]
+    order = [("cut:" + policies[0], lambda: check.cut(policies[0])),
+             ("auto:default:cut", lambda: check.auto("default", "cut")),
+             ("verify:cut", lambda: check.verify("cut"))]
+    order += [("cut:" + p, (lambda p=p: check.cut(p))) for p in policies[1:2]]
     order += [("auto:curve:cut", lambda: check.auto("curve", "cut")),
-              ("auto:doubling:cut", lambda: check.auto("doubling", "cut")),
-              ("verify:cut", lambda: check.verify("cut"))]
+              ("auto:doubling:cut", lambda: check.auto("doubling", "cut"))]
     order += [("cut:" + p, (lambda p=p: check.cut(p))) for p in policies[2:]]
     order += [("auto:curve:mid", lambda: check.auto("curve", "mid")),
               ("auto:doubling:mid", lambda: check.auto("doubling", "mid"))]
@@ -618,7 +649,7 @@ def main():
               % (p, fmt(v.get("recovery_s")), fmt(v.get("normal_step_s")), fmt(v.get("grow_back_step_s_max")),
                  fmt(v.get("throughput_ratio")), v.get("tuned_sizes")))
     for cap, a in res["auto"].items():
-        for m in ("curve", "doubling"):
+        for m in ("default", "curve", "doubling"):
             if m in a:
                 print("cap check: auto %-8s under %-3s: %s in %s probes, %s s" % (
                     m, cap, a[m]["micro_batch"], a[m]["probes"], fmt(a[m]["search_s"])))

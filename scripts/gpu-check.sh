@@ -25,8 +25,14 @@
 #            (curve) against the doubling search and pinned runs; the OOM
 #            memory report read back; ends within TRAINER_CAP_BUDGET_S
 #   speed    bench/compare.py, trainer against Python PyTorch on the same    ResNet-50 fp16 256;  ResNet-18,
-#            device, alternating rounds: ratio, samples or tokens/s, MFU     GPT-2 small bf16,    gpt_tiny
-#                                                                            context 1024
+#            device, alternating rounds, every figure by wall time over     GPT-2 small bf16,    gpt_tiny
+#            the timed steps (at least 3 s a side, the steps calibrated):   context 1024
+#            ratio, samples or tokens/s, MFU; the trainer again with
+#            train.cuda_graph=off (the graph's gain, the losses of both
+#            runs compared); the first step's start after the model built
+#   compile  bench/reference.py --compile: torch.compile as a second         as speed             skipped (the
+#            reference, its compile time and steady speed, at the speed                          JSON says why)
+#            phase's steps (run after it; skipped past the deadline)
 #   jpeg     a JPEG folder (bench/make_jpeg_folder.py), packed by trainer   ResNet-50 224 bf16,  ResNet-18 64,
 #            convert-images, then trained from the packed file with the      batch 256, 2048      batch 8, 64
 #            host's cores against the same job on synthetic data: speed       JPEGs                JPEGs
@@ -34,16 +40,21 @@
 #   share    bench/share_gpu.py: two jobs with memory.limit auto on one      ResNet-50 fp16,      plain CNN
 #            device; no crash, no lost step, each one's micro-batch, cap     global 4096 and 1024
 #            and samples/s alone and beside the other
-#   summary  OUTDIR/summary.json: the figures above and the bars (speed ratios by samples/s: ResNet-50
-#            >= 1.0, goal 1.1; GPT-2 >= 1.0; GPT-2's MFU >= 35%, goal 40%), each marked met or missed
+#   summary  OUTDIR/summary.json: the figures above and the floors and goals ("floors": ResNet-50
+#            trainer/eager >= 1.05x, goal 1.15x; GPT-2 MFU by wall time >= 40%, goal 45%; GPT-2
+#            trainer/eager >= 1.1x; OOM to the completed step, graphs on, <= 1 s, goal 0.3 s; micro_batch
+#            auto under the cut cap <= 8 s and the largest that fits or a faster one; the first step <= 2 s
+#            after the model is built), each marked met or missed (null in CPU mode)
 #
 # TRAINER_GPU_PACK and TRAINER_GPU_DEADLINE_S (below): the packing and the deadline of one window
 # (scripts/gpu-window.sh).
 #
-# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes
-# and share run when named)
+# Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes,
+# share and compile run when named)
 # Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 4-6 s, tests 48-50 s (67 tests, H100 and H200), share
-# 211 s (A's 150 steps), speed 103-120 s with TRAINER_SPEED_ROUNDS=2, profile 46-54 s, fixes 241 s (5 pairs,
+# 211 s (A's 150 steps), speed 103-120 s with TRAINER_SPEED_ROUNDS=2 before the calibrated steps and the
+# cuda_graph=off arm (now about 220 s: not yet measured on a GPU), compile not yet measured on a GPU (about
+# 200 s expected), profile 46-54 s, fixes 241 s (5 pairs,
 # TRAINER_FIXES_ROUNDS=2; 27 s for the fused loss's pair alone), jpeg 42-62 s (2026-11-26); cap: its
 # budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in time are skipped and
 # listed).
@@ -58,15 +69,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|profile|cap|speed|jpeg|fixes|summary ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|profile|cap|speed|compile|jpeg|fixes|share|summary ...]" >&2; exit 2; }
 out=$1
 shift
 phases=("$@")
 ((${#phases[@]})) || phases=(env tests profile cap speed jpeg summary)
 for p in "${phases[@]}"; do
   case $p in
-    env | tests | profile | cap | speed | jpeg | fixes | share | summary) ;;
-    *) echo "error: unknown phase '$p' (env, tests, profile, cap, speed, jpeg, fixes, share, summary)" >&2; exit 2 ;;
+    env | tests | profile | cap | speed | compile | jpeg | fixes | share | summary) ;;
+    *) echo "error: unknown phase '$p' (env, tests, profile, cap, speed, compile, jpeg, fixes, share, summary)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out" || exit 2
@@ -112,7 +123,11 @@ chmod +x "$out/bin/trainer"
 pack=${TRAINER_GPU_PACK:-}
 deadline=${TRAINER_GPU_DEADLINE_S:-0}
 [[ -z $pack ]] || { mkdir -p "$pack" && pack=$(cd "$pack" && pwd); } || exit 2
-declare -A usual_s=([env]=15 [tests]=50 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15)) [speed]=140
+# speed: per model a calibration pair and TRAINER_SPEED_ROUNDS rounds of three runs (trainer, Python, the
+# trainer with cuda_graph off), each about 11 s of start and cuDNN timing plus 3.5 s of steps; compile:
+# torch.compile's first steps (about a minute a model) and the timed ones, each model under a timeout.
+declare -A usual_s=([env]=15 [tests]=60 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15))
+  [speed]=$((60 + 90 * ${TRAINER_SPEED_ROUNDS:-2})) [compile]=$((2 * ${TRAINER_COMPILE_TIMEOUT_S:-120} + 20))
   [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=220 [summary]=5)
 # A pair of runs takes about 25 s a round on a GPU (5 pairs: 241 s with 2 rounds).
 [[ -z ${TRAINER_FIXES_ONLY:-} ]] ||
@@ -272,23 +287,47 @@ share_phase() {
     --timeout-s "${TRAINER_SHARE_TIMEOUT_S:-240}" --workdir "$out/share_runs" --out "$out/share.json"
 }
 
+# Trainer against Python on the speed jobs (the profile phase's), every figure by wall time over at least
+# 3 s of timed steps a side (bench/compare.py calibrates the steps), and the trainer again with
+# train.cuda_graph=off: the graph's gain and the losses of the same run with and without it. In CPU mode the
+# default is off as well (the graph is CUDA's), so that arm rehearses the machinery; the summary records the
+# comparison as skipped there.
 speed_phase() {
-  local rc=0
-  if [[ $mode == cuda ]]; then
-    "$py" bench/compare.py --config configs/bench_resnet50_gpu.yaml --set amp.dtype=fp16 --trainer "$out/bin/trainer" \
-      --python "$py" --rounds "${TRAINER_SPEED_ROUNDS:-2}" --warmup 10 --steps 30 --no-loader --workdir "$out/speed_resnet50" \
-      --out "$out/speed_resnet50.json" || rc=1
-    "$py" bench/compare.py --config configs/bench_gpt2_small_synthetic.yaml --trainer "$out/bin/trainer" \
-      --python "$py" --rounds "${TRAINER_SPEED_ROUNDS:-2}" --warmup 5 --steps 20 --no-loader --workdir "$out/speed_gpt2" \
-      --out "$out/speed_gpt2.json" || rc=1
-  else
-    "$py" bench/compare.py --config configs/bench_resnet18_cpu.yaml --set train.threads=1 --set train.global_batch=8 \
-      --trainer "$out/bin/trainer" --python "$py" --rounds 2 --warmup 1 --steps 2 --no-loader \
-      --workdir "$out/speed_resnet50" --out "$out/speed_resnet50.json" || rc=1
-    "$py" bench/compare.py --config configs/bench_gpt_tiny_cpu.yaml --set data.kind=synthetic --set data.train= \
-      --set train.threads=1 --set train.global_batch=4 --trainer "$out/bin/trainer" --python "$py" --rounds 2 \
-      --warmup 1 --steps 2 --no-loader --workdir "$out/speed_gpt2" --out "$out/speed_gpt2.json" || rc=1
-  fi
+  local rc=0 warmup=10 rounds=${TRAINER_SPEED_ROUNDS:-2} name job fixes
+  [[ $mode == cuda ]] || { warmup=2 rounds=2; }
+  while IFS='|' read -r name job fixes; do
+    # shellcheck disable=SC2206
+    local sets=($job)
+    echo "-- $name: ${sets[*]}"
+    "$py" bench/compare.py "${sets[@]}" --trainer "$out/bin/trainer" --python "$py" --rounds "$rounds" \
+      --warmup $warmup --steps 20 --min-wall-s "${TRAINER_SPEED_MIN_WALL_S:-3}" --no-loader \
+      --trainer-b-set train.cuda_graph=off --trainer-b-name cuda_graph_off \
+      --workdir "$out/speed_$name" --out "$out/speed_$name.json" || rc=1
+  done < <(profile_jobs)
+  return $rc
+}
+
+# torch.compile as a second reference, once per speed job at the speed phase's timed steps: its compile
+# time (the first steps against the steady ones) and its steady speed, against the trainer's figure of the
+# speed phase. Each model under TRAINER_COMPILE_TIMEOUT_S. CPU mode writes why it skips.
+compile_phase() {
+  local rc=0 warmup=5 name job fixes steps
+  while IFS='|' read -r name job fixes; do
+    # shellcheck disable=SC2206
+    local sets=($job)
+    if [[ $mode != cuda ]]; then
+      echo "{\"skipped\": \"CPU mode: torch.compile is measured on a GPU only (its compile takes minutes on a CPU, and Debian's torch 1.13 has none)\"}" \
+        >"$out/compile_$name.json"
+      continue
+    fi
+    steps=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["steps"])' "$out/speed_$name.json" 2>/dev/null) ||
+      steps=100
+    echo "-- $name: ${sets[*]}, $steps timed steps"
+    timeout "${TRAINER_COMPILE_TIMEOUT_S:-120}" "$py" bench/reference.py "${sets[@]}" --compile --warmup $warmup \
+      --steps "$steps" --out "$out/compile_$name.json" || {
+      echo "{\"skipped\": \"torch.compile did not finish within ${TRAINER_COMPILE_TIMEOUT_S:-120} s (or failed: compile.log)\"}" \
+        >"$out/compile_$name.json"; rc=1; }
+  done < <(profile_jobs)
   return $rc
 }
 
@@ -359,15 +398,18 @@ if t:
 c = load("cap.json")
 if c:
     pol = ("recovery_s", "oom_step_time_s", "normal_step_s", "recovery_over_normal", "micro_batch_after",
-           "grow_back_step_s_max", "throughput_ratio", "first_step_s", "step_before_cut_s", "tuned_sizes")
+           "grow_back_step_s_max", "throughput_ratio", "first_step_s", "step_before_cut_s", "tuned_sizes",
+           "cuda_graph", "cuda_graph_start")
     s["cap"] = {"device": c.get("device"), "device_name": c.get("device_name"), "global_batch": c.get("global_batch"),
                 "wall_s": c.get("wall_s"),
                 "budget_s": c.get("budget_s"), "limits_bytes": c.get("calibration", {}).get("limits_bytes"),
                 "cap_basis": c.get("calibration", {}).get("cap_basis"),
                 "policies": {p: {k: v.get(k) for k in pol} for p, v in c.get("policies", {}).items()},
+                "defaults": c.get("defaults"), "default_policy": (c.get("defaults") or {}).get("cudnn_policy"),
                 "auto": {cap: {m: ({k: a[m].get(k) for k in ("micro_batch", "probes", "search_s", "ended",
-                                                           "ooms_in_3_steps")} if m in a else None)
-                               for m in ("curve", "doubling")} | {"verify": a.get("verify")}
+                                                           "ooms_in_3_steps", "why", "faster", "auto_search")}
+                                   if m in a else None)
+                               for m in ("default", "curve", "doubling")} | {"verify": a.get("verify")}
                          for cap, a in c.get("auto", {}).items()},
                 "targets": c.get("targets"), "skipped": [x["stage"] for x in c.get("skipped", [])],
                 "failed": c.get("failed"), "report": c.get("report")}
@@ -384,38 +426,100 @@ if jp and js:
                  "loader_workers": jp["loader_workers"], "packed_run": cores("packed"), "synthetic_run": cores("synthetic"),
                  "target": "packed JPEG images/s >= 0.9 x synthetic", "met": ratio >= 0.9 if mode == "cuda" else None,
                  "jpeg_sources": "synthetic" if "synthetic" in open(os.path.join(out, "jpeg_make_0.log")).read() else "photos"}
-# The speed is judged on samples/s by wall time over the timed steps on both sides (the time between steps
-# counts); the step-time ratio is kept beside it. Floors and goals: ResNet-50 >= 1.0x (goal 1.1x), GPT-2
-# >= 1.0x, GPT-2's MFU >= 35% (goal 40%).
-targets = {"speed_resnet50.json": ("ResNet-50 fp16 samples/s, trainer / PyTorch", 1.0, 1.1, None, None),
-           "speed_gpt2.json": ("GPT-2 small bf16 tokens/s, trainer / PyTorch", 1.0, None, 0.35, 0.40)}
-for f, (what, floor, goal, mfu_floor, mfu_goal) in targets.items():
+# Every speed figure by wall time over the timed steps on both sides (bench/compare.py's basis): samples/s,
+# tokens/s, MFU and the ratio; the median step's figures beside them, named so.
+cuda = mode == "cuda"
+for f in ("speed_resnet50.json", "speed_gpt2.json"):
     r = load(f)
     if not r:
         continue
-    by_wall = r.get("median_ratio_samples_per_s")
-    speed = by_wall if by_wall is not None else 1.0 / r["median_ratio_step_time_p50"]
-    mfus = sorted(json.load(open(x["trainer_file"])).get("mfu") or 0.0 for x in r["rounds"])
     entry = {"model": r["model"], "precision": r["precision"], "global_batch": r["global_batch"],
-             "device_name": r["device_name"], "versions": r["versions"], "speed_ratio": speed,
-             "speed_ratio_basis": "samples/s by wall time" if by_wall is not None else "1 / step-time ratio",
+             "device_name": r["device_name"], "driver": r.get("driver"), "versions": r["versions"],
+             "date": r.get("date"), "basis": r.get("basis"), "timed_steps": r.get("steps"),
+             "min_wall_s": r.get("min_wall_s"), "min_wall_met": r.get("min_wall_met"),
+             "speed_ratio": r.get("speed_ratio"),
+             "per_round_speed_ratio": [x.get("ratio_samples_per_s") for x in r["rounds"]],
              "speed_ratio_step_time": 1.0 / r["median_ratio_step_time_p50"],
-             "per_round_speed_ratio": [x.get("ratio_samples_per_s") or 1.0 / x["ratio_step_time_p50"] for x in r["rounds"]],
-             "trainer_samples_per_s": r.get("trainer_samples_per_s_wall_median") or r["trainer_samples_per_s_median"],
-             "python_samples_per_s": r.get("python_samples_per_s_wall_median") or r["python_samples_per_s_median"],
-             "trainer_tokens_per_s": r.get("trainer_tokens_per_s_median"),
-             "trainer_mfu_median": mfus[len(mfus) // 2] if any(mfus) else None,
-             "target": what + " >= " + str(floor) + (" (goal " + str(goal) + ")" if goal else "")}
-    cuda = mode == "cuda"
-    entry["met"] = speed >= floor if cuda else None
-    if goal:
-        entry["goal_met"] = speed >= goal if cuda else None
-    if mfu_floor is not None:
-        m = entry["trainer_mfu_median"]
-        entry["mfu_target"] = {"floor": mfu_floor, "goal": mfu_goal}
-        entry["mfu_met"] = m >= mfu_floor if cuda and m is not None else None
-        entry["mfu_goal_met"] = m >= mfu_goal if cuda and m is not None else None
+             "trainer_samples_per_s": r.get("trainer_samples_per_s"),
+             "python_samples_per_s": r.get("python_samples_per_s"),
+             "trainer_tokens_per_s": r.get("trainer_tokens_per_s"),
+             "python_tokens_per_s": r.get("python_tokens_per_s"),
+             "trainer_mfu": r.get("trainer_mfu"), "python_mfu": r.get("python_mfu"),
+             "trainer_mfu_median_step": r.get("trainer_mfu_median_step"),
+             "trainer_samples_per_s_median_step": r.get("trainer_samples_per_s_median_step"),
+             "padded_loss": r.get("padded_loss"), "first_step": r.get("first_step"),
+             "commands": r.get("commands")}
+    b = r.get("trainer_b")
+    if b is not None:
+        # The default (train.cuda_graph auto: on for CUDA in one process with the fused optimizer) against off.
+        g = {k: b.get(k) for k in ("samples_per_s", "tokens_per_s", "mfu", "gain", "losses_equal",
+                                   "losses_max_abs_diff", "skipped")}
+        if not cuda:
+            g["on_arm"] = "skipped: no CUDA device (auto is off on the CPU: both arms ran without a graph)"
+        entry["cuda_graph_off"] = g
+    c = load(f.replace("speed_", "compile_"))
+    if c is not None:
+        if c.get("skipped"):
+            entry["compile"] = {"skipped": c["skipped"]}
+        else:
+            cs = c.get("samples_per_s_aggregate")
+            entry["compile"] = {"samples_per_s": cs, "tokens_per_s": c.get("tokens_per_s_aggregate"), "mfu": c.get("mfu"),
+                                "compile_s": c.get("compile", {}).get("compile_s"),
+                                "first_step_s": c.get("compile", {}).get("first_step_s"),
+                                "timed_steps": c.get("timed_steps"), "wall_s": c.get("wall_s"),
+                                "trainer_over_compiled": entry["trainer_samples_per_s"] / cs
+                                if cs and entry["trainer_samples_per_s"] else None}
     s[f.replace(".json", "")] = entry
+
+# The floors and goals of the window (trainer and reference in one run on one GPU, by wall time); each
+# judged on a CUDA host only: `met` and `goal_met` are null in CPU mode or where the figure is missing.
+def figure(*path):
+    v = s
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+cap = s.get("cap", {})
+default_policy = cap.get("default_policy") or "start"
+auto_default = (cap.get("auto", {}).get("cut") or {}).get("default") or {}
+floors = [
+    ("ResNet-50 fp16 batch 256, samples/s, trainer / eager PyTorch", figure("speed_resnet50", "speed_ratio"),
+     ">=", 1.05, 1.15, "x", "speed_resnet50.speed_ratio"),
+    ("GPT-2 small bf16, MFU by wall time", figure("speed_gpt2", "trainer_mfu"), ">=", 0.40, 0.45, "fraction",
+     "speed_gpt2.trainer_mfu"),
+    ("GPT-2 small bf16, trainer / eager PyTorch with the fair reference", figure("speed_gpt2", "speed_ratio"),
+     ">=", 1.1, None, "x", "speed_gpt2.speed_ratio"),
+    ("OOM to the completed step, CUDA graphs on (the default), cuDNN policy " + default_policy,
+     figure("cap", "policies", default_policy, "recovery_s"), "<=", 1.0, 0.3, "s",
+     "cap.policies.%s.recovery_s" % default_policy),
+    ("micro_batch auto, ResNet-50 under the cut cap: time to decide", auto_default.get("search_s"), "<=", 8.0, None,
+     "s", "cap.auto.cut.default.search_s"),
+    ("first step after the model is built (ResNet-50, to the step's start)",
+     figure("speed_resnet50", "first_step", "since_model_built_s"), "<=", 2.0, None, "s",
+     "speed_resnet50.first_step.since_model_built_s"),
+]
+def judged(v, op, bar):
+    if v is None or not cuda or bar is None:
+        return None
+    return v >= bar if op == ">=" else v <= bar
+s["floors"] = []
+for what, v, op, floor, goal, unit, source in floors:
+    e = {"figure": what, "value": v, "unit": unit, "floor": op + " " + str(floor),
+         "goal": op + " " + str(goal) if goal is not None else None, "met": judged(v, op, floor),
+         "goal_met": judged(v, op, goal), "from": source}
+    if source.startswith("cap.auto"):
+        # ... and the largest micro-batch that fits, or a faster one (the search says why it chose).
+        largest = (cap.get("auto", {}).get("cut") or {}).get("verify", {}).get("largest_fitting_micro_batch")
+        chosen = auto_default.get("micro_batch")
+        e["micro_batch"], e["largest_fitting_micro_batch"] = chosen, largest
+        e["why"] = auto_default.get("why")
+        if e["met"] is not None:
+            e["met"] = e["met"] and chosen is not None and largest is not None and (
+                chosen >= largest or bool(auto_default.get("faster")))
+    if source.startswith("speed_resnet50.first"):
+        e["first_step_time_s"] = figure("speed_resnet50", "first_step", "first_step_time_s")
+    if not cuda:
+        e["note"] = "CPU mode: not judged (small jobs on a CPU)"
+    s["floors"].append(e)
 sh = load("share.json")
 if sh:
     s["share"] = sh

@@ -66,7 +66,8 @@ const std::vector<std::string> kTrainFields = {
     "samples_per_s_aggregate", "wall_s", "wall_source", "mem_peak_bytes", "rss_peak_bytes", "micro_batch",
     "precision", "channels_last", "threads", "flops_per_sample_forward", "flops_per_sample_train",
     "achieved_tflops", "peak_tflops", "mfu", "versions", "device", "device_name", "host", "date",
-    "command_line", "config_yaml", "loss_first", "loss_last"};
+    "command_line", "config_yaml", "loss_first", "loss_last", "losses", "figures_basis", "achieved_tflops_median_step",
+    "mfu_median_step"};
 
 // The tiny GPT on a token file with a vocabulary of 300 (not gpt_tiny's 256: the trainer takes the file's,
 // and Python must be given it), context 32, batch 4: well under a second a step on 2 cores.
@@ -211,7 +212,9 @@ TEST(BenchHarness, TrainingResultIsCompleteAndMatchesTheRunsMetrics) {
   auto r = testutil::run(bench_cmd("--config " + cfg + " --set seed=3 --warmup 2 --steps 3 --peak-tflops 0.5 --out " +
                                    out + " --run-dir " + run_dir));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("bench: resnet20 batch 8 on cpu: step p50"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bench: resnet20 batch 8 on cpu: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" samples/s, MFU "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(wall time over the timed steps: 3 steps in "), std::string::npos) << r.output;
   json j = read_json(out);
   for (const auto& f : kTrainFields) EXPECT_TRUE(j.contains(f)) << "missing " << f;
   EXPECT_EQ(j["schema"], trainer::kBenchSchema);
@@ -253,18 +256,25 @@ TEST(BenchHarness, TrainingResultIsCompleteAndMatchesTheRunsMetrics) {
   EXPECT_GE(j["wall_s"].get<double>(), 0.9 * 3 * j["step_time_s_mean"].get<double>());
   EXPECT_NEAR(j["samples_per_s_aggregate"].get<double>(), 24 / j["wall_s"].get<double>(), 1e-9);
 
-  // FLOPs: the model's own count, x3 for training; MFU against the given peak.
+  // FLOPs: the model's own count, x3 for training; MFU against the given peak, by wall time (the median
+  // step's beside it).
   const double fwd = model_forward_flops("resnet20", {1, 16, 16}, 10);
   EXPECT_EQ(j["flops_per_sample_forward"].get<double>(), fwd);
   EXPECT_EQ(j["flops_per_sample_train"].get<double>(), 3 * fwd);
-  const double achieved = 3 * fwd * j["samples_per_s_median"].get<double>() / 1e12;
+  EXPECT_EQ(j["figures_basis"], "wall time over the timed steps");
+  const double achieved = 3 * fwd * j["samples_per_s_aggregate"].get<double>() / 1e12;
   EXPECT_NEAR(j["achieved_tflops"].get<double>(), achieved, 1e-12 * achieved);
   EXPECT_EQ(j["peak_tflops"], 0.5);
   EXPECT_EQ(j["peak_tflops_source"], "--peak-tflops");
   EXPECT_NEAR(j["mfu"].get<double>(), achieved / 0.5, 1e-12);
+  const double achieved_median = 3 * fwd * j["samples_per_s_median"].get<double>() / 1e12;
+  EXPECT_NEAR(j["achieved_tflops_median_step"].get<double>(), achieved_median, 1e-12 * achieved_median);
+  EXPECT_NEAR(j["mfu_median_step"].get<double>(), achieved_median / 0.5, 1e-12);
 
-  // The figures are those of the run's own metrics.jsonl: steps 3..5, computed here the plain way.
+  // The figures are those of the run's own metrics.jsonl: steps 3..5, computed here the plain way; the
+  // losses of all five steps; step 1's start after the model was built.
   std::vector<double> times;
+  json losses = json::array();
   std::ifstream in(run_dir + "/metrics.jsonl");
   std::string line;
   int64_t lines = 0;
@@ -273,8 +283,16 @@ TEST(BenchHarness, TrainingResultIsCompleteAndMatchesTheRunsMetrics) {
     if (l.contains("event")) continue;
     ++lines;
     if (l["step"].get<int64_t>() > 2) times.push_back(l["step_time_s"].get<double>());
+    losses.push_back(l["loss"]);
+    EXPECT_EQ(l.contains("since_model_built_s"), l["step"] == 1) << line;
+    if (l["step"] == 1) {
+      EXPECT_EQ(j["since_model_built_s"], l["since_model_built_s"]);
+      EXPECT_EQ(j["first_step_time_s"], l["step_time_s"]);
+      EXPECT_GE(l["since_model_built_s"].get<double>(), 0.0);
+    }
   }
   EXPECT_EQ(lines, 5);
+  EXPECT_EQ(j["losses"], losses);
   ASSERT_EQ(times.size(), 3u);
   // A benchmark saves nothing: no checkpoint at all, the final one included (checkpoint.final=false).
   const testutil::fs::path saved = testutil::fs::path(run_dir) / "checkpoints";
@@ -441,6 +459,33 @@ TEST(BenchReference, RefusesWhatItDoesNotMirror) {
   EXPECT_EQ(last_line(r.output), "error: --set optim.lr=fast: key 'optim.lr': expected a number, got 'fast'");
 }
 
+// The fair reference's loss over a padded vocabulary: over every column, the padding ones masked to -inf
+// in place (nanoGPT's cost: no slice, no zero-filled copy in backward), is the loss of the real columns
+// alone, as the trainer's (trainer/numerics/loss.h): the same losses step for step as the sliced loss on
+// the same model, whose gradients (steps 2..) and values (step 1) therefore agree too. Without the mask the
+// six padding logits (0: zero rows) would add about ln(1 + 6/250) = 0.024 to each loss.
+TEST(BenchReference, PaddedVocabularyLossIsTheRealColumnsLoss) {
+  TempDir dir;
+  const std::string job = " --set model.name=gpt_tiny --set data.kind=synthetic --set model.context=16"
+                          " --set model.vocab_size=250 --set model.vocab_multiple=64 --set train.global_batch=4"
+                          " --set train.threads=1 --set optim.name=adamw --set optim.lr=0.01 --warmup 1 --steps 5";
+  std::map<std::string, json> res;
+  for (const char* how : {"full", "slice"}) {
+    const std::string out = (dir / (std::string(how) + ".json")).string();
+    auto r = testutil::run(reference_py() + job + " --padded-loss " + how + " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    res[how] = read_json(out);
+    EXPECT_EQ(res[how]["padded_loss"], json({{"columns", 250}, {"width", 256}, {"how", how}})) << how;
+  }
+  const json &full = res["full"]["losses"], &slice = res["slice"]["losses"];
+  ASSERT_EQ(full.size(), 6u);
+  ASSERT_EQ(slice.size(), 6u);
+  EXPECT_NEAR(full[0].get<double>(), std::log(250.0), 0.3) << "uniform tokens: about ln V";
+  for (size_t i = 0; i < full.size(); ++i)
+    EXPECT_NEAR(full[i].get<double>(), slice[i].get<double>(), 1e-6 * slice[i].get<double>()) << "step " << i + 1;
+  EXPECT_GT(std::abs(full[5].get<double>() - full[0].get<double>()), 1e-4) << "the model trained: the steps differ";
+}
+
 // ---- bench/compare.py -----------------------------------------------------------------------------
 
 TEST(BenchCompare, AlternatingRoundsOnATinyJob) {
@@ -459,21 +504,29 @@ TEST(BenchCompare, AlternatingRoundsOnATinyJob) {
   };
   const int folders_before = bench_folders();
   auto r = testutil::run("TMPDIR=" + tmp.string() + " " + testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " + cfg +
-                         " --rounds 2 --warmup 2 --steps 3 --loader-steps 3 --trainer " + testutil::trainer_bin() +
+                         " --rounds 2 --warmup 2 --steps 3 --min-wall-s 0.3 --calibration-steps 2 --loader-steps 3"
+                         " --trainer-b-set train.snapshot=per_buffer --trainer " + testutil::trainer_bin() +
                          " --python " + testutil::python() + " --workdir " + (dir / "runs").string() + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("median ratio trainer/python step time p50 over 2 rounds"), std::string::npos) << r.output;
   json s = read_json(out);
-  EXPECT_EQ(s["schema"], "trainer-bench-compare/1");
+  EXPECT_EQ(s["schema"], "trainer-bench-compare/2");
+  EXPECT_EQ(s["basis"], "wall time over the timed steps");
   ASSERT_EQ(s["rounds"].size(), 2u);
-  std::vector<double> ratios;
+  // The calibration: each side's wall time a step from its own run, and the steps that give the faster
+  // side 1.2 x 0.3 s (at least --steps).
+  const json& cal = s["calibration"];
+  ASSERT_TRUE(cal.is_object()) << s.dump(1);
+  const double fastest = std::min(cal["trainer_step_wall_s"].get<double>(), cal["python_step_wall_s"].get<double>());
+  EXPECT_EQ(s["steps"].get<int64_t>(), std::max<int64_t>(3, static_cast<int64_t>(std::ceil(1.2 * 0.3 / fastest))));
+  std::vector<double> ratios, wall_ratios;
   for (const auto& round : s["rounds"]) {
     json t = read_json(round["trainer_file"]), p = read_json(round["python_file"]);
     for (const auto& f : kTrainFields) EXPECT_TRUE(p.contains(f)) << "python result misses " << f;
     EXPECT_EQ(t["implementation"], "trainer");
     EXPECT_EQ(p["implementation"], "pytorch");
-    EXPECT_EQ(t["timed_steps"], 3);
-    EXPECT_EQ(p["timed_steps"], 3);
+    EXPECT_EQ(t["timed_steps"], s["steps"]);
+    EXPECT_EQ(p["timed_steps"], s["steps"]);
     EXPECT_EQ(p["micro_batch"], 8);
     EXPECT_GE(p["step_time_s_p90"].get<double>(), p["step_time_s_p50"].get<double>());
     EXPECT_EQ(p["threads"], t["threads"]);
@@ -486,12 +539,31 @@ TEST(BenchCompare, AlternatingRoundsOnATinyJob) {
     double ratio = t["step_time_s_p50"].get<double>() / p["step_time_s_p50"].get<double>();
     EXPECT_DOUBLE_EQ(round["ratio_step_time_p50"].get<double>(), ratio);
     ratios.push_back(ratio);
+    // The headline ratio: samples/s by wall time over the timed steps.
+    EXPECT_EQ(t["figures_basis"], "wall time over the timed steps");
+    EXPECT_DOUBLE_EQ(t["samples_per_s_aggregate"].get<double>(),
+                     t["timed_steps"].get<double>() * 8 / t["wall_s"].get<double>());
+    EXPECT_DOUBLE_EQ(round["ratio_samples_per_s"].get<double>(),
+                     t["samples_per_s_aggregate"].get<double>() / p["samples_per_s_aggregate"].get<double>());
+    wall_ratios.push_back(round["ratio_samples_per_s"].get<double>());
+    // The second arm (the per-buffer snapshot: the same arithmetic): the same losses, step for step.
+    const json b = read_json(round["trainer_b_file"]);
+    EXPECT_NE(b["config_yaml"].get<std::string>().find("snapshot: \"per_buffer\""), std::string::npos);
+    EXPECT_EQ(b["losses"], t["losses"]);
+    EXPECT_EQ(t["losses"].size(), 2u + s["steps"].get<size_t>()) << "every step's, the warmup's first";
+    EXPECT_EQ(round["losses_against_b"]["equal"], true) << round;
+    EXPECT_EQ(round["losses_against_b"]["max_abs_diff"], 0.0) << round;
+    // Step 1's start after the model was built, from its metrics line.
+    EXPECT_GE(t["since_model_built_s"].get<double>(), 0.0);
+    EXPECT_GT(t["first_step_time_s"].get<double>(), 0.0);
   }
   EXPECT_DOUBLE_EQ(s["median_ratio_step_time_p50"].get<double>(), (ratios[0] + ratios[1]) / 2);
+  EXPECT_DOUBLE_EQ(s["speed_ratio"].get<double>(), (wall_ratios[0] + wall_ratios[1]) / 2);
+  EXPECT_EQ(s["trainer_b"]["losses_equal"], true) << s["trainer_b"];
   ASSERT_TRUE(s.contains("loader"));
   EXPECT_NEAR(s["loader_headroom"].get<double>(),
-              s["loader"]["samples_per_s"].get<double>() / s["trainer_samples_per_s_median"].get<double>(), 1e-9);
-  EXPECT_EQ(s["commands"].size(), 2u);
+              s["loader"]["samples_per_s"].get<double>() / s["trainer_samples_per_s"].get<double>(), 1e-9);
+  EXPECT_EQ(s["commands"].size(), 3u);  // trainer, python, trainer_b
   EXPECT_EQ(bench_folders(), folders_before) << "a temporary run folder was left behind";
 }
 
@@ -500,7 +572,7 @@ TEST(BenchCompare, TokenJobReportsTokensPerSecondOnBothSides) {
   auto cfg = tiny_gpt_config(dir);
   auto out = (dir / "summary.json").string();
   auto r = testutil::run(testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " + cfg +
-                         " --rounds 1 --warmup 1 --steps 3 --loader-steps 5 --trainer " + testutil::trainer_bin() +
+                         " --rounds 1 --warmup 1 --steps 3 --min-wall-s 0 --loader-steps 5 --trainer " + testutil::trainer_bin() +
                          " --python " + testutil::python() + " --workdir " + (dir / "runs").string() + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json s = read_json(out);
@@ -523,7 +595,9 @@ TEST(BenchCompare, TokenJobReportsTokensPerSecondOnBothSides) {
   // The token-weighted mean loss: on random ids about ln 300 at the start, on both sides.
   EXPECT_NEAR(t["loss_first"].get<double>(), std::log(300.0), 0.3);
   EXPECT_NEAR(p["loss_first"].get<double>(), std::log(300.0), 0.3);
-  EXPECT_NEAR(s["trainer_tokens_per_s_median"].get<double>(), 32 * s["trainer_samples_per_s_median"].get<double>(), 1e-6);
+  EXPECT_NEAR(s["trainer_tokens_per_s"].get<double>(), 32 * s["trainer_samples_per_s"].get<double>(), 1e-6);
+  EXPECT_NEAR(s["trainer_tokens_per_s_median_step"].get<double>(),
+              32 * s["trainer_samples_per_s_median_step"].get<double>(), 1e-6);
   // The token loader alone (no workers: windows are cut in the caller's thread).
   ASSERT_TRUE(s.contains("loader"));
   json l = read_json(s["loader"]["file"]);
@@ -541,7 +615,7 @@ TEST(BenchCompare, SyntheticGpt2VocabularyOnBothSides) {
   auto r = testutil::run(testutil::python() + " " + testutil::source_dir() + "/bench/compare.py --config " +
                          testutil::source_dir() + "/configs/bench_gpt2_small_synthetic.yaml --set model.name=gpt_tiny"
                          " --set model.context=16 --set train.global_batch=2 --set train.device=cpu --set amp.enabled=false"
-                         " --rounds 1 --warmup 1 --steps 2 --loader-steps 3 --trainer " + testutil::trainer_bin() +
+                         " --rounds 1 --warmup 1 --steps 2 --min-wall-s 0 --loader-steps 3 --trainer " + testutil::trainer_bin() +
                          " --python " + testutil::python() + " --workdir " + (dir / "runs").string() + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json s = read_json(out);
@@ -808,7 +882,7 @@ class GpuCheck : public ::testing::Test {
         "env TMPDIR=" + dir_->str() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" + (*dir_ / "no-bundle").string() +
         " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" + testutil::python() + " TRAINER_GPU_PACK=" +
         (*dir_ / "pack").string() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + *out_ +
-        " env tests profile cap speed jpeg fixes share summary"));
+        " env tests profile cap speed compile jpeg fixes share summary"));
   }
   static void TearDownTestSuite() {
     delete run_;
@@ -844,21 +918,25 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
                                 "ActivationCheckpointCuda.TransformerLayerWithDropoutGradientsEqualPlain"})
     EXPECT_NE(std::find(skipped.begin(), skipped.end(), cuda_only), skipped.end()) << cuda_only << " did not skip";
 
-  // bench/cap_check.py's stages: the auto search under the cut cap (verified against the sizes above it)
-  // and one under a middle cap, both ways; each cuDNN policy's cut, backoff and grow-back; no target is
-  // judged on the CPU.
+  // bench/cap_check.py's stages: the job's default search under the cut cap (verified against the sizes
+  // above it), the curve and the doubling search under it and under a middle cap; each cuDNN policy's cut,
+  // backoff and grow-back, the default's first; no target is judged on the CPU.
   const json& cap = s["cap"];
   EXPECT_TRUE(cap["failed"].empty()) << cap;
   EXPECT_TRUE(cap["skipped"].empty()) << cap;
   ASSERT_EQ(cap["auto"].size(), 2u) << cap;
   for (const auto& [limit, a] : cap["auto"].items())
-    for (const char* how : {"curve", "doubling"}) {
+    for (const char* how : {"default", "curve", "doubling"}) {
+      if (std::string(how) == "default" && limit != "cut") continue;
       ASSERT_TRUE(a[how].is_object()) << limit << " " << how << ": " << a;
       EXPECT_GT(a[how]["micro_batch"].get<int64_t>(), 0) << limit << " " << how;
       EXPECT_EQ(a[how]["ooms_in_3_steps"], 0) << limit << " " << how;
     }
+  EXPECT_FALSE(cap["default_policy"].get<std::string>().empty()) << cap["defaults"];
+  EXPECT_TRUE(cap["policies"][cap["default_policy"].get<std::string>()].is_object()) << "the default's cut runs first";
   const json& verify = cap["auto"]["cut"]["verify"];
   ASSERT_TRUE(verify.is_object()) << cap["auto"];
+  EXPECT_GE(verify["largest_fitting_micro_batch"].get<int64_t>(), cap["auto"]["cut"]["default"]["micro_batch"].get<int64_t>());
   EXPECT_GE(verify["largest_fitting_micro_batch"].get<int64_t>(), cap["auto"]["cut"]["curve"]["micro_batch"].get<int64_t>());
   EXPECT_GE(verify["curve_fraction"].get<double>(), 0.9) << verify;
   for (const char* policy : {"always", "off", "start", "pretune", "settle"}) {
@@ -872,13 +950,32 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   EXPECT_NE(cap["report"]["error"].get<std::string>().find("out of memory"), std::string::npos) << cap["report"];
 
   EXPECT_EQ(cap["cap_basis"], "allocated_peak") << "on the CPU reserved is allocated";
+  // The speed jobs: every figure by wall time over at least 3 s of timed steps a side; the trainer again
+  // with train.cuda_graph=off (on the CPU the default is off too: the on arm is recorded as skipped);
+  // torch.compile skipped in CPU mode, saying why.
   for (const char* job : {"speed_resnet50", "speed_gpt2"}) {
-    EXPECT_GT(s[job]["speed_ratio"].get<double>(), 0.0) << job;
-    EXPECT_EQ(s[job]["speed_ratio_basis"], "samples/s by wall time") << job;
-    EXPECT_EQ(s[job]["per_round_speed_ratio"].size(), 2u) << job;
-    EXPECT_TRUE(s[job]["met"].is_null()) << job << ": no target is judged on the CPU";
+    const json& x = s[job];
+    EXPECT_GT(x["speed_ratio"].get<double>(), 0.0) << job;
+    EXPECT_EQ(x["basis"], "wall time over the timed steps") << job;
+    EXPECT_EQ(x["per_round_speed_ratio"].size(), 2u) << job;
+    EXPECT_EQ(x["min_wall_met"], true) << job;
+    EXPECT_TRUE(x["trainer_mfu"].is_null()) << job << ": no peak on a CPU";
+    EXPECT_GE(x["first_step"]["since_model_built_s"].get<double>(), 0.0) << job;
+    const json& g = x["cuda_graph_off"];
+    ASSERT_TRUE(g.is_object()) << job << ": " << x;
+    EXPECT_NE(g["on_arm"].get<std::string>().find("no CUDA device"), std::string::npos) << job;
+    EXPECT_FALSE(x["compile"]["skipped"].get<std::string>().empty()) << job;
   }
   EXPECT_GT(s["speed_gpt2"]["trainer_tokens_per_s"].get<double>(), 0.0);
+  // The floors: six, none judged on the CPU; the figures CPU mode measures are there.
+  ASSERT_EQ(s["floors"].size(), 6u) << s["floors"];
+  for (const auto& f : s["floors"]) {
+    EXPECT_TRUE(f["met"].is_null()) << f;
+    EXPECT_FALSE(f["floor"].get<std::string>().empty()) << f;
+  }
+  EXPECT_DOUBLE_EQ(s["floors"][0]["value"].get<double>(), s["speed_resnet50"]["speed_ratio"].get<double>());
+  EXPECT_GT(s["floors"][3]["value"].get<double>(), 0.0) << "the recovery of the default policy's cut";
+  EXPECT_GT(s["floors"][4]["value"].get<double>(), 0.0) << "the default search's time";
 
   // The JPEG phase: a folder made, packed, and trained from against synthetic data.
   const json& jp = s["jpeg"];
@@ -965,7 +1062,7 @@ TEST_F(GpuCheck, SharePhaseInCpuModeRunsTwoJobsAndLosesNoStep) {
 // datasets, and the summary beside them is the last one written.
 TEST_F(GpuCheck, EachPhaseIsPackedWithItsRecordAndTheSummaryIsKeptCurrent) {
   const std::string pack = (*dir_ / "pack").string();
-  for (const char* phase : {"env", "tests", "profile", "cap", "speed", "jpeg", "fixes", "share"}) {
+  for (const char* phase : {"env", "tests", "profile", "cap", "speed", "compile", "jpeg", "fixes", "share"}) {
     const std::string tgz = pack + "/" + phase + ".tgz";
     ASSERT_TRUE(testutil::fs::exists(tgz)) << tgz;
     const auto list = testutil::run("tar -tzf " + tgz);
