@@ -437,6 +437,84 @@ TEST(OomController, ProbesAgainWhenTheLimitRises) {
   EXPECT_EQ(run.c.accum_steps(), 1);
 }
 
+// memory.auto_search: auto chose 24 of 64 because it ran faster (max_micro_batch 24): grow-back never
+// probes past it on its own, a rise of the limit included; after a backoff it grows back to 24, not beyond.
+TEST(OomController, GrowBackStopsAtTheSizeAutoChoseForSpeed) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.micro_batch = 24;
+  o.max_micro_batch = 24;
+  o.grow_after = 3;
+  SimulatedRun run{MicroBatchController(o), 256 * kMiB, 64};  // everything fits
+  EXPECT_EQ(run.c.max_micro_batch(), 24);
+  run.steps(100);
+  EXPECT_EQ(run.c.micro_batch(), 24);
+  EXPECT_TRUE(run.probes.empty()) << "probed " << run.probes.front().first;
+
+  // The limit falls: the step backs off from 24 to 12 and bisects back to the new capacity, 20.
+  run.limit = 128 * kMiB;
+  run.capacity = 20;
+  run.steps(200);
+  EXPECT_EQ(run.c.micro_batch(), 20);
+  // The limit rises again: the failures are forgotten and the next clean step probes, up to 24 only.
+  run.limit = 1024 * kMiB;
+  run.capacity = 64;
+  run.probes.clear();
+  run.steps(300);
+  EXPECT_EQ(run.c.micro_batch(), 24);
+  ASSERT_FALSE(run.probes.empty());
+  EXPECT_EQ(run.probes.front().first, 24) << "doubling 20 would be 40: clamped to the chosen size";
+  for (const auto& [size, failed] : run.probes) EXPECT_LE(size, 24);
+
+  // The same with memory.ladder_sizes: halvings (the ladder of 64 and 24: ..., 12, 16, 24, 32, 64): from
+  // 12 it climbs to 16 and 24, never to 32.
+  o.halvings_only = true;
+  SimulatedRun ladder{MicroBatchController(o), 256 * kMiB, 64};
+  ladder.capacity = 12;
+  ladder.steps(50);
+  EXPECT_EQ(ladder.c.micro_batch(), 12);
+  ladder.limit = 1024 * kMiB;
+  ladder.capacity = 64;
+  ladder.probes.clear();
+  ladder.steps(300);
+  EXPECT_EQ(ladder.c.micro_batch(), 24);
+  std::vector<int64_t> sizes;
+  for (const auto& pr : ladder.probes) sizes.push_back(pr.first);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{16, 24}));
+
+  // Without the option (0) the same run grows to the whole batch, as before.
+  o.halvings_only = false;
+  o.max_micro_batch = 0;
+  SimulatedRun free{MicroBatchController(o), 256 * kMiB, 64};
+  EXPECT_EQ(free.c.max_micro_batch(), 64);
+  free.steps(100);
+  EXPECT_EQ(free.c.micro_batch(), 64);
+}
+
+TEST(OomController, TheChosenSizeCeilingIsValidatedAndSaved) {
+  MicroBatchOptions o;
+  o.global_batch = 64;
+  o.micro_batch = 24;
+  o.max_micro_batch = 16;
+  EXPECT_NE(error_text([&] { MicroBatchController c(o); }).find("max_micro_batch must be 0 or in [micro_batch = 24, "
+                                                                 "global_batch = 64], got 16"),
+            std::string::npos);
+  o.max_micro_batch = 65;
+  EXPECT_NE(error_text([&] { MicroBatchController c(o); }).find("got 65"), std::string::npos);
+  o.max_micro_batch = 24;
+  MicroBatchController c(o);
+  c.on_oom(1000);  // 24 -> 12
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j["max_micro_batch"], 24);
+  const MicroBatchController r = MicroBatchController::from_json(j);
+  EXPECT_EQ(r.max_micro_batch(), 24);
+  EXPECT_EQ(r.to_json(), j);
+  // A state written before the option resumes without a ceiling.
+  nlohmann::json old = j;
+  old.erase("max_micro_batch");
+  EXPECT_EQ(MicroBatchController::from_json(old).max_micro_batch(), 64);
+}
+
 TEST(OomController, ProbesOnlyAfterGrowAfterStepsWithHeadroom) {
   MicroBatchOptions o;
   o.global_batch = 32;

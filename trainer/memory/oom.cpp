@@ -49,6 +49,9 @@ void check_options(const MicroBatchOptions& o, int64_t micro) {
     bad("micro_batch must be in [min_micro_batch = " + std::to_string(o.min_micro_batch) +
         ", global_batch = " + std::to_string(o.global_batch) + "], got " + std::to_string(micro));
   if (o.grow_after < 1) bad("grow_after must be >= 1 step, got " + std::to_string(o.grow_after));
+  if (o.max_micro_batch != 0 && (o.max_micro_batch < micro || o.max_micro_batch > o.global_batch))
+    bad("max_micro_batch must be 0 or in [micro_batch = " + std::to_string(micro) + ", global_batch = " +
+        std::to_string(o.global_batch) + "], got " + std::to_string(o.max_micro_batch));
   if (!(o.headroom >= 0 && o.headroom < 1)) bad("headroom must be in [0, 1), got " + std::to_string(o.headroom));
 }
 
@@ -308,11 +311,12 @@ MicroBatchController::GrowTarget MicroBatchController::grow_target(int64_t peak_
     const int64_t start = opt_.micro_batch == 0 ? opt_.global_batch : opt_.micro_batch;
     const auto sizes = halving_ladder(opt_.global_batch, start, opt_.min_micro_batch);
     const auto next = std::upper_bound(sizes.begin(), sizes.end(), micro_);
-    if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_)) return {micro_, ""};
+    if (next == sizes.end() || (failed_micro_ != 0 && *next >= failed_micro_) || *next > max_micro_batch())
+      return {micro_, ""};
     target = *next;
   } else {
     target = failed_micro_ == 0 ? 2 * micro_ : micro_ + (failed_micro_ - micro_) / 2;
-    target = std::min(target, opt_.global_batch);
+    target = std::min(target, max_micro_batch());
     if (failed_micro_ != 0) target = std::min(target, failed_micro_ - 1);
   }
   const int64_t allowed = largest_predicted_to_fit();
@@ -359,7 +363,7 @@ std::optional<int64_t> MicroBatchController::maybe_grow(int64_t limit_bytes, int
   if (checkpointing_ && ckpt_by_ladder_ && !ckpt_off_failed_) {
     checkpointing_ = false;
     probe_ = ProbeKind::kCheckpointingOff;
-  } else if (micro_ < opt_.global_batch) {
+  } else if (micro_ < max_micro_batch()) {
     const GrowTarget target = grow_target(peak_bytes);
     if (target.micro_batch <= micro_) return std::nullopt;
     micro_ = target.micro_batch;
@@ -393,6 +397,7 @@ nlohmann::json MicroBatchController::to_json() const {
           {"grow_after", opt_.grow_after},
           {"headroom", opt_.headroom},
           {"halvings_only", opt_.halvings_only},
+          {"max_micro_batch", opt_.max_micro_batch},
           {"initial_checkpointing", opt_.checkpointing},
           {"micro_batch", micro_},
           {"checkpointing", checkpointing_},
@@ -428,6 +433,8 @@ MicroBatchController MicroBatchController::from_json(const nlohmann::json& j) {
     o.halvings_only = j.value("halvings_only", false);  // absent in states written before the option
     o.checkpointing = get("initial_checkpointing").get<bool>();
     o.micro_batch = get("micro_batch").get<int64_t>();
+    // Absent in states written before the option; checked against the size the state resumes at.
+    o.max_micro_batch = j.value("max_micro_batch", int64_t{0});
     MicroBatchController c(o);
     c.checkpointing_ = get("checkpointing").get<bool>();
     c.ckpt_by_ladder_ = get("checkpointing_by_ladder").get<bool>();

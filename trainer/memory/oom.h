@@ -46,6 +46,10 @@ struct MicroBatchOptions {
   int64_t grow_after = 50;          ///< clean steps with headroom before a probe (>= 1)
   double headroom = 0.2;            ///< probe only while peak < (1 - headroom) * limit; in [0, 1)
   bool halvings_only = false;       ///< grow-back probes only sizes of halving_ladder() (memory.ladder_sizes)
+  /// The largest micro-batch grow-back probes (0 = global_batch), a rise of the limit included: set when
+  /// `micro_batch: auto` chose a size below the largest that fits because it ran faster. In
+  /// [micro_batch, global_batch] when set.
+  int64_t max_micro_batch = 0;
 };
 
 /// ceil(global_batch / micro_batch): micro-batches per optimizer step.
@@ -117,6 +121,8 @@ class MicroBatchController {
 
   int64_t global_batch() const { return opt_.global_batch; }
   int64_t min_micro_batch() const { return opt_.min_micro_batch; }
+  /// The largest micro-batch grow-back probes: MicroBatchOptions::max_micro_batch, or global_batch.
+  int64_t max_micro_batch() const { return opt_.max_micro_batch > 0 ? opt_.max_micro_batch : opt_.global_batch; }
   /// The micro-batch size for the next attempt.
   int64_t micro_batch() const { return micro_; }
   /// ceil(global_batch / micro_batch).
