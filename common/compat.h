@@ -16,7 +16,9 @@
 //   fused optimizers           _fused_adam_ (CUDA) only                 _fused_adamw_ and _fused_sgd_, CUDA and CPU
 //                                                                       kernels (2.4+; 2.11's headers checked),
 //                                                                       with found_inf: skipped on the device
-//                                                                       (both kernels, checked on the CPU's)
+//                                                                       (both kernels, checked on the CPU's);
+//                                                                       a tensor learning rate (.tensor_lr, 2.11's
+//                                                                       headers), which a CUDA graph replays
 //   profiler events            KinetoEvent::startUs/durationUs          startNs/durationNs (detected, not versioned)
 //   profiler traces            Debian's build has no Kineto: events     ProfilerResult::save writes Kineto's
 //                              are collected, save() throws             Chrome trace (the pip wheels have Kineto)
@@ -201,6 +203,36 @@ inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorLi
 #if TRAINER_TORCH_AT_LEAST(2, 4)
   // is_first_step false: the buffers start at zero, so the first step's momentum * 0 + g is PyTorch's
   // first-step buf = g.
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
+                  /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr, (void)nesterov,
+      (void)skip;
+  TORCH_CHECK(false, "the fused SGD kernel needs LibTorch 2.4 or later, this is ", torch_version());
+#endif
+}
+
+/// fused_adamw_ with the learning rate read from `lr` (a float32 one-element tensor on the parameters'
+/// device) when the kernel runs: a captured CUDA graph replays with this step's rate. The kernel reads the
+/// rate as float32 and computes in double from there, so the scalar overload above gives the same bits
+/// for a rate rounded to float32 first (Optimizer does).
+inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                         at::TensorList steps, const at::Tensor& lr, double beta1, double beta2, double weight_decay,
+                         double eps, const at::Tensor& skip = {}) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
+                    eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1, (void)beta2,
+      (void)weight_decay, (void)eps, (void)skip;
+  TORCH_CHECK(false, "the fused AdamW kernel needs LibTorch 2.4 or later, this is ", torch_version());
+#endif
+}
+
+/// fused_sgd_ with the learning rate read from `lr` on the device, as fused_adamw_ above.
+inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
+                       double momentum, const at::Tensor& lr, bool nesterov, const at::Tensor& skip = {}) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
                   /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
 #else

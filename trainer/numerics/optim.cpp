@@ -171,9 +171,33 @@ void Optimizer::step_foreach(double lr) {
   }
 }
 
+void Optimizer::set_device_scalars(double lr) {
+  if (impl_ != Impl::fused) throw std::logic_error("Optimizer::set_device_scalars: needs optim.implementation fused");
+  const auto device = params_.empty() ? torch::Device(torch::kCPU) : params_.front().param.device();
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  if (!device_lr_.defined() || device_lr_.device() != device) device_lr_ = torch::zeros({1}, opts);
+  if (!fused_step_.defined() || fused_step_.device() != device) fused_step_ = torch::zeros({}, opts);
+  device_lr_.fill_(lr);
+  fused_step_.fill_(static_cast<double>(steps_ + 1));
+}
+
+void Optimizer::step_unless_device(const torch::Tensor& skip) {
+  if (impl_ != Impl::fused || !device_lr_.defined())
+    throw std::logic_error("Optimizer::step_unless_device: needs optim.implementation fused and set_device_scalars()");
+  RECORD_USER_SCOPE(cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : "Optimizer.step#AdamW.step");
+  allocate_state();
+  torch::NoGradGuard no_grad;
+  step_fused(0.0, skip, /*from_device=*/true);
+}
+
 // The same update in one fused kernel per (device, dtype) group and weight-decay setting (the kernels
 // take one weight decay for all their tensors).
-void Optimizer::step_fused(double lr, const torch::Tensor& skip) {
+//
+// The rate is rounded to float32 on both paths: the kernels read a tensor rate as float32 and widen it to
+// double, a scalar rate they take as double. Rounded alike, a step captured in a CUDA graph (the tensor,
+// step_unless_device) and the same step run eagerly (the scalar) compute the same bits.
+void Optimizer::step_fused(double lr, const torch::Tensor& skip, bool from_device) {
+  lr = static_cast<double>(static_cast<float>(lr));
   struct Group {
     std::vector<torch::Tensor> p, g, m1, m2;
   };
@@ -194,16 +218,22 @@ void Optimizer::step_fused(double lr, const torch::Tensor& skip) {
   for (auto& [key, grp] : groups) {
     const double wd = std::get<2>(key) ? cfg_.weight_decay : 0.0;
     if (cfg_.name == "sgd") {
-      compat::fused_sgd_(grp.p, grp.g, grp.m1, wd, cfg_.momentum, lr, cfg_.nesterov, skip);
+      if (from_device) compat::fused_sgd_(grp.p, grp.g, grp.m1, wd, cfg_.momentum, device_lr_, cfg_.nesterov, skip);
+      else compat::fused_sgd_(grp.p, grp.g, grp.m1, wd, cfg_.momentum, lr, cfg_.nesterov, skip);
     } else {
       // The kernel reads the step count from a float32 tensor per parameter (torch.optim increments its
       // own before the call); one tensor, filled once per step, serves them all: the kernel only reads it.
+      // From the device, set_device_scalars() filled it before the replay.
       const auto& device = std::get<0>(key);
-      if (!fused_step_.defined() || fused_step_.device() != device)
-        fused_step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-      fused_step_.fill_(static_cast<double>(steps_ + 1));
+      if (!from_device) {
+        if (!fused_step_.defined() || fused_step_.device() != device)
+          fused_step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+        fused_step_.fill_(static_cast<double>(steps_ + 1));
+      }
       const std::vector<torch::Tensor> steps(grp.p.size(), fused_step_);
-      compat::fused_adamw_(grp.p, grp.g, grp.m1, grp.m2, steps, lr, cfg_.beta1, cfg_.beta2, wd, cfg_.eps, skip);
+      if (from_device)
+        compat::fused_adamw_(grp.p, grp.g, grp.m1, grp.m2, steps, device_lr_, cfg_.beta1, cfg_.beta2, wd, cfg_.eps, skip);
+      else compat::fused_adamw_(grp.p, grp.g, grp.m1, grp.m2, steps, lr, cfg_.beta1, cfg_.beta2, wd, cfg_.eps, skip);
     }
   }
 }

@@ -70,6 +70,14 @@ class Optimizer {
   void step_unless(double lr, const torch::Tensor& skip);
   /// Counts a step_unless() that was not skipped (AdamW's bias correction of the next step reads the count).
   void commit_step() { ++steps_; }
+  /// For a step captured as a CUDA graph (trainer/step/step_graph.h): writes `lr` and AdamW's step count
+  /// (steps() + 1) into the device tensors that step_unless_device() reads, before each replay (and
+  /// before the capture, which allocates them). Queued on the current stream; no host sync.
+  void set_device_scalars(double lr);
+  /// step_unless() with the learning rate and the step count read from the tensors of
+  /// set_device_scalars() when the kernels run, so that a captured update replays with each step's values.
+  /// The same arithmetic as step_unless(lr) (both round the rate to float32: see step_fused).
+  void step_unless_device(const torch::Tensor& skip);
   /// Allocates the state step() needs (zero-filled) if not yet there. step() calls it; the trainer calls it
   /// early so that memory measurements include the optimizer state.
   void allocate_state();
@@ -89,13 +97,15 @@ class Optimizer {
  private:
   enum class Impl { plain, foreach, fused };
   void step_foreach(double lr);
-  void step_fused(double lr, const torch::Tensor& skip = {});
+  /// The fused kernels with the rate `lr`, or with the tensors of set_device_scalars() when `from_device`.
+  void step_fused(double lr, const torch::Tensor& skip = {}, bool from_device = false);
 
   std::vector<ParamSlot> params_;
   OptimConfig cfg_;
   int64_t steps_ = 0;
   Impl impl_ = Impl::plain;
   torch::Tensor fused_step_;  // fused AdamW: the step count as a float32 scalar on the parameters' device
+  torch::Tensor device_lr_;   // set_device_scalars(): the rate as a float32 one-element tensor there
   std::vector<torch::Tensor> buf1_;  // sgd: momentum buffer; adamw: exp_avg
   std::vector<torch::Tensor> buf2_;  // adamw: exp_avg_sq
 };
