@@ -374,7 +374,8 @@ TEST(AutoSearch, TheRunRecordsTheSearchTheProbesFlagsAndTheRecovery) {
   const int64_t p4 = peak(4), p8 = peak(8), p16 = peak(16);
   const std::string capped = cfg + " --set memory.limit=" + std::to_string((p4 + p8) / 2) + " --set train.steps=2";
   const auto curve_dir = (dir / "curve").string();
-  auto r = testutil::run(testutil::trainer_cmd(curve_dir, capped + " --set train.micro_batch=auto"));
+  auto r = testutil::run(testutil::trainer_cmd(
+      curve_dir, capped + " --set train.micro_batch=auto --set memory.auto_search=curve --set memory.cudnn_policy=start"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto ev = testutil::events(curve_dir, "auto_micro_batch");
   ASSERT_EQ(ev.size(), 1u);
@@ -403,7 +404,7 @@ TEST(AutoSearch, TheRunRecordsTheSearchTheProbesFlagsAndTheRecovery) {
   // line says how long from the OOM and what it met first.
   const auto cut_dir = (dir / "cut").string();
   r = testutil::run(testutil::trainer_cmd(cut_dir, cfg + " --set memory.limit=" + std::to_string((p8 + p16) / 2) +
-                                                       " --set train.steps=2 --set train.micro_batch=0"));
+                                                       " --set train.steps=2 --set train.micro_batch=0 --set memory.cudnn_policy=start"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto s = testutil::step_lines(cut_dir);
   ASSERT_EQ(s.size(), 2u);
@@ -430,6 +431,7 @@ TEST(AutoSearch, TheRunRecordsTheSearchTheProbesFlagsAndTheRecovery) {
 TEST(AutoSearch, AStopEndsTheProbeAtABlockAndItsFindingsResumeTheSearch) {
   const int64_t G = 40;
   trainer::Config cfg = small_job("off", G);
+  cfg.memory.auto_search = "curve";  // a function of the outcomes alone (auto's choice is timed)
   Rig r(cfg, kSmall);
   ASSERT_EQ(r.model->num_blocks(), 9);
   const data::Batch b = r.batch(1);
@@ -541,7 +543,8 @@ TEST(AutoSearch, SigtermDuringAProbeExits143AndTheRestartResumesTheSearch) {
   TempDir dir;
   const std::string job = "--config " + testutil::source_dir() +
                           "/configs/bench_oom_tiny.yaml --set model.name=resnet50 --set 'data.shape=[3,96,96]' "
-                          "--set train.micro_batch=auto --set train.steps=1 --set memory.limit=16GiB "
+                          "--set train.micro_batch=auto --set memory.auto_search=curve --set train.steps=1 "
+                          "--set memory.limit=16GiB "
                           "--set log.level=info";
   const auto whole = (dir / "whole").string(), stopped = (dir / "stopped").string();
   auto r = testutil::run(testutil::trainer_cmd(whole, job));

@@ -206,8 +206,15 @@ TEST(CudnnPolicy, NamesAndBadOptions) {
 // with the key (exit 2 through the command line, as every config error).
 TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
   const trainer::Config d = trainer::load_config("", {"train.steps=1", "train.epochs=0"});
-  EXPECT_EQ(d.memory.cudnn_policy, "start");
-  EXPECT_EQ(d.memory.auto_search, "curve");
+  EXPECT_EQ(d.memory.cudnn_policy, "off") << "timing cost an H200 4.6-13.1 s before the first step, for nothing after";
+  EXPECT_EQ(trainer::step_options(d, torch::Device(torch::kCPU)).cudnn.mode, CudnnMode::kOff);
+  EXPECT_EQ(CudnnPolicyOptions().mode, CudnnMode::kOff) << "the policy's own default is the config's";
+  EXPECT_EQ(d.memory.auto_search, "auto");
+  EXPECT_EQ(trainer::step_options(d, torch::Device(torch::kCPU)).auto_search, "auto");
+  EXPECT_EQ(trainer::load_config("", {"train.steps=1", "train.epochs=0", "memory.auto_search=curve"}).memory.auto_search,
+            "curve");
+  EXPECT_EQ(trainer::load_config("", {"train.steps=1", "train.epochs=0", "memory.cudnn_policy=start"}).memory.cudnn_policy,
+            "start");
   EXPECT_EQ(d.memory.ladder_sizes, "any");
   EXPECT_EQ(d.memory.cudnn_benchmark_limit, 0);
   EXPECT_TRUE(d.memory.cudnn_empty_cache);
@@ -232,7 +239,7 @@ TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
   };
   EXPECT_EQ(error("memory.cudnn_policy=fast"),
             "config: key 'memory.cudnn_policy': 'fast' is not one of: always, off, start, pretune, settle");
-  EXPECT_EQ(error("memory.auto_search=bisect"), "config: key 'memory.auto_search': 'bisect' is not one of: curve, doubling");
+  EXPECT_EQ(error("memory.auto_search=bisect"), "config: key 'memory.auto_search': 'bisect' is not one of: auto, curve, doubling");
   EXPECT_EQ(error("memory.ladder_sizes=powers"), "config: key 'memory.ladder_sizes': 'powers' is not one of: any, halvings");
   EXPECT_EQ(error("memory.cudnn_benchmark_limit=-1"),
             "config: key 'memory.cudnn_benchmark_limit': must be in [0, 10000] (0 = LibTorch's default, 10)");

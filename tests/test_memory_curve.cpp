@@ -191,7 +191,7 @@ TEST(MemoryCurveAuto, StartsAtThePredictionAndPicksTheSameSize) {
   // pick. The search from the probes' own curve (the default) lands within 90% of it.
   const json plain = auto_run("plain", " --set memory.auto_search=doubling");
   const json started = auto_run("started", " --set memory.curve=" + curve);
-  const json probed = auto_run("probed", "");
+  const json probed = auto_run("probed", " --set memory.auto_search=curve");
   EXPECT_EQ(plain["start"], 0);
   EXPECT_EQ(plain["method"], "doubling");
   EXPECT_EQ(started["method"], "start");
@@ -273,7 +273,7 @@ seed: 0
     return Run{ev.empty() ? json() : ev[0], testutil::events(run_dir, "oom")};
   };
   const std::string capped = "--set memory.limit=" + std::to_string(cap);
-  const Run probed = run("probed", capped + " --set memory.activation_checkpointing=auto");
+  const Run probed = run("probed", capped + " --set memory.activation_checkpointing=auto --set memory.auto_search=curve");
   EXPECT_EQ(probed.pick["checkpointing"], true) << probed.pick;
   EXPECT_EQ(probed.pick["checkpointing_from"], "floor_does_not_fit");
   EXPECT_EQ(probed.pick["floor_fits"], true) << "with checkpointing on, the floor fits";
@@ -294,7 +294,7 @@ seed: 0
   EXPECT_EQ(ladder.ooms[0]["kind"], "checkpointing_on");
   EXPECT_EQ(ladder.ooms[0]["step"], 1);
 
-  const Run free = run("free", "--set memory.activation_checkpointing=auto");
+  const Run free = run("free", "--set memory.activation_checkpointing=auto --set memory.auto_search=curve");
   EXPECT_EQ(free.pick["checkpointing"], false);
   EXPECT_EQ(free.pick["checkpointing_from"], "floor_fits");
   EXPECT_EQ(free.pick["micro_batch"], 4);

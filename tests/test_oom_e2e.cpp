@@ -212,11 +212,17 @@ TEST(OomE2E, AutoMicroBatchFitsAndIsAtLeastHalfTheLargest) {
   int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
   const std::string cap = " --set memory.limit=" + std::to_string((p8 + p32) / 2);
   auto run_dir = (dir / "auto").string();
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, base + cap + " --set train.steps=2 --set train.micro_batch=auto"));
+  // The curve, pinned: this checks the memory search (auto's speed choice may start below the largest).
+  auto r = testutil::run(testutil::trainer_cmd(
+      run_dir, base + cap + " --set train.steps=2 --set train.micro_batch=auto --set memory.auto_search=curve"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto ev = testutil::events(run_dir, "auto_micro_batch");
   ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["method"], "curve");
+  EXPECT_EQ(ev[0]["method_from"], "config");
+  EXPECT_TRUE(ev[0]["speed"].is_null()) << "curve and doubling keep the largest that fits";
   const int64_t mb = ev[0]["micro_batch"].get<int64_t>();
+  EXPECT_EQ(ev[0]["largest_fitting"], mb);
   EXPECT_GE(mb, 8);
   auto s = testutil::step_lines(run_dir);
   EXPECT_EQ(s[0]["oom_retries"].get<int64_t>(), 0) << "the size auto picked must fit";
@@ -246,6 +252,86 @@ TEST(OomE2E, AutoMicroBatchFitsAndIsAtLeastHalfTheLargest) {
     ASSERT_EQ(r2.exit_code, 0) << r2.output;
     EXPECT_GE(testutil::step_lines(dbl)[0]["oom_retries"].get<int64_t>(), 1);
   }
+}
+
+// memory.auto_search: auto (the default) under a real cap: the event says which search the first two
+// probes' measured cost chose and why, the table of samples/s it measured, and which size it took; the
+// run starts there without an OOM; when it doubled, the size the search found is exactly the largest that
+// fits (one more sample does not). A size taken below the largest for its speed is the grow-back's
+// ceiling in the saved controller.
+TEST(OomE2E, AutoMicroBatchChoosesItsSearchByCostAndItsSizeBySpeed) {
+  TempDir dir;
+  const std::string base = oom_job("");
+  int64_t p8 = peak_at(dir, base, 8), p32 = peak_at(dir, base, 32);
+  const std::string cap = " --set memory.limit=" + std::to_string((p8 + p32) / 2);
+  auto run_dir = (dir / "auto").string();
+  auto r = testutil::run(testutil::trainer_cmd(run_dir, base + cap + " --set train.steps=2 --set train.micro_batch=auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ev = testutil::events(run_dir, "auto_micro_batch");
+  ASSERT_EQ(ev.size(), 1u);
+  const nlohmann::json& e = ev[0];
+  EXPECT_EQ(e["method_from"], "auto") << e.dump();
+  // The search: the rule applied to what was measured (milliseconds here, but the check is the rule).
+  const nlohmann::json& choice = e["method_choice"];
+  ASSERT_TRUE(choice.is_object()) << e.dump();
+  EXPECT_TRUE(choice["timed"].get<bool>());
+  const bool within = choice["projected_s"].get<double>() <= choice["budget_s"].get<double>();
+  EXPECT_EQ(e["method"], within ? "doubling" : "curve") << choice.dump();
+  EXPECT_EQ(choice["method"], e["method"]);
+  EXPECT_EQ(choice["reason"].get<std::string>().rfind(e["method"].get<std::string>() + ": a pass costs ", 0), 0u)
+      << choice.dump();
+  EXPECT_GT(choice["cost"]["fixed_s"].get<double>() + choice["cost"]["per_sample_s"].get<double>(), 0.0);
+  ASSERT_GE(e["trace"].size(), 2u);
+  EXPECT_EQ(e["trace"][0]["micro_batch"], 1);
+  EXPECT_EQ(e["trace"][1]["micro_batch"], 8);
+  EXPECT_GT(e["trace"][0]["warm_s"].get<double>(), 0.0) << "the floor probe's second pass is its warm timing";
+  EXPECT_NE(r.output.find("micro_batch auto: " + e["method"].get<std::string>() + ": a pass costs"), std::string::npos)
+      << r.output;
+  // The speed table: the largest that fits and its halvings, each measured in a warm timed pass.
+  const int64_t largest = e["largest_fitting"].get<int64_t>(), mb = e["micro_batch"].get<int64_t>();
+  const nlohmann::json& speed = e["speed"];
+  ASSERT_TRUE(speed.is_object()) << e.dump();
+  EXPECT_EQ(speed["largest"], largest);
+  EXPECT_EQ(speed["micro_batch"], mb);
+  EXPECT_FALSE(speed["reason"].get<std::string>().empty());
+  ASSERT_GE(speed["table"].size(), 1u) << speed.dump();
+  EXPECT_EQ(speed["table"][0]["micro_batch"], largest);
+  double fastest = 0, at_pick = 0;
+  bool picked_in_table = false;
+  for (const auto& p : speed["table"]) {
+    ASSERT_TRUE(p["fits"].get<bool>()) << p;
+    EXPECT_GT(p["samples_per_s"].get<double>(), 0.0) << p;
+    EXPECT_LE(p["micro_batch"].get<int64_t>(), largest);
+    fastest = std::max(fastest, p["samples_per_s"].get<double>());
+    if (p["micro_batch"] == mb) picked_in_table = true, at_pick = p["samples_per_s"].get<double>();
+  }
+  ASSERT_TRUE(picked_in_table) << speed.dump();
+  // The rule: the pick is within the margin of the fastest, and no larger size is.
+  EXPECT_GE(at_pick * (1 + speed["margin"].get<double>()), fastest) << speed.dump();
+  for (const auto& p : speed["table"])
+    if (p["micro_batch"].get<int64_t>() > mb)
+      EXPECT_LT(p["samples_per_s"].get<double>() * (1 + speed["margin"].get<double>()), fastest) << speed.dump();
+  // The largest is the memory search's: 8 fits under the cap, 32 does not, and doubling is exact.
+  EXPECT_GE(largest, 8);
+  EXPECT_LT(largest, 32);
+  if (e["method"] == "doubling") {
+    auto more = (dir / "more").string();
+    // Two steps: step 1 allocates the optimizer state after its last backward, the search before its first.
+    auto r2 = testutil::run(testutil::trainer_cmd(
+        more, base + cap + " --set train.steps=2 --set train.micro_batch=" + std::to_string(largest + 1)));
+    ASSERT_EQ(r2.exit_code, 0) << r2.output;
+    EXPECT_FALSE(testutil::events(more, "oom").empty()) << "one more sample must not fit: " << e.dump();
+  }
+  // The run starts at the pick without an OOM, and the saved controller's ceiling is the pick when it
+  // is below the largest (grow-back does not undo the speed choice), else none.
+  auto s = testutil::step_lines(run_dir);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0]["oom_retries"].get<int64_t>(), 0);
+  EXPECT_EQ(s[0]["micro_batch"].get<int64_t>(), mb);
+  const std::string latest = testutil::read_file(run_dir + "/checkpoints/latest");
+  const auto state = nlohmann::json::parse(
+      testutil::read_file(run_dir + "/checkpoints/" + latest.substr(0, latest.find_first_of("\r\n")) + "/state.json"));
+  EXPECT_EQ(state.at("controller").at("max_micro_batch").get<int64_t>(), mb < largest ? mb : 0);
 }
 
 }  // namespace test_oom_e2e

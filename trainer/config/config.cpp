@@ -535,7 +535,7 @@ struct Checks {
     if (c.memory.grow_after < 1) bad("memory.grow_after", "must be at least 1");
     if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
     one_of("memory.ladder_sizes", c.memory.ladder_sizes, {"any", "halvings"});
-    one_of("memory.auto_search", c.memory.auto_search, {"curve", "doubling"});
+    one_of("memory.auto_search", c.memory.auto_search, {"auto", "curve", "doubling"});
     one_of("memory.cudnn_policy", c.memory.cudnn_policy, {"always", "off", "start", "pretune", "settle"});
     if (c.memory.cudnn_benchmark_limit < 0 || c.memory.cudnn_benchmark_limit > 10000)
       bad("memory.cudnn_benchmark_limit", "must be in [0, 10000] (0 = LibTorch's default, 10)");

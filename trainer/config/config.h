@@ -129,8 +129,8 @@ struct MemoryConfig {
   int64_t grow_after = 50;                    ///< clean steps with headroom before probing a larger micro-batch
   double headroom = 0.25;                     ///< grow only when peak < (1 - headroom) * limit
   std::string ladder_sizes = "any";           ///< any | halvings: grow-back probes only sizes reached by halving
-  std::string auto_search = "curve";          ///< micro_batch auto: curve (a few probes, within 90%) | doubling (exact)
-  std::string cudnn_policy = "start";         ///< always | off | start | pretune | settle: when cuDNN times algorithms
+  std::string auto_search = "auto";           ///< micro_batch auto: auto (by probe cost; fastest size) | curve | doubling
+  std::string cudnn_policy = "off";           ///< always | off | start | pretune | settle: when cuDNN times algorithms
   int64_t cudnn_benchmark_limit = 0;          ///< algorithms cuDNN times per new shape (0 = LibTorch's default, 10)
   bool cudnn_empty_cache = true;              ///< empty the CUDA cache after each cuDNN timing (LibTorch's default)
 };

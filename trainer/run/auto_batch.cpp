@@ -68,6 +68,9 @@ MicroBatchSearch TrainingRun::search_micro_batch(const data::Batch& batch) {
   }
   const double search_s = seconds_since(t);
   co.micro_batch = found.micro_batch;
+  // A size chosen below the largest that fits because it ran faster: grow-back returns to it after a
+  // backoff and never probes past it, a rise of the limit included (speed, not memory, chose it).
+  co.max_micro_batch = found.largest > found.micro_batch ? found.micro_batch : 0;
   MicroBatchController controller = make_controller(co, agreed_limit_);
   // The probes that fitted are points of the step's memory curve: grow-back judges its probes on them
   // from the first step (trainer/memory/oom.h). In one process only: each rank probed its own sizes,
@@ -122,14 +125,22 @@ MicroBatchSearch TrainingRun::search_once(const data::Batch& batch, const MicroB
 
 void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool checkpointing, const std::string& from,
                                        double search_s) {
-  const std::string how = found.start ? "from the memory curve's " + std::to_string(found.start)
-                           : found.method == "curve" ? "from its probes' memory curve, " + found.ended
-                                                     : std::string("doubling from the floor");
+  std::string how = found.start ? "from the memory curve's " + std::to_string(found.start)
+                     : found.method == "curve" ? "from its probes' memory curve, " + found.ended
+                                               : std::string("doubling from the floor");
+  // memory.auto_search: auto says which search it took and why, and which size among those that fit.
+  if (found.method_from == "auto" && found.choice.contains("reason"))
+    how += "; search " + found.choice["reason"].get<std::string>();
+  if (found.speed.is_object()) how += "; micro-batch " + found.speed["reason"].get<std::string>();
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
                found.micro_batch, limit_bytes_ ? format_bytes(limit_bytes_) : "no limit",
                step_runner_->controller().accum_steps(), checkpointing ? "on" : "off", from, found.probes, search_s,
                how);
   metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
+                                      {"largest_fitting", found.largest},
+                                      {"method_from", found.method_from},
+                                      {"method_choice", found.choice},
+                                      {"speed", found.speed},
                                       {"accum_steps", step_runner_->controller().accum_steps()},
                                       {"checkpointing", checkpointing},
                                       {"checkpointing_from", from},

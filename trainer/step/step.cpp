@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
+#include "trainer/memory/auto_search.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <set>
 
 namespace trainer {
 
@@ -415,14 +417,26 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
 // One line per probe: on a CPU a probe of a large micro-batch takes minutes, and the search must not be
 // silent for that long. A stop is honoured before a probe and at every block boundary inside one (forward
 // and backward), so a SIGTERM waits for one block, not for a probe that takes minutes on a CPU.
+//
+// Timing (memory.auto_search: auto, trainer/memory/auto_search.h): a probe's second pass at the size of
+// its first runs warm (the first paid the size's one-off costs: cuDNN's choice of algorithms, the
+// allocator's growth), so it is timed, synchronized with the device, and kept as the size's warm seconds.
+// Where a probe has no such pass, time_at runs a warm-up pass and a timed one.
 class Step::Probe {
  public:
   Probe(Step& step, const data::Batch& batch, const SearchControl& control, MicroBatchSearch& found)
-      : s_(step), batch_(batch), control_(control), found_(found), blocks_(step.p_.model->num_blocks()) {}
+      : s_(step),
+        batch_(batch),
+        control_(control),
+        found_(found),
+        blocks_(step.p_.model->num_blocks()),
+        timer_(PassTimer::steady(device_sync(step.o_.forward.device))) {}
 
-  /// What the searches call: the outcome at `mb`, found before the restart or measured now.
+  /// What the searches call: the outcome at `mb`, found before the restart or measured now; a size asked
+  /// again (auto's first two probes, taken up by the search it chose) answers from this search's own.
   ProbeOutcome operator()(int64_t mb, ProbeRole role) {
-    if (const auto k = control_.known.find(mb); k != control_.known.end()) return reuse(mb, role, k->second);
+    if (const auto s = seen_.find(mb); s != seen_.end()) return s->second;
+    if (const auto k = control_.known.find(mb); k != control_.known.end()) return seen_[mb] = reuse(mb, role, k->second);
     const auto t = std::chrono::steady_clock::now();
     const CudnnAttempt kind = role == ProbeRole::kConfirm ? CudnnAttempt::kConfirmProbe : CudnnAttempt::kCalibrationProbe;
     ProbeOutcome o = measure(mb, kind);
@@ -430,10 +444,110 @@ class Step::Probe {
     if (!o.fits && s_.cudnn_.on_oom()) o = measure(mb, kind);
     if (control_.on_probe) control_.on_probe(mb, o);
     log_measured(mb, role, o, seconds_since(t));
-    return o;
+    return seen_[mb] = o;
+  }
+
+  /// memory.auto_search: auto: the floor and the curve's second point, timed; then doubling or the curve
+  /// (choose_search), which takes up those two probes. The largest size that fitted (0: not the floor).
+  int64_t search_auto(int64_t floor, int64_t size, int64_t limit) {
+    const ProbeOutcome f = (*this)(floor, ProbeRole::kCalibrate);
+    if (!f.fits || floor == size) {
+      found_.ended = f.fits ? "whole" : "floor";
+      found_.method = "curve";
+      found_.choice = {{"method", "curve"}, {"reason", "the first probe decided it: " + found_.ended}};
+      return f.fits ? floor : 0;
+    }
+    const int64_t second = std::min(size, std::max(floor + 1, kCurveSecondPoint * floor));
+    const ProbeOutcome s = (*this)(second, ProbeRole::kCalibrate);
+    const SearchChoice c = choose(floor, f, second, s, size, limit);
+    found_.method = c.method;
+    found_.choice = c.to_json();
+    cost_ = c.timed ? std::optional<PassCost>(c.cost) : std::nullopt;
+    spdlog::info("micro_batch auto: {}", c.reason);
+    if (c.method == "curve") {
+      const CurveSearch cs = find_max_micro_batch_by_curve(std::ref(*this), floor, size, limit);
+      found_.ended = cs.ended;
+      return cs.micro_batch;
+    }
+    auto fits = [&](int64_t m) { return (*this)(m, ProbeRole::kCalibrate).fits; };
+    return s.fits ? find_max_micro_batch(fits, second, size) : find_max_micro_batch(fits, floor, second - 1);
+  }
+
+  /// The speed choice on the agreed largest size `largest`: it and its halvings timed within
+  /// kSpeedBudgetS of projected pass time, each rank's figures agreed (the slowest rank's per size: a
+  /// data-parallel step runs at its slowest rank's pace), then choose_fastest. Every rank calls it.
+  SpeedChoice choose_speed(int64_t largest, int64_t floor) {
+    const std::vector<int64_t> candidates = speed_candidates(largest, floor);
+    const std::vector<int64_t> sizes = cost_ ? speed_sizes_within(*cost_, candidates, ran_) : std::vector<int64_t>{};
+    std::vector<double> failed(candidates.size(), 0.0), rate(candidates.size(), 0.0);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const double secs = time_at(sizes[i], /*speed=*/true);
+      if (secs < 0) failed[i] = 1;
+      else if (secs > 0) rate[i] = static_cast<double>(sizes[i]) / secs;
+    }
+    if (s_.p_.dist) {
+      std::vector<double> v = failed;
+      for (double r : rate) v.push_back(-r);
+      const auto a = s_.p_.dist->all_max(v, "the speed table agreement");
+      for (size_t i = 0; i < candidates.size(); ++i) failed[i] = a[i], rate[i] = -a[candidates.size() + i];
+    }
+    std::vector<SpeedPoint> table;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (failed[i] > 0 || rate[i] > 0) table.push_back({candidates[i], failed[i] == 0, rate[i]});
+    SpeedChoice c = choose_fastest(table, largest);
+    if (table.size() < candidates.size())
+      c.reason += " (" + std::to_string(candidates.size() - table.size()) + " of " + std::to_string(candidates.size()) +
+                  " candidates not timed: " + (cost_ ? "over the " + std::to_string(static_cast<int>(kSpeedBudgetS)) +
+                                                           " s budget of timed passes"
+                                                     : std::string("the first probes carry no timing")) + ")";
+    return c;
   }
 
  private:
+  /// On CUDA the device's synchronization, so that a timed pass is the kernels' time, not their queueing.
+  static std::function<void()> device_sync(const c10::Device& device) {
+    if (!device.is_cuda()) return {};
+    return [index = device.index()] { torch::cuda::synchronize(index); };
+  }
+
+  /// choose_search from the first two probes: their warm seconds give the cost line, their peaks the
+  /// predicted largest size; untimed (the curve) when they were read back after a restart.
+  SearchChoice choose(int64_t floor, const ProbeOutcome& f, int64_t second, const ProbeOutcome& s, int64_t size,
+                      int64_t limit) {
+    if (control_.known.count(floor) || (s.fits && control_.known.count(second))) return untimed_search_choice();
+    const double tf = time_at(floor);
+    const double ts = s.fits ? time_at(second) : -1;
+    if (tf <= 0) return untimed_search_choice();
+    // Without a second warm pass (it did not fit): all of the floor's time per sample, an upper bound.
+    const PassCost cost =
+        ts > 0 ? PassCost::through(floor, tf, second, ts) : PassCost{0, tf / static_cast<double>(floor)};
+    int64_t predicted = size;
+    if (s.fits && limit > 0)
+      predicted = predict_max_micro_batch(
+          fit_memory_curve({{floor, f.peak_bytes}, {second, s.peak_bytes}}), limit, size);
+    return choose_search(cost, floor, second, s.fits, size, predicted, batch_.size());
+  }
+
+  /// A warm pass's seconds at `mb`: for the search's choice a probe's second pass if it had one, else a
+  /// timed pass; for the speed table (`speed`) the fastest of repeated timed passes (PassTimer::fastest).
+  /// First a warm-up pass where the size never ran in this search. -1 when a pass ran out of memory.
+  double time_at(int64_t mb, bool speed = false) {
+    if (const auto w = warm_s_.find(mb); !speed && w != warm_s_.end()) return w->second;
+    try {
+      if (!ran_.count(mb)) {  // a size no probe ran: its first pass takes the one-off costs
+        s_.apply_cudnn(CudnnAttempt::kCalibrationProbe, {mb}, 0);
+        one_pass(0, mb);
+        ran_.insert(mb);
+      }
+      if (speed) return timer_.fastest([&] { one_pass(0, mb); });
+      return warm_s_[mb] = timer_.time([&] { one_pass(0, mb); });
+    } catch (const std::exception& e) {
+      if (!is_oom_error(e)) throw;
+      s_.drop_failed_attempt();
+      return -1;
+    }
+  }
+
   /// Found by an earlier process under the same conditions (the run's auto_search.json).
   ProbeOutcome reuse(int64_t mb, ProbeRole role, const ProbeOutcome& o) {
     ++found_.probes;
@@ -450,7 +564,7 @@ class Step::Probe {
   ProbeOutcome measure(int64_t mb, CudnnAttempt kind) {
     ++found_.probes;
     stop_if_asked("before probe " + std::to_string(found_.probes) + " (micro-batch " + std::to_string(mb) + ")");
-    const std::vector<int64_t> sizes = worst_sizes(mb);
+    const std::vector<int64_t> sizes = probe_pass_sizes(mb, batch_.size());
     const CudnnDecision d = s_.apply_cudnn(kind, sizes, 0);
     for (int64_t t : d.tuned_sizes()) found_.tuned_sizes.push_back(t);
     s_.p_.memory->reset_peak();
@@ -461,10 +575,12 @@ class Step::Probe {
     } unwatch{*s_.p_.model};
     ProbeOutcome o;
     try {
-      run_passes(sizes);
+      const double warm = run_passes(sizes);
       o.peak_bytes = s_.p_.memory->peak_bytes();
       s_.p_.optimizer->zero_grad();
       o.fits = true;
+      ran_.insert(mb);
+      if (warm > 0) warm_s_[mb] = warm;
     } catch (const SearchStopped&) {
       s_.drop_failed_attempt();
       throw;
@@ -475,21 +591,22 @@ class Step::Probe {
     return o;
   }
 
-  /// The micro-batches of the probe: the first, and a second one when the step accumulates.
-  std::vector<int64_t> worst_sizes(int64_t mb) const {
-    std::vector<int64_t> sizes;
-    for (int64_t at = 0; at < std::min<int64_t>(2 * mb, batch_.size()); at += mb)
-      sizes.push_back(std::min<int64_t>(mb, batch_.size() - at));
-    return sizes;
+  /// Forward and backward of each micro-batch in turn, the gradients accumulating. The seconds of the
+  /// second pass when it has the first one's size (warm), else 0.
+  double run_passes(const std::vector<int64_t>& sizes) {
+    double warm = 0;
+    for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
+      if (i == 1 && sizes[1] == sizes[0]) warm = timer_.time([&] { one_pass(at, sizes[i]); });
+      else one_pass(at, sizes[i]);
+    }
+    return warm;
   }
 
-  /// Forward and backward of each micro-batch in turn, the gradients accumulating.
-  void run_passes(const std::vector<int64_t>& sizes) {
-    for (int64_t at = 0, i = 0; i < static_cast<int64_t>(sizes.size()); at += sizes[i], ++i) {
-      Logits out = forward_logits(*s_.p_.model, batch_.images.narrow(0, at, sizes[i]),
-                                  batch_.labels.narrow(0, at, sizes[i]), s_.o_.forward);
-      summed_cross_entropy(out.logits, out.targets, s_.o_.loss, out.columns).backward();
-    }
+  /// One forward and backward of samples [at, at + n).
+  void one_pass(int64_t at, int64_t n) {
+    Logits out = forward_logits(*s_.p_.model, batch_.images.narrow(0, at, n), batch_.labels.narrow(0, at, n),
+                                s_.o_.forward);
+    summed_cross_entropy(out.logits, out.targets, s_.o_.loss, out.columns).backward();
   }
 
   void stop_if_asked(const std::string& where) const {
@@ -510,9 +627,11 @@ class Step::Probe {
   void log_measured(int64_t mb, ProbeRole role, const ProbeOutcome& o, double secs) {
     spdlog::info("micro_batch auto: probe {}: micro-batch {} {}{} ({:.1f} s)", found_.probes, mb,
                  o.fits ? "fits" : "does not fit", o.fits ? " at " + format_bytes(o.peak_bytes) : "", secs);
-    found_.trace.push_back({{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
-                            {"peak_bytes", o.peak_bytes}, {"held_after_bytes", s_.p_.memory->current_bytes()},
-                            {"s", secs}});
+    nlohmann::json t = {{"micro_batch", mb}, {"role", to_string(role)}, {"fits", o.fits},
+                        {"peak_bytes", o.peak_bytes}, {"held_after_bytes", s_.p_.memory->current_bytes()},
+                        {"s", secs}};
+    if (const auto w = warm_s_.find(mb); w != warm_s_.end()) t["warm_s"] = w->second;
+    found_.trace.push_back(std::move(t));
   }
 
   Step& s_;
@@ -520,6 +639,11 @@ class Step::Probe {
   const SearchControl& control_;
   MicroBatchSearch& found_;
   const int64_t blocks_;
+  const PassTimer timer_;
+  std::map<int64_t, ProbeOutcome> seen_;  // this search's outcomes by size
+  std::map<int64_t, double> warm_s_;      // a warm pass's seconds by size
+  std::set<int64_t> ran_;                 // sizes whose passes ran in this search (warm for the next)
+  std::optional<PassCost> cost_;          // auto: the line through the first two probes' warm passes
 };
 
 MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
@@ -533,9 +657,13 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   const int64_t floor = std::min(min_micro_batch, size);
   found.start = start > 0 ? std::clamp(start, floor, size) : 0;
   found.method = found.start > 0 ? "start" : o_.auto_search;
+  if (found.method == "auto") found.method_from = "auto";
   std::optional<StepSnapshot> snapshot;
   int64_t mb = search_micro_batch(probe, floor, size, limit, snapshot, found);
   mb = agree_on_micro_batch(mb, found);
+  // The speed choice, on every rank alike: the agreed size and the configured search are the same on all.
+  std::optional<SpeedChoice> speed;
+  if (found.method_from == "auto" && !found.stopped && mb >= floor) speed = probe.choose_speed(mb, floor);
   if (snapshot) snapshot->restore();  // the probes must not count as training
   if (found.stopped) return found;
   if (mb < 0)
@@ -545,7 +673,9 @@ MicroBatchSearch Step::find_micro_batch(const data::Batch& batch, int64_t min_mi
   // Nothing fits even at the floor: start there, and let the caller or the ladder's next rung
   // (recomputation) try.
   found.floor_fits = mb >= floor;
-  found.micro_batch = std::max(mb, floor);
+  found.largest = std::max(mb, floor);
+  found.micro_batch = speed ? speed->micro_batch : found.largest;
+  if (speed) found.speed = speed->to_json();
   return found;
 }
 
@@ -555,7 +685,9 @@ int64_t Step::search_micro_batch(Probe& probe, int64_t floor, int64_t size, int6
   try {
     p_.optimizer->allocate_state();
     snapshot.emplace(*p_.model, o_.forward.device);
-    if (found.method == "curve") {
+    if (found.method == "auto") {
+      mb = probe.search_auto(floor, size, limit);
+    } else if (found.method == "curve") {
       const CurveSearch cs = find_max_micro_batch_by_curve(std::ref(probe), floor, size, limit);
       found.ended = cs.ended;
       mb = cs.micro_batch;  // 0: not even the floor fits

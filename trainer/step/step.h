@@ -137,14 +137,22 @@ class HostReadback {
 
 /// What Step::find_micro_batch found, and what it cost.
 struct MicroBatchSearch {
-  int64_t micro_batch = 0;  ///< the largest that fits (the smallest over ranks)
+  /// The size the run starts at: the largest that fits (the smallest over ranks), or under
+  /// memory.auto_search: auto the speed choice among the sizes that fit (`speed`)
+  int64_t micro_batch = 0;
+  int64_t largest = 0;      ///< the largest that fits, the smallest over ranks (micro_batch before the speed choice)
   int64_t start = 0;        ///< where the search started (0: doubling from the floor)
   int64_t probes = 0;       ///< forward and backward passes it ran (this rank)
   bool floor_fits = true;   ///< false: not even the floor fitted (on some rank); micro_batch is the floor
-  /// curve (find_max_micro_batch_by_curve), doubling (from the floor), start (galloping from `start`)
+  /// curve (find_max_micro_batch_by_curve), doubling (from the floor), start (galloping from `start`);
+  /// under memory.auto_search: auto the one `choice` took
   std::string method = "curve";
+  std::string method_from = "config";    ///< config | auto (choose_search, trainer/memory/auto_search.h)
+  nlohmann::json choice;                 ///< auto: SearchChoice::to_json() (null otherwise)
+  nlohmann::json speed;                  ///< auto: SpeedChoice::to_json() (null otherwise)
   std::string ended;                     ///< curve: how the search ended (CurveSearch::ended)
-  nlohmann::json trace = nlohmann::json::array();  ///< every probe: {micro_batch, role, fits, peak_bytes, s}
+  /// every probe: {micro_batch, role, fits, peak_bytes, held_after_bytes, s, warm_s (a warm pass's seconds)}
+  nlohmann::json trace = nlohmann::json::array();
   std::vector<int64_t> tuned_sizes;      ///< sizes cuDNN timed during the search (CudnnPolicy)
   int64_t reused = 0;    ///< probes answered from SearchControl::known instead of run (counted in probes)
   /// The search was stopped (SearchControl::stop, on some rank): micro_batch means nothing, and the run
@@ -218,13 +226,17 @@ class Step {
   /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
   /// allocated; the smallest over ranks. With `start` > 0 (a memory curve file's prediction) the search
   /// gallops from it (find_max_micro_batch, exact); otherwise memory.auto_search: `curve`
-  /// (find_max_micro_batch_by_curve on the probes' own peaks: a few probes, within 90%) or `doubling`
-  /// (from the floor, exact). Exactness assumes fitting is monotone in the size. Each probe asks the cuDNN
-  /// policy for its benchmark flag (a confirm probe is where the run will likely start). The probes run
-  /// with the checkpointing the blocks have (apply_activation_checkpointing) and do not count as
-  /// training (the snapshot is put back). `control` (SearchControl): a stop is honoured before the next
-  /// probe or at the next block boundary of the probe in progress, and answered sizes are not probed
-  /// again. Under data parallel every rank learns that one stopped (the agreement carries it).
+  /// (find_max_micro_batch_by_curve on the probes' own peaks: a few probes, within 90%), `doubling`
+  /// (from the floor, exact) or `auto`: the floor and the curve's second point are probed and timed, and
+  /// choose_search takes doubling where its projected time is within budget, else the curve; then, on
+  /// the agreed size, choose_fastest picks among it and its halvings by samples/s measured in warm timed
+  /// passes (every rank the slowest rank's figure per size). Exactness assumes fitting is monotone.
+  /// Each probe asks the cuDNN policy for its benchmark flag (a confirm probe is where the run will
+  /// likely start). The probes run with the checkpointing the blocks have (apply_activation_checkpointing)
+  /// and do not count as training (the snapshot is put back). `control` (SearchControl): a stop is
+  /// honoured before the next probe or at the next block boundary of the probe in progress, and answered
+  /// sizes are not probed again. Under data parallel every rank learns that one stopped (the agreement
+  /// carries it).
   MicroBatchSearch find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
                                     int64_t start = 0, const SearchControl& control = {});
 
