@@ -549,6 +549,11 @@ class Check:
     def targets(self):
         """The targets, measured here (None where not measured): the job's defaults (cuDNN policy, CUDA
         graphs, the auto search)."""
+        for a in self.result["auto"].values():  # each search's fraction, those run after the check too
+            v = a.get("verify")
+            for method in ("default", "curve", "doubling"):
+                if v and method in a and v["largest_fitting_micro_batch"]:
+                    v[method + "_fraction"] = a[method]["micro_batch"] / v["largest_fitting_micro_batch"]
         pol = self.result["policies"]
         policy = self.result.get("defaults", {}).get("cudnn_policy") or "start"
         s = pol.get(policy, {})
