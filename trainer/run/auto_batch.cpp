@@ -130,7 +130,7 @@ void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool check
                                                : std::string("doubling from the floor");
   // memory.auto_search: auto says which search it took and why, and which size among those that fit.
   if (found.method_from == "auto" && found.choice.contains("reason"))
-    how += "; search " + found.choice["reason"].get<std::string>();
+    how = "search " + found.choice["reason"].get<std::string>();
   if (found.speed.is_object()) how += "; micro-batch " + found.speed["reason"].get<std::string>();
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
                found.micro_batch, limit_bytes_ ? format_bytes(limit_bytes_) : "no limit",
