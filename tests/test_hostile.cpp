@@ -175,6 +175,14 @@ TEST(HostileConfig, DeviceAndModelDataMismatchAndAbsurdSizesAreOneLineErrors) {
                         {"model.name", "data.kind"});
 }
 
+// train.cuda_graph: a value it does not know, and `on` where the step cannot be captured (the CPU; the
+// same line names data parallel or another optimizer on a GPU: test_graph_policy.cpp).
+TEST(HostileConfig, ACudaGraphTheJobCannotCaptureIsOneLine) {
+  expect_one_line_error("--set train.cuda_graph=maybe" + kSynthetic, {"train.cuda_graph", "maybe"});
+  expect_one_line_error("--set train.device=cpu --set train.cuda_graph=on" + kSynthetic,
+                        {"train.cuda_graph: on, but", "CUDA device"});
+}
+
 // Whatever LibTorch raises that validate() does not foresee reaches the user through error_message()
 // (app/main.cpp, the run's error line and event): the message, one line, never the C++ backtrace that
 // c10::Error::what() carries (also when another exception's message wraps it).

@@ -41,11 +41,12 @@ struct Rig {
   // ladder's rung after the smallest size.
   // scaling: the GradScaler (off by default).
   // implementation: optim.implementation; skip_on_device: StepOptions::skip_on_device; device: where it
-  // trains (a CUDA device's memory backend is the caching allocator's).
+  // trains (a CUDA device's memory backend is the caching allocator's); cuda_graph: train.cuda_graph (off
+  // unless a test asks: the others hook gradients, which a captured graph would keep).
   explicit Rig(int64_t micro_batch, int64_t grow_after = 1000, bool allow_checkpointing = true, int64_t min_micro = 1,
                trainer::GradScalerOptions scaling = trainer::GradScalerOptions().enabled(false),
                const std::string& implementation = "auto", bool skip_on_device = true,
-               torch::Device device = torch::Device(torch::kCPU)) {
+               torch::Device device = torch::Device(torch::kCPU), const std::string& cuda_graph = "off") {
     at::set_num_threads(1);
     // The capped allocator first, so that the weights and the optimizer state count against the cap.
     memory = std::make_unique<trainer::PhasePeakBackend>(device.is_cuda() ? trainer::make_memory_backend(device)
@@ -79,6 +80,7 @@ struct Rig {
     parts.metrics = &metrics;
     auto options = trainer::step_options(cfg, device);
     options.skip_on_device = skip_on_device;
+    options.cuda_graph = cuda_graph;
     step = std::make_unique<trainer::Step>(parts, options,
                                            trainer::make_controller(trainer::micro_batch_options(cfg, kBatch), 0));
     torch::manual_seed(12);  // the dropout stream, the same in every rig
@@ -259,6 +261,42 @@ TEST(StepInProcess, TheFusedUpdateIsSkippedOnTheDeviceAsOnTheHost) {
 TEST(StepInProcess, TheFusedUpdateIsSkippedOnTheCudaDeviceAsOnTheHost) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the readback's event and page-locked copy run there";
   expect_the_device_skips_as_the_host_does(torch::Device(torch::kCUDA, 0));
+}
+
+// train.cuda_graph on a GPU: the same fp16-scaled run of the tiny GPT with dropout, its steps captured as a
+// graph after two eager ones and replayed, against the run with every step eager. The same kernels in the
+// same order with the same generator offsets: every loss, norm and scale, the weights and the optimizer
+// state are equal in every bit, so a checkpoint of either run is the other's too (resume either way). A
+// cut limit releases the graph and the run captures again after its warmup; a backoff's layout runs eagerly.
+TEST(StepInProcess, ACudaGraphRunGivesTheLossesAndWeightsOfTheEagerRun) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device (the graph is captured and replayed there)";
+  const torch::Device cuda(torch::kCUDA, 0);
+  const auto scaling = trainer::GradScalerOptions().init_scale(1024.0).growth_interval(3);
+  const int64_t limit = int64_t{8} << 30;
+  const auto run = [&](const std::string& mode) {
+    Rig rig(4, 1000, true, 1, scaling, "fused", true, cuda, mode);  // two micro-batches of 4
+    std::vector<trainer::StepResult> res;
+    for (int64_t s = 1; s <= 8; ++s) {
+      auto b = batch(s);
+      res.push_back(rig.step->run(b, s, 1e-2 * (1.0 + 0.1 * static_cast<double>(s)), s <= 5 ? limit : limit / 2));
+    }
+    return std::make_pair(res, rig.state());
+  };
+  const auto [eager, eager_state] = run("off");
+  const auto [graph, graph_state] = run("on");
+  const std::vector<std::string> how = {"eager", "eager", "capture", "replay", "replay",
+                                        "eager", "eager", "capture"};  // step 6: the cut limit released it
+  ASSERT_EQ(graph.size(), how.size());
+  for (size_t i = 0; i < graph.size(); ++i) {
+    EXPECT_EQ(eager[i].graph, "eager");
+    EXPECT_EQ(graph[i].graph, how[i]) << "step " << i + 1;
+    EXPECT_EQ(graph[i].loss, eager[i].loss) << "step " << i + 1;
+    EXPECT_EQ(graph[i].grad_norm, eager[i].grad_norm) << "step " << i + 1;
+    EXPECT_EQ(graph[i].loss_scale, eager[i].loss_scale) << "step " << i + 1;
+    EXPECT_EQ(graph[i].updated, eager[i].updated) << "step " << i + 1;
+    EXPECT_GT(graph[i].mem_peak_bytes, 0) << "a replay reports its capture's peak";
+  }
+  EXPECT_TRUE(bitwise_equal(graph_state, eager_state));
 }
 
 TEST(StepInProcess, GrowsBackWhenTheCapRises) {

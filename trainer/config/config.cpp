@@ -113,6 +113,7 @@ std::vector<Field> train_fields(Config& c) {  // the loop
       {"train.threads", &c.train.threads, false},
       {"train.deterministic", &c.train.deterministic, false},
       {"train.snapshot", &c.train.snapshot, false},
+      {"train.cuda_graph", &c.train.cuda_graph, false},
       {"train.sample_every", &c.train.sample_every, false},
       {"train.sample_tokens", &c.train.sample_tokens, false},
       {"train.sample_prompt", &c.train.sample_prompt, false},
@@ -490,6 +491,7 @@ struct Checks {
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
     one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
+    one_of("train.cuda_graph", c.train.cuda_graph, {"auto", "on", "off"});
     if (c.train.sample_every < 0) bad("train.sample_every", "must be >= 0 (0 = off)");
     if (c.train.sample_every > 0 && models::registered_vocab_size(c.model.name) == 0)
       bad("train.sample_every", "model '" + c.model.name + "' is not a language model; only GPT models sample (set 0)");

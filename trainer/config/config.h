@@ -98,6 +98,11 @@ struct TrainConfig {
   /// How a step saves the buffers (BatchNorm statistics) that a retried step restores (trainer/step/step.h):
   /// batched (one copy per dtype) or per_buffer (a copy per buffer, the earlier way; kept to be measured).
   std::string snapshot = "batched";
+  /// The whole step (every micro-batch's forward and backward, the unscale, the clip, the update) as one
+  /// CUDA graph, captured once per micro-batch layout and replayed (trainer/memory/graph_policy.h): auto
+  /// (on where it can run: a CUDA device, one process, the fused optimizer; off elsewhere) | on (an error
+  /// where it cannot) | off.
+  std::string cuda_graph = "auto";
   /// GPT models: every N optimizer steps, one short sample of text from sample_prompt, written to train.log,
   /// metrics.jsonl (a "sample" event) and TensorBoard's text tab (0 = off). Rank 0, eval mode, a generator
   /// of its own seeded from seed and the step: the training's random numbers are not touched.

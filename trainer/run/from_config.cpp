@@ -241,6 +241,7 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
   o.batched_snapshot = cfg.train.snapshot == "batched";
+  o.cuda_graph = cfg.train.cuda_graph;
   o.auto_search = cfg.memory.auto_search;
   // Deterministic runs keep cuDNN's benchmark mode off, as before the policy: timing can choose other
   // algorithms from run to run (whichever measured faster), and with them other rounding.

@@ -85,6 +85,7 @@ nlohmann::json TrainingRun::step_metrics(const StepResult& r, double step_time, 
   // in this step, timed or not): what a GPU run reads to tell a stall from a step.
   if (r.oom_retries > 0) j["recovery_s"] = r.recovery_s;
   if (!r.probe.empty()) j["probe"] = r.probe;
+  if (r.graph != "eager") j["cuda_graph"] = r.graph;  // train.cuda_graph: "capture" or "replay"
   if (!r.new_sizes.empty()) {
     j["new_sizes"] = r.new_sizes;
     j["tuned_sizes"] = r.tuned_sizes;

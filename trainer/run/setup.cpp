@@ -342,8 +342,16 @@ void TrainingRun::setup_step() {
   parts.grad_sync = grad_sync_.get();
   StepOptions step_opts = step_options(cfg_, device_);
   step_opts.forward = forward_;  // with the input statistics setup_data() set for uint8 images
-  step_runner_ = std::make_unique<Step>(parts, step_opts,
-                                        make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
+  try {
+    step_runner_ = std::make_unique<Step>(parts, step_opts,
+                                          make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
+  } catch (const std::invalid_argument& e) {
+    // train.cuda_graph: on where the job cannot capture (a CPU device, data parallel, another optimizer)
+    if (std::string(e.what()).rfind("train.cuda_graph", 0) == 0) throw ConfigError(e.what());
+    throw;
+  }
+  if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
+    spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;
   if (need_micro_batch_search_ && agreed_limit_ == 0)

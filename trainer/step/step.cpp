@@ -89,13 +89,33 @@ CudnnPolicyOptions cudnn_options(CudnnPolicyOptions o, bool distributed) {
   return o;
 }
 
+// Where the step can run as a CUDA graph: a CUDA device in a build with CUDA, one process, and the update
+// that reads its rate and its skip on the device (update_then_read's path).
+GraphJob graph_job(const StepParts& p, const StepOptions& o) {
+  GraphJob job;
+#ifdef TRAINER_WITH_CUDA
+  job.cuda = o.forward.device.is_cuda();
+#endif
+  job.single_process = p.dist == nullptr;
+  job.fused_optimizer = p.optimizer && p.optimizer->skips_on_device() && o.skip_on_device;
+  return job;
+}
+
+GraphPolicyOptions graph_options(const StepOptions& o) {
+  GraphPolicyOptions g;
+  g.mode = graph_mode_from(o.cuda_graph);
+  g.warmup_steps = o.graph_warmup_steps;
+  return g;
+}
+
 }  // namespace
 
 Step::Step(StepParts parts, StepOptions options, MicroBatchController controller)
     : p_(std::move(parts)),
       o_(std::move(options)),
       controller_(std::move(controller)),
-      cudnn_(cudnn_options(o_.cudnn, p_.dist != nullptr)) {
+      cudnn_(cudnn_options(o_.cudnn, p_.dist != nullptr)),
+      graph_policy_(graph_options(o_), graph_job(p_, o_)) {
   if (!p_.model || !p_.optimizer || !p_.scaler || !p_.memory || !p_.reporter)
     throw std::invalid_argument("Step: model, optimizer, scaler, memory backend and reporter are required");
   if (p_.dist && !p_.grad_sync) throw std::invalid_argument("Step: a distributed step needs its GradientSync");
@@ -204,22 +224,33 @@ torch::Tensor HostReadback::wait() {
 }
 
 void Step::update_then_read(const torch::Tensor& loss_sum, const torch::Tensor& norm, double lr, StepResult& r) {
+  queue_update(loss_sum, norm, lr, /*read_now=*/true);
+  read_queued_values(r);
+}
+
+torch::Tensor Step::queue_update(const torch::Tensor& loss_sum, const torch::Tensor& norm, std::optional<double> lr,
+                                 bool read_now) {
   // Everything that allocates comes before the update, so that an OOM up to here is retried as any other
   // (nothing has changed yet), and nothing after it can fail half way.
   const torch::Tensor values = pack_step_values(loss_sum, norm);
-  // The update is skipped on the device where the host's `updated` below will say so: a loss or a norm
-  // that is not finite, or the scaler's inf/NaN.
+  // The update is skipped on the device where the host's `updated` will say so: a loss or a norm that is
+  // not finite, or the scaler's inf/NaN.
   torch::Tensor skip = torch::isfinite(values.narrow(0, 0, 2)).all().logical_not();
   if (p_.scaler->is_enabled()) skip = skip.logical_or(values.narrow(0, 2, 1).squeeze().ne(0));
   skip = skip.to(torch::kFloat).reshape({1});
   // The copy of the values is queued before the update: the host waits for the backward and the norm,
   // while the device runs the update and the scale's update it queued after them.
-  readback_.start(values);
-  p_.optimizer->step_unless(lr, skip);
+  if (read_now) readback_.start(values);
+  if (lr) p_.optimizer->step_unless(*lr, skip);
+  else p_.optimizer->step_unless_device(skip);
   p_.scaler->update();
   // The gradients go while the device still runs the update (the allocator reuses their blocks only for
   // work queued after it): 161 frees for ResNet-50 that the next step's start no longer waits for.
   p_.optimizer->zero_grad();
+  return values;
+}
+
+void Step::read_queued_values(StepResult& r) {
   const HostValues host = unpack_step_values(readback_.wait(), /*with_loss=*/true);
   r.loss = host.loss;
   r.grad_norm = host.grad_norm;
@@ -233,16 +264,30 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
   PhasePeakRecorder phases(*p_.memory, *p_.reporter, step, controller_.micro_batch());
   p_.optimizer->zero_grad();
   const auto sizes = controller_.micro_batch_sizes();
-  // Before anything runs at these sizes: whether cuDNN times the algorithms of a size it meets first.
-  const CudnnDecision cudnn = apply_cudnn(CudnnAttempt::kStep, sizes, step);
-  r.cudnn_benchmark = cudnn.benchmark;
-  r.new_sizes.insert(r.new_sizes.end(), cudnn.new_sizes.begin(), cudnn.new_sizes.end());
-  for (int64_t t : cudnn.tuned_sizes()) r.tuned_sizes.push_back(t);
+  apply_step_cudnn(sizes, step, r);
+  const Passes passes = run_micro_batches(batch, sizes, phases, r);
+  // The one host sync per step: the metrics line wants the loss, the norm and the loss scale, and the
+  // step is skipped on non-finite values. With the fused kernels (one process) the skip is decided on
+  // the device and the values are read while the update runs; otherwise they are read first, in one
+  // copy (PyTorch's GradScaler reads found_inf on its own, and the loss after it: two syncs).
+  if (!p_.dist && o_.skip_on_device && p_.optimizer->skips_on_device())
+    return update_then_read(passes.loss_sum, passes.norm, lr, r);
+  const HostValues host = read_step_values(p_.dist ? torch::Tensor() : passes.loss_sum, passes.norm);
+  r.loss = p_.dist ? passes.global_loss : host.loss;  // data parallel: summed over the ranks by agree_on_oom
+  r.grad_norm = host.grad_norm;
+  r.loss_scale = host.loss_scale;
+  r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !host.found_inf;
+  if (r.updated) p_.optimizer->step(lr);
+  p_.scaler->update();
+}
+
+Step::Passes Step::run_micro_batches(const data::Batch& batch, const std::vector<int64_t>& sizes,
+                                     PhasePeakRecorder& phases, StepResult& r) {
   // The targets of the whole optimizer step over all ranks (every rank holds an equal slice).
   const double normalizer = static_cast<double>(batch.labels.numel() * (p_.dist ? p_.dist->world_size() : 1));
-  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(o_.forward.device));
-  torch::Tensor norm;
-  double global_loss = 0;
+  Passes out;
+  torch::Tensor& loss_sum = out.loss_sum;
+  loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(o_.forward.device));
   int64_t offset = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const bool last = i + 1 == sizes.size();
@@ -251,30 +296,17 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
       // Gradients cross ranks once per step: the last backward sends them, bucket by bucket, as it goes.
       if (last && p_.grad_sync) p_.grad_sync->arm();
       loss_sum += forward_backward(batch, offset, sizes[i], normalizer, phases);
-      if (last) norm = prepare_update(phases, r);
+      if (last) out.norm = prepare_update(phases, r);
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
       if (p_.grad_sync) p_.grad_sync->abandon();  // the same collectives as the ranks that did not fail
       if (!p_.dist) throw;
       oom = std::current_exception();
     }
-    if (p_.dist) global_loss = agree_on_oom(oom, i, sizes.size(), loss_sum);
+    if (p_.dist) out.global_loss = agree_on_oom(oom, i, sizes.size(), loss_sum);
     offset += sizes[i];
   }
-  r.micro_batch = controller_.micro_batch();
-  r.accum_steps = static_cast<int64_t>(sizes.size());
-  // The one host sync per step: the metrics line wants the loss, the norm and the loss scale, and the
-  // step is skipped on non-finite values. With the fused kernels (one process) the skip is decided on
-  // the device and the values are read while the update runs; otherwise they are read first, in one
-  // copy (PyTorch's GradScaler reads found_inf on its own, and the loss after it: two syncs).
-  if (!p_.dist && o_.skip_on_device && p_.optimizer->skips_on_device()) return update_then_read(loss_sum, norm, lr, r);
-  const HostValues host = read_step_values(p_.dist ? torch::Tensor() : loss_sum, norm);
-  r.loss = p_.dist ? global_loss : host.loss;  // data parallel: summed over the ranks by agree_on_oom
-  r.grad_norm = host.grad_norm;
-  r.loss_scale = host.loss_scale;
-  r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !host.found_inf;
-  if (r.updated) p_.optimizer->step(lr);
-  p_.scaler->update();
+  return out;
 }
 
 void Step::drop_failed_attempt() {
@@ -332,6 +364,96 @@ void Step::on_oom(const std::exception& e, bool peer, int64_t step, int64_t limi
   apply_activation_checkpointing();
 }
 
+void Step::apply_step_cudnn(const std::vector<int64_t>& sizes, int64_t step, StepResult& r) {
+  // Before anything runs at these sizes: whether cuDNN times the algorithms of a size it meets first.
+  const CudnnDecision cudnn = apply_cudnn(CudnnAttempt::kStep, sizes, step);
+  r.cudnn_benchmark = cudnn.benchmark;
+  r.new_sizes.insert(r.new_sizes.end(), cudnn.new_sizes.begin(), cudnn.new_sizes.end());
+  for (int64_t t : cudnn.tuned_sizes()) r.tuned_sizes.push_back(t);
+  r.micro_batch = controller_.micro_batch();
+  r.accum_steps = static_cast<int64_t>(sizes.size());
+}
+
+// ---- the step as a CUDA graph ------------------------------------------------------------------------
+
+GraphKey Step::graph_key(const data::Batch& batch, int64_t limit) const {
+  GraphKey k;
+  k.sizes = controller_.micro_batch_sizes();
+  k.checkpointing = controller_.checkpointing() || o_.activation_checkpointing == "every_k";
+  k.input_shape = batch.images.sizes().vec();
+  k.limit = limit;
+  return k;
+}
+
+GraphAction Step::decide_graph(const GraphKey& key, int64_t step) {
+  const GraphAction a = graph_policy_.decide(key);
+  if (graph_.held() && !graph_policy_.holds_graph()) release_graph();
+  log_graph_events(step);
+  return a;
+}
+
+bool Step::capture_step(const data::Batch& batch, int64_t step, double lr, StepResult& r) {
+  RECORD_USER_SCOPE("trainer.graph_capture");
+  const auto t = std::chrono::steady_clock::now();
+  const auto sizes = controller_.micro_batch_sizes();
+  apply_step_cudnn(sizes, step, r);
+  // The graph's pool reserves memory of its own: what the eager steps left cached goes back first, so that
+  // the capture meets the cap as the eager step did.
+  p_.memory->empty_cache();
+  p_.optimizer->set_device_scalars(lr);  // allocated outside the graph's pool; refreshed before each replay
+  PhasePeakRecorder phases(*p_.memory, *p_.reporter, step, controller_.micro_batch());
+  try {
+    graph_.capture(batch, o_.forward.device, [&](const data::Batch& b) {
+      p_.optimizer->zero_grad();
+      const Passes passes = run_micro_batches(b, sizes, phases, r);
+      return queue_update(passes.loss_sum, passes.norm, std::nullopt, /*read_now=*/false);
+    });
+  } catch (const std::exception& e) {
+    if (is_oom_error(e)) throw;  // run()'s recovery releases what is left and takes the ladder's rung
+    spdlog::warn("CUDA graph: capturing micro-batch {} failed, and the run goes on eagerly: {}",
+                 controller_.micro_batch(), error_message(e));
+    graph_policy_.on_capture_failed(error_message(e).substr(0, 300));
+    log_graph_events(step);
+    drop_failed_attempt();
+    snapshot_->restore();
+    return false;
+  }
+  // Nothing ran during the capture, but every tensor it allocated stays in the pool: the allocator's peak
+  // over the capture is the memory every replay of it uses.
+  graph_policy_.on_captured(p_.memory->peak_bytes(), seconds_since(t));
+  log_graph_events(step);
+  replay_step(batch, step, lr, r);
+  r.graph = "capture";
+  return true;
+}
+
+void Step::replay_step(const data::Batch& batch, int64_t step, double lr, StepResult& r) {
+  RECORD_USER_SCOPE("trainer.graph_replay");
+  apply_step_cudnn(controller_.micro_batch_sizes(), step, r);
+  p_.optimizer->set_device_scalars(lr);
+  readback_.start(graph_.replay(batch));
+  read_queued_values(r);
+  r.graph = "replay";
+}
+
+void Step::release_graph() {
+  if (!graph_.held()) return;
+  graph_.release();
+  p_.memory->empty_cache();  // the pool's blocks back to the device
+}
+
+void Step::log_graph_events(int64_t step) {
+  for (const auto& e : graph_policy_.take_events()) {
+    if (e.kind == "disabled") spdlog::warn("CUDA graph: {}", e.reason);
+    else spdlog::info("CUDA graph: {}", e.reason);
+    if (!p_.metrics) continue;
+    nlohmann::json j = e.to_json();
+    j["step"] = step;
+    j["current_bytes"] = p_.memory->current_bytes();
+    p_.metrics->write(j);
+  }
+}
+
 StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t limit) {
   RECORD_USER_SCOPE("trainer.step");
   // Samples that could not be decoded are in the batch as zero images with an ignored label (the dataset
@@ -349,51 +471,40 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   r.mem_start_bytes = p_.memory->current_bytes();
   // The snapshot allocates too (buffer copies, generator states): taking it is part of the attempt, so
   // a cap below the live bytes ends in the ladder's answer, not in an error outside it. It is kept from
-  // step to step (train.snapshot: batched copies into the copies it holds).
+  // step to step (train.snapshot: batched copies into the copies it holds). A replayed graph allocates
+  // nothing and cannot run out of memory: it needs none.
   bool taken = false;
   std::optional<std::chrono::steady_clock::time_point> first_oom;  // the recovery runs from here
   while (true) {
+    const GraphKey key = graph_key(batch, limit);
+    const GraphAction action = decide_graph(key, step);
     try {
+      if (action == GraphAction::kReplay) {
+        replay_step(batch, step, lr, r);
+        break;
+      }
       if (!taken) {
         RECORD_USER_SCOPE("trainer.snapshot");
         if (snapshot_) snapshot_->retake(*p_.model);
         else snapshot_.emplace(*p_.model, o_.forward.device, o_.batched_snapshot);
         taken = true;
       }
+      if (action == GraphAction::kCapture && capture_step(batch, step, lr, r)) break;
       attempt(batch, step, lr, r);
+      graph_policy_.on_clean_step(key);
       break;
     } catch (const std::exception& e) {
       const bool peer = dynamic_cast<const PeerOutOfMemory*>(&e) != nullptr;
       if (!peer && !is_oom_error(e)) throw;
       if (!first_oom) first_oom = std::chrono::steady_clock::now();
-      if (!peer) {
-        // The report shows the memory as the failed attempt left it, before anything is dropped.
-        MemoryReport rep = p_.reporter->write(step, *p_.memory, "oom", error_message(e));
-        spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
-      }
-      drop_failed_attempt();
-      if (taken) snapshot_->restore();  // without one, nothing has run yet
-      else snapshot_.reset();             // a take that ran out of memory: taken anew next time
-      // An attempt that timed a new size may have run out of memory in the timing's own workspaces: the
-      // same sizes once more with the heuristics before the ladder moves (never in data parallel).
-      if (cudnn_.on_oom()) {
-        ++r.oom_retries;
-        spdlog::warn("out of memory in step {} while cuDNN timed micro-batch {}: again at the same size with its "
-                     "heuristics", step, controller_.micro_batch());
-        if (p_.metrics)  // an OOM all the same (the telemetry counts it), answered without the ladder
-          p_.metrics->write({{"event", "oom"}, {"kind", "timing_rerun"}, {"step", step},
-                             {"old_micro_batch", controller_.micro_batch()}, {"new_micro_batch", controller_.micro_batch()},
-                             {"mem_peak_bytes", p_.memory->peak_bytes()}, {"current_bytes", p_.memory->current_bytes()},
-                             {"error", error_message(e).substr(0, 300)}});
-      } else {
-        on_oom(e, peer, step, limit, r);
-      }
-      p_.memory->reset_peak();
+      recover(e, peer, step, limit, taken, r);
     }
   }
   if (first_oom) r.recovery_s = seconds_since(*first_oom);
   cudnn_.on_clean_step(controller_.micro_batch_sizes());
+  // A replay allocates nothing: its peak is the capture's, which its pool holds.
   r.mem_peak_bytes = p_.memory->peak_bytes();
+  if (r.graph == "replay") r.mem_peak_bytes = std::max(r.mem_peak_bytes, graph_policy_.held_peak_bytes());
   // Grow back: after enough clean steps with headroom, or when the limit rose, the controller tries a
   // larger micro-batch (or checkpointing off) on the next step. A failed probe costs one retried step.
   // Every rank's controller decides alike from the same inputs: the highest peak of all ranks against
@@ -404,6 +515,37 @@ StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t 
   log_controller_events(step - 1);  // as of the steps completed before this one, like the run's own events
   apply_activation_checkpointing();
   return r;
+}
+
+void Step::recover(const std::exception& e, bool peer, int64_t step, int64_t limit, bool taken, StepResult& r) {
+  if (!peer) {
+    // The report shows the memory as the failed attempt left it, before anything is dropped.
+    MemoryReport rep = p_.reporter->write(step, *p_.memory, "oom", error_message(e));
+    spdlog::warn("{}\n{}", rep.path.empty() ? rep.write_error : "memory report: " + rep.path, rep.text);
+  }
+  // A graph (captured, or half captured when the capture ran out of memory) goes with its pool: the next
+  // capture happens at the rung the ladder takes, under the cap as it is now.
+  graph_policy_.on_oom();
+  log_graph_events(step);
+  release_graph();
+  drop_failed_attempt();
+  if (taken) snapshot_->restore();  // without one, nothing has run yet
+  else snapshot_.reset();             // a take that ran out of memory: taken anew next time
+  // An attempt that timed a new size may have run out of memory in the timing's own workspaces: the
+  // same sizes once more with the heuristics before the ladder moves (never in data parallel).
+  if (cudnn_.on_oom()) {
+    ++r.oom_retries;
+    spdlog::warn("out of memory in step {} while cuDNN timed micro-batch {}: again at the same size with its "
+                 "heuristics", step, controller_.micro_batch());
+    if (p_.metrics)  // an OOM all the same (the telemetry counts it), answered without the ladder
+      p_.metrics->write({{"event", "oom"}, {"kind", "timing_rerun"}, {"step", step},
+                         {"old_micro_batch", controller_.micro_batch()}, {"new_micro_batch", controller_.micro_batch()},
+                         {"mem_peak_bytes", p_.memory->peak_bytes()}, {"current_bytes", p_.memory->current_bytes()},
+                         {"error", error_message(e).substr(0, 300)}});
+  } else {
+    on_oom(e, peer, step, limit, r);
+  }
+  p_.memory->reset_peak();
 }
 
 // ---- the micro-batch search ------------------------------------------------------------------------

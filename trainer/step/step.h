@@ -29,12 +29,14 @@
 #include "trainer/memory/backend.h"
 #include "trainer/memory/cudnn_policy.h"
 #include "trainer/memory/curve.h"
+#include "trainer/memory/graph_policy.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
 #include "trainer/numerics/amp.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/numerics/loss.h"
 #include "trainer/numerics/optim.h"
+#include "trainer/step/step_graph.h"
 
 namespace trainer {
 
@@ -58,6 +60,9 @@ struct StepResult {
   bool cudnn_benchmark = false;         ///< cuDNN's benchmark flag in the completed attempt
   std::vector<int64_t> new_sizes;       ///< micro-batch sizes this step used first in this process (any attempt)
   std::vector<int64_t> tuned_sizes;     ///< of those, the ones cuDNN timed (CudnnPolicy)
+  /// How the completed attempt ran (train.cuda_graph): "eager", "capture" (captured, then replayed) or
+  /// "replay".
+  std::string graph = "eager";
 };
 
 // ---- the OOM outcomes ------------------------------------------------------------------------------
@@ -197,6 +202,10 @@ struct StepOptions {
   bool skip_on_device = true;
   std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (find_micro_batch without a start)
   CudnnPolicyOptions cudnn;           ///< memory.cudnn_policy and its retry of a timing that ran out of memory
+  /// train.cuda_graph (GraphPolicy): auto | on | off. `on` where the job cannot capture is
+  /// std::invalid_argument from the constructor, naming the key.
+  std::string cuda_graph = "auto";
+  int64_t graph_warmup_steps = 2;     ///< eager steps at a new micro-batch layout before its capture
 };
 
 /// The parts a step works on, owned by the caller and alive as long as the Step.
@@ -247,6 +256,8 @@ class Step {
   /// modes. Writes a `cudnn_pretune` event.
   Pretune pretune(const data::Batch& batch, int64_t step);
 
+  const GraphPolicy& graph_policy() const { return graph_policy_; }
+
   CudnnPolicy& cudnn() { return cudnn_; }
   const CudnnPolicy& cudnn() const { return cudnn_; }
 
@@ -270,6 +281,37 @@ class Step {
   /// Data parallel: the smallest micro-batch over ranks, and a stop on any rank.
   int64_t agree_on_micro_batch(int64_t mb, MicroBatchSearch& found);
   void attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r);
+  /// The cuDNN policy's flag for a step at `sizes`, and what the metrics line says of the attempt's layout.
+  void apply_step_cudnn(const std::vector<int64_t>& sizes, int64_t step, StepResult& r);
+  /// What the micro-batches of an attempt leave for the update: the summed loss (this rank's), the gradient
+  /// norm, and under data parallel the global loss the ranks agreed on.
+  struct Passes {
+    torch::Tensor loss_sum;
+    torch::Tensor norm;
+    double global_loss = 0;
+  };
+  /// Forward and backward of every micro-batch of `sizes` over `batch`, then prepare_update.
+  Passes run_micro_batches(const data::Batch& batch, const std::vector<int64_t>& sizes, PhasePeakRecorder& phases,
+                           StepResult& r);
+  /// The step's values packed, the skip decided on the device, the fused update and the scaler's update
+  /// queued; the gradients dropped. `lr`: the rate, or none to read it from the device (a captured step).
+  /// `read_now`: the copy of the values to the host queued before the update (the eager path).
+  torch::Tensor queue_update(const torch::Tensor& loss_sum, const torch::Tensor& norm, std::optional<double> lr,
+                             bool read_now);
+  /// Waits for the values queue_update or a replay sent to the host; fills r and counts an applied update.
+  void read_queued_values(StepResult& r);
+  // ---- the step as a CUDA graph (GraphPolicy, StepGraph) ----
+  /// The key of a step over `batch` under `limit` at the controller's current layout.
+  GraphKey graph_key(const data::Batch& batch, int64_t limit) const;
+  /// The policy's action for `key`; a graph the key made stale is released (with its pool) first.
+  GraphAction decide_graph(const GraphKey& key, int64_t step);
+  /// Captures the step, then replays it for this step. An OOM propagates (run()'s recovery); any other
+  /// failure is one warning, the run goes on eagerly, and false is returned with nothing changed.
+  bool capture_step(const data::Batch& batch, int64_t step, double lr, StepResult& r);
+  void replay_step(const data::Batch& batch, int64_t step, double lr, StepResult& r);
+  /// The graph and its pool dropped, and the pool's memory given back to the device.
+  void release_graph();
+  void log_graph_events(int64_t step);
   /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
   torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                  PhasePeakRecorder& phases);
@@ -293,6 +335,10 @@ class Step {
   /// then the values read; fills r's loss, norm, scale and `updated`.
   void update_then_read(const torch::Tensor& loss_sum, const torch::Tensor& norm, double lr, StepResult& r);
   void drop_failed_attempt();
+  /// run()'s answer to an OOM (this rank's or a peer's): the report, the graph and the failed attempt
+  /// dropped, the snapshot restored (or, where its take failed (`taken` false), dropped to be taken anew), then the cuDNN
+  /// rerun or the ladder's next rung (OomGaveUp when none is left).
+  void recover(const std::exception& e, bool peer, int64_t step, int64_t limit, bool taken, StepResult& r);
   /// What a backward that threw left queued in the autograd engine, dropped (see step.cpp).
   void release_autograd_leftovers();
   /// After a failed attempt was dropped: the ladder's next rung, logged; OomGaveUp when there is none.
@@ -309,6 +355,8 @@ class Step {
   int64_t bad_samples_ = 0;  // samples that could not be decoded, over the steps this Step ran
   HostReadback readback_;    // update_then_read's copy of the step's values
   std::optional<StepSnapshot> snapshot_;  // run()'s, kept between steps (train.snapshot: batched reuses its copies)
+  GraphPolicy graph_policy_;
+  StepGraph graph_;
 };
 
 }  // namespace trainer
