@@ -180,10 +180,14 @@ inline std::optional<at::Tensor> fused_skip(const at::Tensor& skip) {
 /// at::_fused_adamw_ (no amsgrad, not maximizing, no grad scale): for each i, p[i] *= 1 - lr * weight_decay,
 /// then Adam's update with the bias corrections of step `steps[i]` (float32 0-dim tensors on the
 /// parameters' device, read, not incremented); nothing where `skip` (fused_skip) is 1. Every tensor on
-/// one device, one dtype per list. Throws c10::Error where kHasFusedOptimizers is false.
+/// one device, one dtype per list. `lr`: a double, or a float32 one-element tensor on the parameters'
+/// device that the kernel reads when it runs (a captured CUDA graph replays with each step's rate; the
+/// kernel widens it from float32 to double, so a double rounded to float32 first gives the same bits).
+/// Throws c10::Error where kHasFusedOptimizers is false.
+template <typename Rate>
 inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList steps, double lr, double beta1, double beta2, double weight_decay, double eps,
-                         const at::Tensor& skip = {}) {
+                         at::TensorList steps, const Rate& lr, double beta1, double beta2, double weight_decay,
+                         double eps, const at::Tensor& skip = {}) {
 #if TRAINER_TORCH_AT_LEAST(2, 4)
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
                     eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
@@ -196,43 +200,14 @@ inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::Tensor
 
 /// at::_fused_sgd_ (no dampening, not maximizing, no grad scale): g += weight_decay * p; with momentum,
 /// buf = momentum * buf + g (`momentum_buffers` empty when momentum is 0) and g = nesterov ? g + momentum *
-/// buf : buf; p -= lr * g; nothing where `skip` (fused_skip) is 1. Throws c10::Error where
-/// kHasFusedOptimizers is false.
+/// buf : buf; p -= lr * g; nothing where `skip` (fused_skip) is 1. `lr` as for fused_adamw_. Throws
+/// c10::Error where kHasFusedOptimizers is false.
+template <typename Rate>
 inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
-                       double momentum, double lr, bool nesterov, const at::Tensor& skip = {}) {
+                       double momentum, const Rate& lr, bool nesterov, const at::Tensor& skip = {}) {
 #if TRAINER_TORCH_AT_LEAST(2, 4)
   // is_first_step false: the buffers start at zero, so the first step's momentum * 0 + g is PyTorch's
   // first-step buf = g.
-  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
-                  /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
-#else
-  (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr, (void)nesterov,
-      (void)skip;
-  TORCH_CHECK(false, "the fused SGD kernel needs LibTorch 2.4 or later, this is ", torch_version());
-#endif
-}
-
-/// fused_adamw_ with the learning rate read from `lr` (a float32 one-element tensor on the parameters'
-/// device) when the kernel runs: a captured CUDA graph replays with this step's rate. The kernel reads the
-/// rate as float32 and computes in double from there, so the scalar overload above gives the same bits
-/// for a rate rounded to float32 first (Optimizer does).
-inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList steps, const at::Tensor& lr, double beta1, double beta2, double weight_decay,
-                         double eps, const at::Tensor& skip = {}) {
-#if TRAINER_TORCH_AT_LEAST(2, 4)
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
-                    eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
-#else
-  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1, (void)beta2,
-      (void)weight_decay, (void)eps, (void)skip;
-  TORCH_CHECK(false, "the fused AdamW kernel needs LibTorch 2.4 or later, this is ", torch_version());
-#endif
-}
-
-/// fused_sgd_ with the learning rate read from `lr` on the device, as fused_adamw_ above.
-inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
-                       double momentum, const at::Tensor& lr, bool nesterov, const at::Tensor& skip = {}) {
-#if TRAINER_TORCH_AT_LEAST(2, 4)
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
                   /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt, fused_skip(skip));
 #else
