@@ -500,9 +500,13 @@ class Check:
         out = {k: e.get(k) for k in ("micro_batch", "probes", "search_s", "method", "ended", "tuned_sizes", "trace")}
         # Why the search chose its size (the event's other fields: a faster size than the largest, say).
         out["event"] = {k: v for k, v in e.items() if k not in ("trace", "event")}
-        why = e.get("why", e.get("reason", e.get("chosen_by")))
+        # memory.auto_search: auto writes the speed choice as speed.{micro_batch, largest, table, reason}
+        # (trainer/memory/auto_search.h); a start below the largest that fits is the speed choice's.
+        speed = e.get("speed") or {}
+        why = speed.get("reason") if isinstance(speed, dict) else None
         out["why"] = why
-        out["faster"] = why is not None and any(w in str(why).lower() for w in ("fast", "speed", "samples/s"))
+        out["faster"] = bool(isinstance(speed, dict) and speed.get("micro_batch") and speed.get("largest")
+                             and speed["micro_batch"] < speed["largest"])
         if method == "default":
             out["auto_search"] = self.result.get("defaults", {}).get("auto_search")
         out.update({"limit_bytes": cap, "wall_s": r.wall_s, "run_dir": r.dir,
