@@ -2,10 +2,12 @@
 // config sets. Adding a model is one line in registry.cpp's table.
 #pragma once
 
+#include "models/llama.h"
 #include "models/model.h"
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,14 @@ struct ModelOptions {
   TORCH_ARG(int64_t, n_embd) = 0;
   /// Transformers: dropout after the embeddings, on attention probabilities and on residual branches.
   TORCH_ARG(double, dropout) = 0.0;
+  /// Llama family: key/value heads (0 = the registered architecture's).
+  TORCH_ARG(int64_t, n_kv_head) = 0;
+  /// Llama family: the SwiGLU MLP's hidden width (0 = the registered architecture's).
+  TORCH_ARG(int64_t, intermediate_size) = 0;
+  /// Llama family: the whole architecture (read from a transformers config.json). Set, it replaces the
+  /// registered one, and vocab_size, context, n_layer, n_head, n_embd, n_kv_head and intermediate_size
+  /// above are ignored (dropout still applies). `llama` (the name that has no shape of its own) needs it.
+  TORCH_ARG(std::optional<LlamaOptions>, llama) = std::nullopt;
   /// ViT: side of a square patch.
   TORCH_ARG(int64_t, patch_size) = 0;
   /// ViT: height and width of the (square) input images.
@@ -58,7 +68,8 @@ int64_t registered_vocab_size(const std::string& name);
 
 /// Every registered name, in registration order: resnet18, resnet34, resnet50, resnet101, resnet152
 /// (ImageNet, torchvision names), resnet20, resnet32, resnet56 (CIFAR, He et al. 2016 section 4.2),
-/// gpt2, gpt_tiny (language models: tokens in, logits per position out), vit_tiny.
+/// gpt2, gpt_tiny, llama, llama_tiny, smollm2_135m, llama3_2_1b, qwen2_5_0_5b (language models: tokens in,
+/// logits per position out), vit_tiny.
 std::vector<std::string> model_names();
 
 /// Converts every 4-D parameter and buffer of `module` (recursively) to channels_last (NHWC) memory
