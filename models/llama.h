@@ -82,6 +82,7 @@ struct LlamaOptions {
   /// Dropout on the attention probabilities (attention_dropout); 0 in every published model.
   TORCH_ARG(double, dropout) = 0.0;
 
+ public:  // TORCH_ARG leaves the section private
   /// head_dim, or n_embd / n_head when it is 0.
   int64_t head_size() const { return head_dim_ > 0 ? head_dim_ : n_embd_ / n_head_; }
   /// n_kv_head, or n_head when it is 0.

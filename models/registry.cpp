@@ -1,11 +1,13 @@
 #include "models/registry.h"
 
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/plain_cnn.h"
 #include "models/resnet.h"
 #include "models/vit.h"
 
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -37,6 +39,31 @@ Factory gpt(GPTOptions arch) {
     override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
     opts.dropout(o.dropout()).vocab_multiple(o.vocab_multiple()).fused_bias(o.fused_bias());
     return std::make_shared<GPTImpl>(opts);
+  };
+}
+
+// A Llama-family model: ModelOptions::llama() whole when set, else `arch` (none: `llama`, which has no shape
+// of its own) with the non-zero size options replacing its values. Dropout applies either way; fused_bias
+// is GPT's and ignored.
+Factory llama(std::optional<LlamaOptions> arch) {
+  return [arch](const ModelOptions& o) -> Model {
+    if (o.vocab_multiple() > 1)
+      throw std::invalid_argument("model.vocab_multiple is for gpt models; Llama-family models take their "
+                                  "vocabulary as it is (set model.vocab_multiple to 1)");
+    if (o.llama()) return std::make_shared<LlamaImpl>(LlamaOptions(*o.llama()).dropout(o.dropout()));
+    if (!arch)
+      throw std::invalid_argument("model 'llama' takes its shape from a transformers config.json (model.init_from "
+                                  "a folder with config.json, or model.hf_config)");
+    auto opts = *arch;
+    override_if_set(o.vocab_size(), [&](int64_t v) { opts.vocab_size(v); });
+    override_if_set(o.context(), [&](int64_t v) { opts.context(v); });
+    override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
+    override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
+    override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
+    override_if_set(o.n_kv_head(), [&](int64_t v) { opts.n_kv_head(v); });
+    override_if_set(o.intermediate_size(), [&](int64_t v) { opts.intermediate_size(v); });
+    opts.dropout(o.dropout());
+    return std::make_shared<LlamaImpl>(opts);
   };
 }
 
@@ -75,6 +102,12 @@ const std::vector<Entry>& registry() {
        }},
       {"gpt2", gpt(gpt2()), gpt2().vocab_size()},
       {"gpt_tiny", gpt(gpt_tiny()), gpt_tiny().vocab_size()},
+      // `llama` has no shape of its own (a config.json's): its vocabulary entry only marks a language model.
+      {"llama", llama(std::nullopt), LlamaOptions().vocab_size()},
+      {"llama_tiny", llama(llama_tiny()), llama_tiny().vocab_size()},
+      {"smollm2_135m", llama(smollm2_135m()), smollm2_135m().vocab_size()},
+      {"llama3_2_1b", llama(llama3_2_1b()), llama3_2_1b().vocab_size()},
+      {"qwen2_5_0_5b", llama(qwen2_5_0_5b()), qwen2_5_0_5b().vocab_size()},
       {"vit_tiny", vit(vit_tiny())},
   };
   return table;

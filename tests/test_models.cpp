@@ -81,6 +81,20 @@ bool test_input(const std::string& name, TestInput* in) {
     else *in = {ModelOptions(), {2, 16}, true};
     return true;
   }
+  // The Llama family: llama_tiny whole; the published shapes with 1 layer, vocabulary 256 and a narrow MLP
+  // (their heads, head size, biases and rope kept); `llama` from options as a config.json would give them.
+  if (name == "llama_tiny") {
+    *in = {ModelOptions(), {2, 16}, true};
+    return true;
+  }
+  if (name == "smollm2_135m" || name == "llama3_2_1b" || name == "qwen2_5_0_5b") {
+    *in = {ModelOptions().n_layer(1).vocab_size(256).intermediate_size(64).context(16), {1, 8}, true};
+    return true;
+  }
+  if (name == "llama") {
+    *in = {ModelOptions().llama(models::llama_tiny().n_layer(1)), {2, 16}, true};
+    return true;
+  }
   return false;
 }
 
