@@ -17,7 +17,7 @@
 #pragma once
 
 #include "models/attention.h"
-#include "models/model.h"
+#include "models/language_model.h"  // LanguageModelImpl, KVCache
 
 #include <torch/torch.h>
 
@@ -52,17 +52,6 @@ inline GPTOptions gpt2() { return GPTOptions(); }
 /// A byte-level model for tests and CPU training: 4 x 128 wide, context 128, vocabulary 256 (~0.84M).
 inline GPTOptions gpt_tiny() { return GPTOptions().vocab_size(256).context(128).n_layer(4).n_head(4).n_embd(128); }
 
-/// The keys and values of every block for the positions a GPT has seen (GPTImpl::forward_cached):
-/// generation then costs one position per new token instead of the whole sequence. Made by
-/// GPTImpl::make_cache, empty; the buffers are allocated at the first forward_cached.
-struct KVCache {
-  std::vector<AttentionCache> layers;  ///< one per block
-  /// Positions cached (the next position's index).
-  int64_t length() const { return layers.empty() ? 0 : layers.front().length; }
-  /// The most positions it holds: the model's context.
-  int64_t capacity() const { return layers.empty() ? 0 : layers.front().capacity; }
-};
-
 /// The `transformer` child of GPT: embeddings, blocks, final LayerNorm. Children in order: wte, wpe,
 /// drop, h (ModuleList of TransformerBlock, named "0", "1", ...), ln_f.
 class GPTTransformerImpl : public torch::nn::Module {
@@ -83,7 +72,7 @@ TORCH_MODULE(GPTTransformer);
 /// Initialization (GPT-2 / nanoGPT): embeddings and Linear weights N(0, 0.02), Linear biases 0, the
 /// c_proj weights N(0, 0.02 / sqrt(2 n_layer)), LayerNorm weight 1, bias 0. wte's first vocab_size rows
 /// draw the numbers the unpadded model's wte draws; its padding rows are zero.
-class GPTImpl : public ModelImpl {
+class GPTImpl : public LanguageModelImpl {
  public:
   explicit GPTImpl(const GPTOptions& options);
 
@@ -93,15 +82,20 @@ class GPTImpl : public ModelImpl {
   /// n_layer.
   int64_t num_blocks() const override { return options.n_layer(); }
 
+  /// options.vocab_size (the logits' width; wte may have more rows, see padded_vocab).
+  int64_t vocab_size() const override { return options.vocab_size(); }
+  /// options.context.
+  int64_t context() const override { return options.context(); }
+
   /// An empty key-value cache for this model (capacity: the context).
-  KVCache make_cache() const;
+  KVCache make_cache() const override;
   /// The logits of T new positions: tokens (B, T) int64 follow the cache's length() positions (their
   /// position embeddings are length() .. length() + T - 1) -> logits (B, T, vocab_size); the new keys
   /// and values are appended to `cache`. length() + T must not exceed the context. Feeding a sequence
   /// in pieces gives forward(whole sequence)'s logits at each piece's positions (up to rounding). For
   /// inference: call it under NoGradGuard, in eval mode; activation checkpointing and the block check
   /// do not apply. The plain forward (no cache) is unchanged beside it.
-  torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache);
+  torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) override;
   /// Forward FLOPs for one sequence of shape {T} (multiply-add = 2; PaLM appendix B / nanoGPT's MFU
   /// convention): every Linear, the tied output projection included, 2 * T * (12 n_layer C^2 + C V),
   /// plus attention q k^T and att v, 2 * 2 * n_layer * T^2 * C, the causal half not subtracted.
@@ -109,7 +103,7 @@ class GPTImpl : public ModelImpl {
   double forward_flops(const std::vector<int64_t>& sample_shape) const override;
 
   /// Sets the attention implementation of every block (between forward calls).
-  void set_attention_backend(AttentionBackend backend);
+  void set_attention_backend(AttentionBackend backend) override;
 
   /// Rows of wte: vocab_size rounded up to a multiple of vocab_multiple.
   int64_t padded_vocab() const;
