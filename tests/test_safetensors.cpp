@@ -601,8 +601,8 @@ TEST(SafetensorsExport, LayoutsThatDoNotFitTheModelAreOneLine) {
   auto ex = [&](const std::string& args) { return testutil::run(testutil::trainer_bin() + " export --run-dir " + (dir / "run").string() + " " + args); };
   r = ex("--layout hf --out " + (dir / "w.safetensors").string());
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.output, "error: export: model 'plain_cnn': layout hf (transformers' GPT2LMHeadModel) is for GPT models; for "
-                      "ResNets and ViTs use ours or timm\n");
+  EXPECT_EQ(r.output, "error: export: model 'plain_cnn': layout hf (transformers' GPT2LMHeadModel, LlamaForCausalLM) is for "
+                      "language models; for ResNets and ViTs use ours or timm\n");
   r = ex("--layout keras --out " + (dir / "w.safetensors").string());
   EXPECT_EQ(r.output, "error: layout 'keras' is not one of: ours, hf, timm\n");
   r = ex("--format pt --out " + (dir / "w.safetensors").string());

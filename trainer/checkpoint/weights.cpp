@@ -2,7 +2,10 @@
 
 #include "common/files.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <filesystem>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -93,6 +96,30 @@ Translated gpt_from_file(const NamedTensors& file, const std::string& source) {
   return out;
 }
 
+// ---- Llama family: transformers' LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM <-> ours -------------
+
+// The names are transformers' own (models/llama.h). A tied model has no lm_head: a file that still holds
+// lm_head.weight (some writers keep both) loads when it equals the embedding.
+Translated llama_from_file(const NamedTensors& file, const NamedTensors& own, const std::string& source) {
+  Translated out;
+  out.layout = "Hugging Face Llama family (transformers' names)";
+  const bool tied = std::none_of(own.begin(), own.end(), [](const auto& kv) { return kv.first == "lm_head.weight"; });
+  const torch::Tensor* embed = nullptr;
+  for (const auto& [k, t] : file)
+    if (k == "model.embed_tokens.weight") embed = &t;
+  for (const auto& [k, t] : file) {
+    if (k == "lm_head.weight" && tied) {
+      if (embed == nullptr || !embed->sizes().equals(t.sizes()) || !torch::equal(*embed, t))
+        throw std::runtime_error(source + ": lm_head.weight differs from model.embed_tokens.weight, but the model ties "
+                                 "them (tie_word_embeddings: true); the file's model does not");
+      out.notes.push_back("lm_head.weight: equal to model.embed_tokens.weight (tied), not loaded twice");
+      continue;
+    }
+    out.tensors.emplace_back(k, t);
+  }
+  return out;
+}
+
 // ---- ViT: timm <-> ours ----------------------------------------------------------------------------------
 
 // timm name part -> ours, inside blocks.N. and at the top level.
@@ -133,9 +160,49 @@ Translated vit_from_file(const NamedTensors& file) {
   return out;
 }
 
+// transformers' sharded form: model.safetensors.index.json maps every tensor to one of the shards beside it.
+// Each shard is read once; a tensor the index names must be in its shard, and a shard must be a plain file
+// name in the same folder (no path in it).
+WeightsFile read_sharded(const std::string& index_path) {
+  require_regular_file(index_path, "weights index");
+  std::ifstream f(index_path, std::ios::binary);
+  const auto index = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw std::runtime_error(index_path + ": not a safetensors index (a JSON object with a weight_map)");
+  std::map<std::string, std::vector<std::string>> shards;  // shard file -> the tensors the index puts there
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    const std::string file = shard.is_string() ? shard.get<std::string>() : "";
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+      throw std::runtime_error(index_path + ": weight_map[" + name + "] is " + shard.dump() + ", not a file name beside the index");
+    shards[file].push_back(name);
+  }
+  const std::string folder = std::filesystem::path(index_path).parent_path().string();
+  WeightsFile w;
+  w.format = "safetensors";
+  for (const auto& [file, names] : shards) {
+    const std::string shard_path = (folder.empty() ? file : folder + "/" + file);
+    SafetensorsContents c = read_safetensors(shard_path);
+    std::unordered_set<std::string> present;
+    for (auto& [k, t] : c.tensors) present.insert(k);
+    for (const auto& name : names)
+      if (!present.count(name)) throw std::runtime_error(index_path + ": " + name + " is not in " + shard_path + ", where the index puts it");
+    for (auto& kv : c.tensors) w.tensors.push_back(std::move(kv));
+  }
+  return w;
+}
+
 }  // namespace
 
 WeightsFile read_weights(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    // A Hub folder: one model.safetensors, or the sharded form.
+    const std::string single = path + "/model.safetensors", index = path + "/model.safetensors.index.json";
+    if (std::filesystem::exists(single, ec)) return read_weights(single);
+    if (std::filesystem::exists(index, ec)) return read_sharded(index);
+    throw std::runtime_error(path + ": a folder with neither model.safetensors nor model.safetensors.index.json");
+  }
+  if (ends_with(path, ".index.json")) return read_sharded(path);
   require_regular_file(path, "weights file");
   std::string prefix(16, '\0');
   {
@@ -183,6 +250,7 @@ Family family_of(const NamedTensors& own) {
   std::unordered_set<std::string> names;
   for (const auto& [k, t] : own) names.insert(k);
   if (names.count("transformer.wte.weight")) return Family::gpt;
+  if (names.count("model.embed_tokens.weight")) return Family::llama;
   if (names.count("cls_token") && names.count("pos_embed")) return Family::vit;
   if (names.count("conv1.weight") && names.count("bn1.weight") && names.count("fc.weight")) return Family::resnet;
   return Family::other;
@@ -192,6 +260,7 @@ Translated to_our_layout(const NamedTensors& file, const NamedTensors& own, cons
   Translated out;
   switch (family_of(own)) {
     case Family::gpt: out = gpt_from_file(file, source); break;
+    case Family::llama: out = llama_from_file(file, own, source); break;
     case Family::vit: out = vit_from_file(file); break;
     case Family::resnet:
       out.tensors = file;
@@ -221,9 +290,10 @@ NamedTensors from_our_layout(const NamedTensors& own, Layout layout) {
   if (layout == Layout::ours) return own;
   NamedTensors out;
   if (layout == Layout::hf) {
+    if (family == Family::llama) return own;  // transformers' names already
     if (family != Family::gpt)
-      throw std::invalid_argument("layout hf (transformers' GPT2LMHeadModel) is for GPT models; for ResNets and ViTs use "
-                                  "ours or timm");
+      throw std::invalid_argument("layout hf (transformers' GPT2LMHeadModel, LlamaForCausalLM) is for language models; for "
+                                  "ResNets and ViTs use ours or timm");
     for (const auto& [k, t] : own)
       out.emplace_back(k, is_conv1d_weight(k, "transformer.h.") && t.dim() == 2 ? t.t() : t);
     return out;
@@ -232,7 +302,9 @@ NamedTensors from_our_layout(const NamedTensors& own, Layout layout) {
   if (family == Family::resnet) return own;
   if (family != Family::vit)
     throw std::invalid_argument(std::string("layout timm is for ResNets and ViTs; ") +
-                                (family == Family::gpt ? "for a GPT use hf (transformers) or ours" : "use ours"));
+                                (family == Family::gpt     ? "for a GPT use hf (transformers) or ours"
+                                 : family == Family::llama ? "for a Llama-family model use hf (transformers) or ours"
+                                                           : "use ours"));
   for (const auto& [k, t] : own) out.emplace_back(vit_rename(k, false), t);
   return out;
 }

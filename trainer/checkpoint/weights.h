@@ -13,6 +13,9 @@
 // |        |                                    | c_attn, c_proj, c_fc weights are Conv1D   |                              |
 // |        |                                    | (in x out, transposed); lm_head.weight    |                              |
 // |        |                                    | tied to wte; attn.bias/masked_bias buffers|                              |
+// | Llama  | transformers' own names            | the same names (LlamaForCausalLM, Qwen2-,  | -                            |
+// |        | (models/llama.h)                   | MistralForCausalLM); a tied lm_head.weight |                              |
+// |        |                                    | equal to model.embed_tokens.weight dropped |                              |
 // | ViT    | patch_embed, blocks.N.ln_1,        | -                                         | patch_embed.proj, norm1,     |
 // |        | attn.c_attn, attn.c_proj, ln_2,    |                                           | attn.qkv, attn.proj, norm2,  |
 // |        | mlp.c_fc, mlp.c_proj, ln_f, head   |                                           | mlp.fc1, mlp.fc2, norm, head |
@@ -38,7 +41,9 @@ struct WeightsFile {
 };
 
 /// Reads `path` as a safetensors file (read_safetensors) or a torch.save archive (read_tensors), told
-/// apart by the first bytes, not the file name. Throws std::runtime_error naming `path` for a missing or
+/// apart by the first bytes, not the file name; or transformers' sharded form, given as its
+/// model.safetensors.index.json or as the folder that holds it (a folder with model.safetensors reads that).
+/// Throws std::runtime_error naming `path` for a missing or
 /// unreadable file, a file of neither format, and every error of the two readers.
 WeightsFile read_weights(const std::string& path);
 
@@ -51,8 +56,9 @@ std::string to_string(Layout layout);
 Layout parse_layout(const std::string& name);
 
 /// The model families whose layouts differ, told from a module's own state names (named_state):
-/// gpt (transformer.wte.weight), vit (cls_token, pos_embed), resnet (conv1, bn1, fc), other.
-enum class Family { gpt, vit, resnet, other };
+/// gpt (transformer.wte.weight), llama (model.embed_tokens.weight: Llama, Qwen2, Mistral), vit (cls_token,
+/// pos_embed), resnet (conv1, bn1, fc), other.
+enum class Family { gpt, llama, vit, resnet, other };
 Family family_of(const NamedTensors& own);
 
 /// A file's tensors under our names.
