@@ -11,6 +11,7 @@
 
 #include "common/files.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/registry.h"
 #include "models/vit.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -18,6 +19,8 @@
 #include "trainer/checkpoint/store.h"
 #include "trainer/checkpoint/weights.h"
 #include "trainer/config/config.h"
+#include "trainer/hf/families.h"
+#include "trainer/run/from_config.h"
 
 namespace fs = std::filesystem;
 
@@ -56,31 +59,41 @@ int64_t registered_heads(const std::string& name) {
 }
 
 
-// transformers' GPT2Config for our GPT: GPT-2's own settings (gelu_new = tanh GELU, LayerNorm eps 1e-5,
-// 1/sqrt(head size) attention scaling, tied embeddings), the sizes from the weights.
+// transformers' GPT2Config for our GPT (trainer/hf/families.h): the sizes from the weights, the heads
+// from the registered architecture.
 nlohmann::json gpt2_config(const NamedTensors& tensors, const Config& cfg) {
   const auto& wte = tensor(tensors, "transformer.wte.weight");
-  const int64_t vocab = wte.size(0);
-  // GPT-2's <|endoftext|> is 50256; a smaller vocabulary (byte tokens) has no such token.
-  const nlohmann::json eot = vocab > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr);
-  return {{"architectures", {"GPT2LMHeadModel"}},
-          {"model_type", "gpt2"},
-          {"vocab_size", vocab},
-          {"n_positions", tensor(tensors, "transformer.wpe.weight").size(0)},
-          {"n_embd", wte.size(1)},
-          {"n_layer", count_blocks(tensors, "transformer.h.")},
-          {"n_head", registered_heads(cfg.model.name)},
-          {"n_inner", nullptr},
-          {"activation_function", "gelu_new"},
-          {"resid_pdrop", cfg.model.dropout},
-          {"embd_pdrop", cfg.model.dropout},
-          {"attn_pdrop", cfg.model.dropout},
-          {"layer_norm_epsilon", 1e-5},
-          {"initializer_range", 0.02},
-          {"scale_attn_weights", true},
-          {"tie_word_embeddings", true},
-          {"bos_token_id", eot},
-          {"eos_token_id", eot}};
+  return hf::gpt2_to_json(models::GPTOptions()
+                              .vocab_size(wte.size(0))
+                              .context(tensor(tensors, "transformer.wpe.weight").size(0))
+                              .n_embd(wte.size(1))
+                              .n_layer(count_blocks(tensors, "transformer.h."))
+                              .n_head(registered_heads(cfg.model.name))
+                              .dropout(cfg.model.dropout));
+}
+
+// The Llama-family architecture of a run: model.name llama's config.json, or the registered shape (built
+// with one small layer and model.context, for its heads, head size, norm and rotary settings) with the sizes of the weights.
+models::LlamaOptions llama_architecture(const NamedTensors& tensors, const Config& cfg) {
+  if (const auto arch = hf_architecture(cfg)) return *arch;
+  const models::Model m = models::create_model(
+      cfg.model.name, models::ModelOptions().vocab_size(8).n_layer(1).intermediate_size(8).context(cfg.model.context));
+  models::LlamaOptions o = dynamic_cast<const models::LlamaImpl&>(*m).options;
+  const auto& embed = tensor(tensors, "model.embed_tokens.weight");
+  const auto has = [&](const std::string& name) {
+    return std::any_of(tensors.begin(), tensors.end(), [&](const auto& kv) { return kv.first == name; });
+  };
+  o.vocab_size(embed.size(0)).n_embd(embed.size(1)).n_layer(count_blocks(tensors, "model.layers."))
+      .intermediate_size(tensor(tensors, "model.layers.0.mlp.gate_proj.weight").size(0))
+      .tie_embeddings(!has("lm_head.weight")).qkv_bias(has("model.layers.0.self_attn.q_proj.bias"))
+      .dropout(cfg.model.dropout);
+  return o;
+}
+
+// config.json for the hf layout, by family.
+nlohmann::json hf_config_json(const NamedTensors& tensors, const Config& cfg) {
+  if (family_of(tensors) == Family::llama) return hf::llama_to_json(llama_architecture(tensors, cfg));
+  return gpt2_config(tensors, cfg);
 }
 
 std::string py_quote(const std::string& s) {
@@ -133,11 +146,13 @@ void write_hf_config(const std::string& file, const std::string& format, const N
                      ExportResult& r) {
   const fs::path folder = fs::path(file).parent_path();
   r.config = (folder / "config.json").string();
-  write_file_atomically(r.config, gpt2_config(ours, cfg).dump(2) + "\n", "export");
+  const nlohmann::json config = hf_config_json(ours, cfg);
+  write_file_atomically(r.config, config.dump(2) + "\n", "export");
   const std::string expected = format == "safetensors" ? "model.safetensors" : "pytorch_model.bin";
+  const std::string cls = "transformers." + config["architectures"][0].get<std::string>();
   r.how_to_load = fs::path(file).filename() == expected
-                      ? "transformers.GPT2LMHeadModel.from_pretrained(" + py_quote(folder.empty() ? "." : folder.string()) + ")"
-                      : "rename the file to " + expected + ", then transformers.GPT2LMHeadModel.from_pretrained(<its folder>)";
+                      ? cls + ".from_pretrained(" + py_quote(folder.empty() ? "." : folder.string()) + ")"
+                      : "rename the file to " + expected + ", then " + cls + ".from_pretrained(<its folder>)";
 }
 
 // The timm call that builds our ViT's architecture and loads `file` into it.

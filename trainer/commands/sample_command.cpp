@@ -13,10 +13,12 @@
 #include "data/files/token_h5.h"
 #include "data/text/tokenizer.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/checkpoint/weights.h"
+#include "trainer/hf/families.h"
 #include "trainer/memory/resources.h"
 #include "trainer/run/from_config.h"
 
@@ -42,7 +44,7 @@ void check_numbers(const SampleCommand& c) {
 
 // What generates: the model with its weights, its config, where the weights came from.
 struct Loaded {
-  std::shared_ptr<models::GPTImpl> model;
+  std::shared_ptr<models::LanguageModelImpl> model;
   Config cfg;
   std::string weights;
   std::optional<int64_t> step;
@@ -65,15 +67,15 @@ int64_t run_vocab(const Config& cfg, std::string& tokenizer_path) {
   return vocab_size(cfg);
 }
 
-std::shared_ptr<models::GPTImpl> as_gpt(const models::Model& m, const std::string& name) {
-  auto gpt = std::dynamic_pointer_cast<models::GPTImpl>(m);
-  if (!gpt) fail("model '" + name + "' is not a GPT; only language models sample");
-  return gpt;
+std::shared_ptr<models::LanguageModelImpl> as_language_model(const models::Model& m, const std::string& name) {
+  auto lm = std::dynamic_pointer_cast<models::LanguageModelImpl>(m);
+  if (!lm) fail("model '" + name + "' is not a language model; only language models sample");
+  return lm;
 }
 
 void check_language_model(const Config& cfg) {
   if (models::registered_vocab_size(cfg.model.name) == 0)
-    fail("model '" + cfg.model.name + "' is not a GPT; only language models sample");
+    fail("model '" + cfg.model.name + "' is not a language model; only language models sample");
 }
 
 // A run's checkpoint (its own config), or a weights file with the run's config (--run-dir + --init-from).
@@ -108,46 +110,41 @@ Loaded load_from_run(const SampleCommand& c) {
   auto model = build_model(l.cfg, sample_shape(l.cfg), vocab);
   if (ck) load_state_dict_bytes(*model, ck->file("model.pt"), /*strict=*/true, l.weights + "/model.pt");
   else load_init_weights(*model, l.cfg, vocab);
-  l.model = as_gpt(model, l.cfg.model.name);
+  l.model = as_language_model(model, l.cfg.model.name);
   return l;
 }
 
-// A weights file alone: the shape from transformers' config.json beside it.
+// A weights file (or a Hub folder) alone: the shape from transformers' config.json beside it, GPT-2's or
+// the Llama family's (trainer/hf/families.h).
 Loaded load_from_file(const SampleCommand& c) {
   Loaded l;
-  const fs::path json_path = fs::path(c.init_from).parent_path() / "config.json";
+  const std::string json_path = hf::config_json_of(c.init_from);
   std::error_code ec;
   if (!fs::exists(c.init_from, ec)) fail("--init-from " + c.init_from + " does not exist");
   if (!fs::exists(json_path, ec))
-    fail("--init-from " + c.init_from + ": the model's shape is read from " + json_path.string() +
+    fail("--init-from " + c.init_from + ": the model's shape is read from " + json_path +
          " (transformers' save_pretrained and trainer export --layout hf write it), which is not there; or give "
          "--run-dir DIR to build the model from that run's config");
-  nlohmann::json j;
-  try {
-    std::ifstream f(json_path);
-    j = nlohmann::json::parse(f);
-    if (j.contains("model_type") && j["model_type"] != "gpt2")
-      fail(json_path.string() + ": model_type " + j["model_type"].dump() + " is not gpt2");
-    auto get = [&](const char* key, const char* alt) -> int64_t {
-      if (j.contains(key)) return j[key].get<int64_t>();
-      if (alt && j.contains(alt)) return j[alt].get<int64_t>();
-      fail(json_path.string() + " has no " + key);
-    };
-    const auto options = models::GPTOptions()
-                             .vocab_size(get("vocab_size", nullptr))
-                             .context(get("n_positions", "n_ctx"))
-                             .n_layer(get("n_layer", nullptr))
-                             .n_head(get("n_head", nullptr))
-                             .n_embd(get("n_embd", nullptr));
-    l.model = std::make_shared<models::GPTImpl>(options);
-  } catch (const nlohmann::json::exception& e) {
-    fail(json_path.string() + ": " + e.what());
-  }
+  const nlohmann::json j = hf::read_config_json(json_path);
   l.cfg = load_config("", c.overrides);  // the built-in job's keys with --set on top: train.threads, train.device
-  const LoadedWeights w = load_weights(*l.model, c.init_from, {}, l.model->options.vocab_size());
+  int64_t vocab = 0;
+  if (hf::family_of(j) == "llama") {
+    const hf::LlamaConfig arch = hf::llama_from_json(j, json_path);
+    for (const auto& note : arch.notes) spdlog::info("model: {}: {}", json_path, note);
+    hf::check_llama_weights(arch.options, read_weights(c.init_from).tensors, json_path);
+    l.model = std::make_shared<models::LlamaImpl>(arch.options);
+    l.cfg.model.name = "llama";
+    l.cfg.model.hf_config = json_path;
+    vocab = 0;
+  } else {
+    const models::GPTOptions options = hf::gpt2_from_json(j, json_path);
+    l.model = std::make_shared<models::GPTImpl>(options);
+    l.cfg.model.name = "gpt2";
+    vocab = options.vocab_size();
+  }
+  const LoadedWeights w = load_weights(*l.model, c.init_from, {}, vocab);
   spdlog::info("model: weights from {} ({}, {} layout)", c.init_from, w.format, w.layout);
-  l.cfg.model.name = "gpt2";
-  l.cfg.model.context = l.model->options.context();
+  l.cfg.model.context = l.model->context();
   l.weights = c.init_from;
   return l;
 }
@@ -201,6 +198,14 @@ std::vector<int64_t> prompt_ids(const std::string& text, const data::Tokenizer& 
   return prompt;
 }
 
+// The record's n_layer, n_head, n_embd (and a Llama's n_kv_head).
+nlohmann::json shape_json(const models::LanguageModelImpl& model) {
+  if (const auto* gpt = dynamic_cast<const models::GPTImpl*>(&model))
+    return {{"n_layer", gpt->options.n_layer()}, {"n_head", gpt->options.n_head()}, {"n_embd", gpt->options.n_embd()}};
+  const auto& o = dynamic_cast<const models::LlamaImpl&>(model).options;
+  return {{"n_layer", o.n_layer()}, {"n_head", o.n_head()}, {"n_kv_head", o.kv_heads()}, {"n_embd", o.n_embd()}};
+}
+
 }  // namespace
 
 SampleResult run_sample_command(const SampleCommand& cmd) {
@@ -211,7 +216,7 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
   auto& model = *l.model;
   model.to(device);
   model.eval();
-  const int64_t vocab = model.options.vocab_size(), context = model.options.context();
+  const int64_t vocab = model.vocab_size(), context = model.context();
   const data::Tokenizer tok = pick_tokenizer(cmd, l, vocab);
 
   GenerateOptions g = cmd.generate;
@@ -240,9 +245,6 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
             {"weights", l.weights},
             {"step", l.step ? nlohmann::json(*l.step) : nlohmann::json(nullptr)},
             {"model", l.cfg.model.name},
-            {"n_layer", model.options.n_layer()},
-            {"n_head", model.options.n_head()},
-            {"n_embd", model.options.n_embd()},
             {"context", context},
             {"vocab_size", vocab},
             {"tokenizer", tok.is_bytes() ? std::string("bytes") : tok.path()},
@@ -261,6 +263,7 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
             {"threads", at::get_num_threads()},
             {"trainer", TRAINER_VERSION},
             {"torch", compat::torch_version()}};
+  r.json.update(shape_json(model));
   if (!cmd.json.empty()) write_file_atomically(cmd.json, r.json.dump(2) + "\n", "sample");
   return r;
 }

@@ -46,6 +46,7 @@ std::vector<Field> model_fields(Config& c) {  // the model
       {"model.vocab_multiple", &c.model.vocab_multiple, false},
       {"model.fused_bias", &c.model.fused_bias, false},
       {"model.dropout", &c.model.dropout, false},
+      {"model.hf_config", &c.model.hf_config, false},
   };
 }
 
@@ -401,6 +402,14 @@ struct Checks {
       bad("model.init_skip", "names keys to leave out of model.init_from, which is not set");
     for (const auto& pattern : c.model.init_skip)
       if (pattern.empty()) bad("model.init_skip", "holds an empty pattern");
+    if (c.model.name == "llama" && c.model.hf_config.empty() && c.model.init_from.empty())
+      bad("model.name", "llama takes its shape from a transformers config.json: set model.init_from to a Hub folder (or "
+                        "weights beside their config.json), or model.hf_config; or name a shape (llama_tiny, smollm2_135m, "
+                        "llama3_2_1b, qwen2_5_0_5b)");
+    if (!c.model.hf_config.empty() && c.model.name != "llama")
+      bad("model.hf_config", "is read for model.name: llama only (model '" + c.model.name + "' has its own shape)");
+    if (c.model.vocab_multiple > 1 && models::registered_vocab_size(c.model.name) > 0 && c.model.name.rfind("gpt", 0) != 0)
+      bad("model.vocab_multiple", "pads GPT models' vocabulary; '" + c.model.name + "' takes 1");
     if (c.data.kind == "synthetic" && !language_model) {
       if (c.data.shape.size() != 3 ||
           std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1 || d > kMaxSide; }))

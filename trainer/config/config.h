@@ -34,6 +34,9 @@ struct ModelConfig {
   /// LibTorch's nn::Linear (a matmul, then an add over the whole output), kept to measure the difference.
   bool fused_bias = true;
   double dropout = 0.0;           ///< Transformers: dropout probability
+  /// model.name llama: the transformers config.json (or the folder holding it) the architecture is read
+  /// from; empty = the config.json beside model.init_from (a Hub folder). Other models: must be empty.
+  std::string hf_config;
 };
 
 struct DataConfig {

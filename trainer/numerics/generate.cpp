@@ -24,13 +24,13 @@ int64_t next_token(const torch::Tensor& logits, const GenerateOptions& o, at::Ge
   return torch::multinomial(probs, 1, /*replacement=*/false, generator).item<int64_t>();
 }
 
-Generated generate(models::GPTImpl& model, const std::vector<int64_t>& prompt, int64_t num_samples,
+Generated generate(models::LanguageModelImpl& model, const std::vector<int64_t>& prompt, int64_t num_samples,
                    const GenerateOptions& o) {
   TORCH_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
-  const int64_t V = model.options.vocab_size(), context = model.options.context();
+  const int64_t V = model.vocab_size(), context = model.context();
   for (int64_t id : prompt) TORCH_CHECK(id >= 0 && id < V, "generate: token ", id, " is outside the vocabulary of ", V);
   torch::NoGradGuard no_grad;
-  const torch::Device device = model.transformer->wte->weight.device();
+  const torch::Device device = model.parameters().front().device();
   auto as_input = [&](const int64_t* ids, int64_t n) {  // (1, n) int64 on the model's device
     return torch::from_blob(const_cast<int64_t*>(ids), {1, n}, torch::kLong).to(device);
   };

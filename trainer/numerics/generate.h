@@ -1,4 +1,4 @@
-// Text generation from a GPT (nanoGPT's `generate` in `model.py`), shared by `trainer sample` and the
+// Text generation from a language model, GPT or Llama (nanoGPT's `generate` in `model.py`), shared by `trainer sample` and the
 // run's samples (train.sample_every).
 //
 //   each new token    the logits of the last position, divided by the temperature; with top_k only the
@@ -7,7 +7,7 @@
 //                     which training and dropout draw from, are never touched). Temperature 0 is greedy:
 //                     the argmax, lowest id first among equal logits (transformers' generate(do_sample=False)).
 //   the key-value     on (the default): the prompt is run once, then each token costs one position
-//   cache             (GPTImpl::forward_cached). Off: every token runs the whole window again, as nanoGPT.
+//   cache             (LanguageModelImpl::forward_cached). Off: every token runs the whole window again, as nanoGPT.
 //   past the context  the window slides as nanoGPT's: the last `context` tokens, positions 0 .. context - 1.
 //                     With the cache this recomputes the window for every token once the sequence is longer
 //                     than the context (same tokens as without it).
@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "models/gpt.h"
+#include "models/language_model.h"
 
 namespace trainer {
 
@@ -46,7 +46,7 @@ struct Generated {
 /// model runs on its own device in whatever mode it is in: call it in eval mode (the caller's job, so the
 /// run can switch back). Runs under NoGradGuard. Throws c10::Error for an empty prompt or an id outside
 /// the vocabulary.
-Generated generate(models::GPTImpl& model, const std::vector<int64_t>& prompt, int64_t num_samples,
+Generated generate(models::LanguageModelImpl& model, const std::vector<int64_t>& prompt, int64_t num_samples,
                    const GenerateOptions& options);
 
 /// The next token from the logits (V) of the last position (any dtype, any device): greedy at temperature

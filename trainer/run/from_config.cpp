@@ -6,6 +6,7 @@
 #include "data/samples/image_folder.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/weights.h"
+#include "trainer/hf/families.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 
@@ -125,7 +126,33 @@ std::vector<int64_t> sample_shape(const Config& cfg) {
   return {s[0], s[1], s[2]};
 }
 
+std::string hf_config_path(const Config& cfg) {
+  if (cfg.model.name != "llama") return "";
+  return hf::config_json_of(cfg.model.hf_config.empty() ? cfg.model.init_from : cfg.model.hf_config);
+}
+
+std::optional<models::LlamaOptions> hf_architecture(const Config& cfg) {
+  const std::string path = hf_config_path(cfg);
+  if (path.empty()) return std::nullopt;
+  hf::LlamaConfig c = hf::llama_from_json(hf::read_config_json(path), path);
+  for (const auto& note : c.notes) spdlog::info("model: {}: {}", path, note);
+  if (cfg.model.context > c.options.context())
+    throw ConfigError("model.context: " + std::to_string(cfg.model.context) + " tokens per sample, but " + path +
+                      " allows " + std::to_string(c.options.context()) + " (max_position_embeddings)");
+  return c.options;
+}
+
 int64_t vocab_size(const Config& cfg) {
+  if (const auto arch = hf_architecture(cfg)) {
+    // The architecture's vocabulary is the model's; the data's ids must fall inside it.
+    const int64_t data = cfg.data.kind == "tokens" ? (check_data_file(cfg, cfg.data.train, false),
+                                                      data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size())
+                                                   : 0;
+    if (data > arch->vocab_size())
+      throw ConfigError("model.hf_config: " + hf_config_path(cfg) + " has vocab_size " + std::to_string(arch->vocab_size()) +
+                        ", smaller than the vocabulary " + std::to_string(data) + " of " + cfg.data.train);
+    return arch->vocab_size();
+  }
   if (cfg.data.kind != "tokens") return cfg.model.vocab_size > 0 ? cfg.model.vocab_size : models::registered_vocab_size(cfg.model.name);
   check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
   const int64_t file = data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
@@ -151,10 +178,14 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
                 .dropout(cfg.model.dropout);
   if (token_job(cfg)) mo.vocab_size(vocab).vocab_multiple(cfg.model.vocab_multiple).fused_bias(cfg.model.fused_bias);
   else mo.in_channels(shape.at(0));
+  if (const auto arch = hf_architecture(cfg)) mo.llama(*arch);
   return models::create_model(cfg.model.name, mo);
 }
 
 void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t vocab) {
+  // A Hub folder's config.json and its weights must agree before anything is loaded.
+  if (const auto arch = hf_architecture(cfg))
+    hf::check_llama_weights(*arch, read_weights(cfg.model.init_from).tensors, hf_config_path(cfg));
   const LoadedWeights w = load_weights(model, cfg.model.init_from, cfg.model.init_skip, vocab);
   spdlog::info("model: weights from {} ({}, {} layout)", cfg.model.init_from, w.format, w.layout);
   for (const auto& note : w.notes) spdlog::info("model: {}", note);

@@ -13,6 +13,7 @@
 #include "data/files/h5_check.h"
 #include "data/samples/loader.h"
 #include "data/samples/token_loader.h"
+#include "models/llama.h"
 #include "models/model.h"
 #include "trainer/config/config.h"
 #include "trainer/memory/oom.h"
@@ -78,8 +79,18 @@ void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t voca
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);
 
+/// model.name llama: the config.json its architecture is read from (model.hf_config, else the one beside
+/// model.init_from; trainer/hf/families.h config_json_of); "" for every other model.
+std::string hf_config_path(const Config& cfg);
+
+/// model.name llama: the architecture hf_config_path(cfg) describes (trainer/hf/families.h), with
+/// model.context checked against its max_position_embeddings; std::nullopt for every other model. Throws
+/// std::runtime_error (ConfigError) with one line naming the file and the key.
+std::optional<models::LlamaOptions> hf_architecture(const Config& cfg);
+
 /// The vocabulary a token job's model is built with: model.vocab_size when set (it must cover the
 /// token file's), else the training file's (data.kind tokens) or the model's registered one (synthetic).
+/// model.name llama: the config.json's vocab_size (the data's must fit in it).
 int64_t vocab_size(const Config& cfg);
 
 /// The tokens of data.kind synthetic for a language model: data.synthetic_size windows of model.context

@@ -6,7 +6,7 @@
 
 #include "data/files/token_h5.h"
 #include "data/text/tokenizer.h"
-#include "models/gpt.h"
+#include "models/language_model.h"
 #include "trainer/numerics/generate.h"
 #include "trainer/run/run.h"
 
@@ -16,8 +16,8 @@ namespace trainer {
 
 void TrainingRun::setup_sampling() {
   if (cfg_.train.sample_every == 0 || !main_rank()) return;
-  if (!std::dynamic_pointer_cast<models::GPTImpl>(model_))
-    throw ConfigError("train.sample_every: model '" + cfg_.model.name + "' is not a GPT; only GPT models sample (set 0)");
+  if (!std::dynamic_pointer_cast<models::LanguageModelImpl>(model_))
+    throw ConfigError("train.sample_every: model '" + cfg_.model.name + "' is not a language model; only language models sample (set 0)");
   // The tokenizer the token file records, else bytes.
   std::string path;
   if (auto file = std::dynamic_pointer_cast<data::TokenDataset>(train_tokens_)) path = file->tokenizer_path();
@@ -51,7 +51,7 @@ void TrainingRun::setup_sampling() {
 
 void TrainingRun::maybe_sample() {
   if (!sample_tokenizer_ || step_ % cfg_.train.sample_every != 0) return;
-  auto& gpt = dynamic_cast<models::GPTImpl&>(*model_);
+  auto& lm = dynamic_cast<models::LanguageModelImpl&>(*model_);
   GenerateOptions o;
   o.max_new_tokens = cfg_.train.sample_tokens;
   // The sample's own generator, seeded from the run's seed and the step: the same text again after a
@@ -60,17 +60,17 @@ void TrainingRun::maybe_sample() {
   o.stop_token = sample_tokenizer_->special("<|endoftext|>");
   Generated g;
   telemetry_.set_phase("sample");
-  gpt.eval();
+  lm.eval();
   try {
-    g = generate(gpt, sample_prompt_, 1, o);
+    g = generate(lm, sample_prompt_, 1, o);
   } catch (const std::exception& e) {
-    gpt.train();
+    lm.train();
     // A sample is a view of the model, not its state: it failing (out of memory) must not stop the run.
     spdlog::warn("sample at step {} failed, training goes on: {}", step_, error_message(e));
     metrics_.event("sample_failed", {{"step", step_}, {"message", error_message(e)}});
     return;
   }
-  gpt.train();
+  lm.train();
   std::vector<int32_t> ids;
   const int64_t eot = o.stop_token;
   const bool from_eot = sample_prompt_.size() == 1 && sample_prompt_[0] == eot;
