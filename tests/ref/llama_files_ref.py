@@ -1,0 +1,92 @@
+"""Hub folders of the Llama family in and out, against transformers itself (tests/test_llama_files.cpp).
+
+  write DIR TYPE PROMPT N   a small random model of model_type TYPE (llama: 8 heads over 2 key/value heads,
+                            untied, Llama 3's rope scaling from an original context of 16 in a context of
+                            64; qwen2: q/k/v biases, tied), vocabulary 256 (byte tokens), saved by
+                            save_pretrained into DIR/hf in shards (model.safetensors.index.json); then
+                            generate(do_sample=False, max_new_tokens=N) from PROMPT (comma-separated ids), fp32
+                            on the CPU. Prints "tokens A,B,..." (the new ones) and "gap G": the smallest
+                            margin between the two largest logits over the greedy path.
+  load DIR TOKENS           from_pretrained(DIR) with no code of ours; prints "missing K", "unexpected K"
+                            (counts of keys transformers did not find or did not use), "class NAME" and
+                            "logits x,y,..." (the last position's logits for TOKENS, comma-separated ids).
+  modules                   exits 0 when transformers and safetensors import, else prints the first missing one
+
+The weights are random with a larger spread than the models' initialization, so that the logits are peaked
+and greedy decoding has no near-ties that rounding could flip.
+"""
+import sys
+
+import torch
+
+
+def modules():
+    for name in ("safetensors", "transformers"):
+        try:
+            __import__(name)
+        except ImportError:
+            print(name)
+            sys.exit(1)
+
+
+def make(kind):
+    import transformers
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=None,
+                  eos_token_id=None, pad_token_id=0)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,
+                                          rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                                        "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 16})
+        return transformers.LlamaForCausalLM(config)
+    config = transformers.Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1000000.0)
+    return transformers.Qwen2ForCausalLM(config)
+
+
+def write(d, kind, prompt, n):
+    torch.manual_seed(3)
+    model = make(kind)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif p.dim() <= 1:
+                p.normal_(0.0, 0.1)
+            elif "embed_tokens" in name or "lm_head" in name:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, 0.25)
+    model.eval()
+    model.save_pretrained(f"{d}/hf", max_shard_size="100KB")
+    x = torch.tensor([[int(t) for t in prompt.split(",")]])
+    with torch.no_grad():
+        out = model.generate(x, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(x),
+                             pad_token_id=0, eos_token_id=None)
+        logits = model(out).logits[0, x.size(1) - 1:-1]
+    top2 = logits.topk(2, dim=-1).values
+    print("tokens " + ",".join(str(t) for t in out[0, x.size(1):].tolist()))
+    print(f"gap {(top2[:, 0] - top2[:, 1]).min().item():.4e}")
+
+
+def load(d, tokens):
+    import transformers
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(d, output_loading_info=True,
+                                                                    dtype=torch.float32)
+    model.eval()
+    print(f"missing {len(info['missing_keys'])}")
+    print(f"unexpected {len(info['unexpected_keys'])}")
+    print(f"class {type(model).__name__}")
+    x = torch.tensor([[int(t) for t in tokens.split(",")]])
+    with torch.no_grad():
+        logits = model(x).logits[0, -1]
+    print("logits " + ",".join(f"{v:.9e}" for v in logits.tolist()))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "modules":
+        modules()
+    elif sys.argv[1] == "write":
+        write(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    elif sys.argv[1] == "load":
+        load(sys.argv[2], sys.argv[3])
