@@ -168,6 +168,30 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
 }
 
+// A Llama-family model (tied embeddings, grouped-query attention) in data parallel: two ranks compute the
+// one process's losses and end with its weights.
+TEST(DistTorchrun, ALlamaOnTwoRanksEqualsOneProcess) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TempDir dir;
+  const std::string job = "--set model.name=llama_tiny --set data.kind=synthetic --set model.context=16"
+                          " --set data.synthetic_size=64 --set data.test= --set train.global_batch=8 --set train.epochs=0"
+                          " --set train.steps=3 --set optim.lr=0.1 --set schedule.warmup_steps=0 --set schedule.name=constant"
+                          " --set checkpoint.every_seconds=0 --set log.every=1000 --set seed=5 --set train.threads=1"
+                          " --set dist.timeout_s=60";
+  const std::string single = (dir / "single").string(), two = (dir / "two").string();
+  auto r = testutil::run(testutil::trainer_cmd(single, job));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testutil::run(torchrun(dir, two, job));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto one_steps = testutil::step_lines(single), two_steps = testutil::step_lines(two);
+  ASSERT_EQ(two_steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(two_steps[i]["micro_batch"].get<int64_t>(), 4) << "each rank takes half the global batch";
+    EXPECT_NEAR(two_steps[i]["loss"].get<double>(), one_steps[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+  }
+  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
+}
+
 TEST(DistTorchrun, RanksOfANodeKeepTheirShareOfTheCpus) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   const int usable = trainer::usable_cpus();
