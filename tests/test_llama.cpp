@@ -21,6 +21,7 @@
 #include "models/registry.h"
 #include "test_util.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/numerics/generate.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_llama {
@@ -569,7 +570,8 @@ TEST_F(LlamaLibraries, LogitsEqualTransformers) {
 }
 
 // Greedy decoding equals transformers' generate(do_sample=False, max_new_tokens=20), with the cache and
-// without, token for token (llama3_scaled's 36 positions run past its original context of 32).
+// without, token for token, by a loop over forward / forward_cached and by trainer::generate at temperature
+// 0 (llama3_scaled's 36 positions run past its original context of 32).
 TEST_F(LlamaLibraries, GreedyEqualsTransformersGenerate) {
   SKIP_WITHOUT_TRANSFORMERS();
   ASSERT_TRUE(ok_) << output_;
@@ -581,8 +583,17 @@ TEST_F(LlamaLibraries, GreedyEqualsTransformersGenerate) {
     EXPECT_GT(expected.at("gap").item<double>(), 1e-3) << "near-tie in the reference's greedy path";
     const auto want = ids(expected.at("generated"));
     ASSERT_EQ(want.size(), 20u);
+    const auto prompt = ids(expected.at("prompt"));
     for (bool use_cache : {true, false}) {
-      EXPECT_EQ(greedy(*model, ids(expected.at("prompt")), 20, use_cache), want) << (use_cache ? "cache" : "no cache");
+      SCOPED_TRACE(use_cache ? "cache" : "no cache");
+      EXPECT_EQ(greedy(*model, prompt, 20, use_cache), want);  // the model's own calls
+      trainer::GenerateOptions g;                                // what `trainer sample` runs
+      g.max_new_tokens = 20;
+      g.temperature = 0;
+      g.kv_cache = use_cache;
+      const auto made = trainer::generate(*model, prompt, 1, g);
+      ASSERT_EQ(made.samples.size(), 1u);
+      EXPECT_EQ(made.samples[0], want);
     }
   }
 }
