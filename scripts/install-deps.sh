@@ -13,7 +13,7 @@ set -euo pipefail
 # training run in tests/test_prometheus.cpp (the test starts its own on a free loopback port; on a machine
 # with systemd the package also enables its own service on :9090, which the tests do not use).
 pkgs=(cmake ninja-build g++ ccache libtorch-dev libopenblas0-openmp libspdlog-dev libcxxopts-dev libyaml-cpp-dev libhdf5-dev
-      zlib1g-dev libjpeg62-turbo-dev libpng-dev libpcre2-dev libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev
+      zlib1g-dev libjpeg62-turbo-dev libpng-dev libpcre2-dev libicu-dev libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev
       python3-torch python3-torchvision python3-matplotlib python3-protobuf python3-venv
       dataset-fashion-mnist fortunes prometheus)
 for flag in "$@"; do

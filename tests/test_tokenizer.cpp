@@ -155,6 +155,86 @@ std::string mini_ranks() {
   return s;
 }
 
+// ---- tokenizer.json of the Llama 3 and Qwen2 kinds ------------------------------------------------------
+
+const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::string hf_ref_script() { return testutil::source_dir() + "/tests/ref/tokenizer_hf_ref.py"; }
+
+#define SKIP_WITHOUT_HF_TOKENIZERS()                                                                        \
+  if (!testutil::missing_module_of(hf_ref_script()).empty())                                                \
+  GTEST_SKIP() << "the reference Python " << testutil::python() << " has no module "                        \
+               << testutil::missing_module_of(hf_ref_script()) << " (scripts/install-torch.sh adds it to the 2.11 venv)"
+
+// GPT-2's byte-to-unicode alphabet: the character that stands for byte b in a tokenizer.json.
+std::string byte_char(int b) {
+  int extra = 0;
+  for (int x = 0; x < 256; ++x) {
+    const bool printable = (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF);
+    if (x == b) return utf8(printable ? x : 256 + extra);
+    if (!printable) ++extra;
+  }
+  return "";
+}
+std::string alphabet(const std::string& bytes) {
+  std::string s;
+  for (unsigned char c : bytes) s += byte_char(c);
+  return s;
+}
+
+// A small tokenizer.json by hand: byte b is id b, the merges below (ids 256 on), <|eot_id|> 300 and
+// <|begin_of_text|> 301 (the post-processor's BOS), the given pattern and normalizer.
+nlohmann::json hand_tokenizer(const std::string& pattern, bool nfc) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  const std::vector<std::pair<std::string, std::string>> merges = {{"D", "O"}, {"DO", "N"}, {"'", "T"}, {"1", "2"}, {"12", "3"}, {" ", "w"}, {" w", "e"}};
+  nlohmann::json m = nlohmann::json::array();
+  int id = 256;
+  for (const auto& [a, b] : merges) {
+    vocab[alphabet(a + b)] = id++;
+    m.push_back(nlohmann::json::array({alphabet(a), alphabet(b)}));
+  }
+  using J = nlohmann::json;
+  J split = {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
+  J bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  J bos = {{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  J seq = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  J templ = {{"type", "TemplateProcessing"}, {"single", J::array({bos, seq})}};
+  J j = J::object();
+  j["version"] = "1.0";
+  j["added_tokens"] = J::array({J{{"id", 300}, {"content", "<|eot_id|>"}, {"special", true}},
+                                J{{"id", 301}, {"content", "<|begin_of_text|>"}, {"special", true}}});
+  j["normalizer"] = nfc ? J{{"type", "NFC"}} : J();
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", J::array({split, bytes})}};
+  j["post_processor"] = {{"type", "Sequence"}, {"processors", J::array({J{{"type", "ByteLevel"}}, templ})}};
+  j["model"] = {{"type", "BPE"}, {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", m}};
+  return j;
+}
+
+data::Tokenizer load_json(const testutil::TempDir& dir, const std::string& name, const nlohmann::json& j) {
+  testutil::write_file(dir / name, j.dump());
+  return data::Tokenizer::load((dir / name).string());
+}
+
+// Texts for the Llama 3 and Qwen2 patterns: contractions in any case, long numbers, newline runs, Unicode
+// spaces, combining accents (NFC), code, and the special tokens' texts.
+std::vector<std::string> split_texts() {
+  return {
+      "DON'T I'M YOU'RE WE'VE THEY'LL SHE'D IT'S don't 'S 'ſ 'Ll x'ǲa",
+      "1234567 89 3.14159 1,000,000 ١٢٣٤٥ 12a34",
+      "line\r\nline\n\n\nline\r\r\n  \n\t\n x\n",
+      "a\u0085b !\u0085 \u0085\u0085x \u00a0\u00a0a tab\t\tx \u3000y\u2028z",
+      "caf\u00e9 cafe\u0301 A\u030a \u212b e\u0301\u0301 \u1100\u1161\u11a8 A\u0327\u0301",
+      "<|begin_of_text|>Hello<|eot_id|> <|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
+      "def f(x):\n    return x**2  # square\n\n\tif (a != b) { c += 1; }\r\n",
+      "emoji 😀👍🏽 👨‍👩‍👧‍👦 日本語のテキスト 中文文本，한국어 Ελληνικά русский",
+      "!!!\n\n ?? ...\r\n",
+  };
+}
+
 std::vector<int64_t> all_ids(const data::TokenConversion& conv) {
   std::vector<int64_t> got;
   for (const auto& path : {conv.train_path, conv.val_path}) {
@@ -324,7 +404,7 @@ TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
   EXPECT_EQ(error("i.tiktoken", ""), p + "i.tiktoken': no tokens (a tiktoken rank file has '<base64 token> <rank>' lines)");
   EXPECT_EQ(error("j.json", "{\"model\": {\"type\": \"WordPiece\"}}"), p + "j.json': the model is \"WordPiece\"; only BPE is supported");
   EXPECT_EQ(error("k.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Metaspace\"}}"),
-            p + "k.json': pre_tokenizer is \"Metaspace\"; only ByteLevel (GPT-2's) is supported");
+            p + "k.json': pre_tokenizer is \"Metaspace\"; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)");
   EXPECT_EQ(error("l.json", "{\"model\": "), p + "l.json': not valid JSON: " +
                                                  [] {
                                                    try {
@@ -335,10 +415,10 @@ TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
                                                    }
                                                    return std::string();
                                                  }());
-  EXPECT_EQ(error("m.json", "{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\"}}"), p + "m.json': a normalizer (NFC) is not supported");
+  EXPECT_EQ(error("m.json", "{\"normalizer\": {\"type\": \"Lowercase\"}, \"model\": {\"type\": \"BPE\"}}"), p + "m.json': a normalizer (Lowercase) is not supported (only NFC is)");
   // A normalizer that is not an object (found by fuzz_tokenizer: it was nlohmann's type_error, not this line).
-  EXPECT_EQ(error("m2.json", "{\"normalizer\": 18, \"model\": {\"type\": \"BPE\"}}"), p + "m2.json': a normalizer (18) is not supported");
-  EXPECT_EQ(error("m3.json", "{\"normalizer\": {\"type\": 7}, \"model\": {\"type\": \"BPE\"}}"), p + "m3.json': a normalizer (7) is not supported");
+  EXPECT_EQ(error("m2.json", "{\"normalizer\": 18, \"model\": {\"type\": \"BPE\"}}"), p + "m2.json': a normalizer (18) is not supported (only NFC is)");
+  EXPECT_EQ(error("m3.json", "{\"normalizer\": {\"type\": 7}, \"model\": {\"type\": \"BPE\"}}"), p + "m3.json': a normalizer (7) is not supported (only NFC is)");
   EXPECT_EQ(error("n.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\\u4e2d\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}"),
             p + "n.json': model.vocab: '\xE4\xB8\xAD' has a character outside GPT-2's byte-level alphabet");
   EXPECT_EQ([&] {
@@ -349,6 +429,159 @@ TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
     }
     return std::string();
   }(), p + "missing': no such file");
+}
+
+TEST(Tokenizer, ALlamaOrQwen2TokenizerJsonByHand) {
+  // Ids worked out by hand: byte b is id b; merges DO 256, DON 257, 'T 258, 12 259, 123 260, " w" 261,
+  // " we" 262. Llama 3 cuts "DON'T 1234567 we" into DON | 'T | " " | 123 | 456 | 7 | " we"
+  // (the contraction in upper case; numbers by three), Qwen2 the number digit by digit.
+  testutil::TempDir dir("tokenizer_hand");
+  const auto llama = load_json(dir, "llama.json", hand_tokenizer(kLlama3Pattern, false));
+  const auto qwen = load_json(dir, "qwen.json", hand_tokenizer(kQwen2Pattern, true));
+  EXPECT_EQ(llama.encode("DON'T 1234567 we"), (std::vector<int32_t>{257, 258, ' ', 260, '4', '5', '6', '7', 262}));
+  EXPECT_EQ(qwen.encode("DON'T 1234567 we"), (std::vector<int32_t>{257, 258, ' ', '1', '2', '3', '4', '5', '6', '7', 262}));
+  // "\t\n\n x": \s*[\r\n]+ takes "\t\n\n", then " x" is a word with its space.
+  EXPECT_EQ(llama.encode("\t\n\n x"), (std::vector<int32_t>{'\t', '\n', '\n', ' ', 'x'}));
+  // NFC: e + U+0301 is é (C3 A9) for Qwen2's normalizer, two characters for Llama 3's none.
+  EXPECT_EQ(qwen.encode("e\xCC\x81"), (std::vector<int32_t>{0xC3, 0xA9}));
+  EXPECT_EQ(llama.encode("e\xCC\x81"), (std::vector<int32_t>{'e', 0xCC, 0x81}));
+  // Added tokens: text to encode, ids to encode_with_specials; the post-processor's BOS; the vocabulary.
+  EXPECT_EQ(llama.encode("<|eot_id|>").size(), 10u);
+  EXPECT_EQ(llama.encode_with_specials("we<|eot_id|><|begin_of_text|> we"), (std::vector<int32_t>{'w', 'e', 300, 301, 262}));
+  EXPECT_EQ(llama.special("<|eot_id|>"), 300);
+  EXPECT_EQ(llama.bos_id(), 301);
+  EXPECT_EQ(llama.vocab_size(), 302);
+  EXPECT_EQ(llama.decode(std::vector<int32_t>{257, 258, 300}), "DON'T<|eot_id|>");
+  // The same ids for the same pieces from a pattern that is neither (matched as it is, by PCRE2): a
+  // Split that leaves text between its matches (here, letters) makes that text a piece too.
+  const auto other = load_json(dir, "other.json", hand_tokenizer(R"(\p{N}{1,3}|\s+)", false));
+  EXPECT_EQ(other.encode("DON 1234567"), (std::vector<int32_t>{257, ' ', 260, '4', '5', '6', '7'}));
+  EXPECT_EQ(other.bos_id(), 301);
+  // GPT-2's own pattern in a Split is GPT-2's scanner.
+  const auto gpt2 = load_json(dir, "gpt2.json", hand_tokenizer(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)", false));
+  EXPECT_EQ(gpt2.encode("DON'T 1234567 we"), (std::vector<int32_t>{257, '\'', 'T', ' ', 260, '4', '5', '6', '7', 262}));
+  EXPECT_EQ(data::Tokenizer::bytes().bos_id(), -1);
+}
+
+TEST(Tokenizer, LlamaAndQwen2IdsEqualTokenizers) {
+  SKIP_WITHOUT_HF_TOKENIZERS();
+  const std::string src = "/usr/share/games/fortunes";
+  if (!fs::exists(src)) GTEST_SKIP() << src << " is missing (apt-get install fortunes)";
+  testutil::TempDir dir("tokenizer_hf");
+  std::string files;
+  for (const auto& e : fs::directory_iterator(src))
+    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8") files += " " + e.path().string();
+  auto texts = split_texts();
+  for (auto& t : hand_texts()) texts.push_back(t);
+  for (auto& t : random_texts(400, 13)) texts.push_back(t);
+  nlohmann::json in = nlohmann::json::array();
+  for (const auto& t : texts) in.push_back(base64(t));
+  testutil::write_file(dir / "texts.json", in.dump());
+  const std::string py = testutil::python() + " " + hf_ref_script();
+  for (const std::string kind : {"llama3", "qwen2"}) {
+    const std::string json = (dir / (kind + ".json")).string(), ref_path = (dir / (kind + "_ref.json")).string();
+    auto r = testutil::run(py + " build --kind " + kind + " --vocab 2000 --out " + json + " --files" + files);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = testutil::run(py + " encode --tokenizer-json " + json + " --texts " + (dir / "texts.json").string() + " --out " + ref_path);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto ref = nlohmann::json::parse(testutil::read_file(ref_path));
+    const auto tok = data::Tokenizer::load(json);
+    const int32_t bos = kind == "llama3" ? tok.special("<|begin_of_text|>") : -1;
+    EXPECT_EQ(tok.bos_id(), bos) << kind;
+    EXPECT_EQ(tok.vocab_size(), kind == "llama3" ? 2005 : 2003) << kind;
+    size_t tokens = 0, merged = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const auto ours = tok.encode(texts[i]);
+      ASSERT_EQ(ours, ids_of(ref["plain"][i])) << kind << ", text " << i << ": '" << texts[i] << "'";
+      EXPECT_EQ(tok.encode_with_specials(texts[i]), ids_of(ref["specials"][i])) << kind << ", text " << i;
+      // With the post-processor (add_special_tokens=True): the BOS, then the text with its added tokens.
+      std::vector<int32_t> templated = tok.encode_with_specials(texts[i]);
+      if (bos >= 0) templated.insert(templated.begin(), bos);
+      EXPECT_EQ(templated, ids_of(ref["template"][i])) << kind << ", text " << i;
+      tokens += ours.size();
+      for (int32_t id : ours) merged += id >= 256;
+    }
+    EXPECT_GT(tokens, 10000u) << kind;
+    EXPECT_GT(merged, 1000u) << kind;  // the merges are used, not bytes alone
+  }
+}
+
+TEST(Tokenizer, LlamaAndQwen2SafeCutsEncodeAsTheWhole) {
+  // Every place safe_cut gives, on random texts in every class the patterns tell apart: the two sides
+  // encoded apart (the first with a look-ahead, as convert-text's parts) give the ids of the whole, also
+  // with NFC (combining accents across the cut) and for GPT-2's pattern inside a Split.
+  testutil::TempDir dir("tokenizer_cuts");
+  std::vector<std::pair<std::string, data::Tokenizer>> toks;
+  toks.emplace_back("llama3", load_json(dir, "l.json", hand_tokenizer(kLlama3Pattern, false)));
+  toks.emplace_back("qwen2+nfc", load_json(dir, "q.json", hand_tokenizer(kQwen2Pattern, true)));
+  toks.emplace_back("llama3+nfc", load_json(dir, "ln.json", hand_tokenizer(kLlama3Pattern, true)));
+  toks.emplace_back("gpt2+nfc", load_json(dir, "g.json", hand_tokenizer(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)", true)));
+  auto texts = split_texts();
+  for (auto& t : random_texts(1500, 17)) texts.push_back(t);
+  for (const auto& [name, tok] : toks) {
+    int cuts = 0;
+    for (const auto& raw : texts) {
+      const std::string text = data::replace_invalid_utf8(raw);
+      const auto whole = tok.encode(text);
+      for (size_t from = 1; from < text.size();) {
+        const size_t p = tok.safe_cut(text, from, text.size());
+        if (p == std::string_view::npos) break;
+        data::Pretokenizer matcher;
+        data::PieceCache cache;
+        std::vector<int32_t> ids;
+        tok.encode_part(text.substr(0, std::min(text.size(), p + 16)), p, matcher, cache, ids);
+        tok.encode_part(text.substr(p), text.size() - p, matcher, cache, ids);
+        ASSERT_EQ(ids, whole) << name << ": cut at byte " << p << " of '" << text << "'";
+        ++cuts;
+        from = p + 1;
+      }
+    }
+    EXPECT_GT(cuts, 1000) << name;
+  }
+}
+
+TEST(Tokenizer, AHostileTokenizerJsonIsOneLine) {
+  testutil::TempDir dir("tokenizer_hostile");
+  auto error = [&](const std::string& name, const nlohmann::json& j) {
+    try {
+      load_json(dir, name, j);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  const std::string p = "tokenizer '" + dir.str() + "/";
+  auto with_pattern = [](const std::string& pattern) { return hand_tokenizer(pattern, false); };
+  EXPECT_EQ(error("a.json", with_pattern("(ab")), p + "a.json': pre_tokenizer: the Split pattern '(ab': does not compile: missing closing parenthesis");
+  EXPECT_EQ(error("b.json", with_pattern(std::string(5000, 'a'))),
+            p + "b.json': pre_tokenizer: the Split pattern '" + std::string(60, 'a') + "...': a pattern of 5000 bytes (at most 4096)");
+  EXPECT_EQ(error("c.json", with_pattern("x*")), p + "c.json': pre_tokenizer: the Split pattern 'x*': it can match the empty text");
+  EXPECT_EQ(error("d.json", with_pattern("(?<=a)b|.")), p + "d.json': pre_tokenizer: the Split pattern '(?<=a)b|.': it looks behind (a lookbehind, \\b, \\B, \\A or \\G)");
+  EXPECT_EQ(error("e.json", with_pattern("^a|.")), p + "e.json': pre_tokenizer: the Split pattern '^a|.': ^ (a line start, which looks at the character before) is not supported");
+  auto j = hand_tokenizer(kLlama3Pattern, false);
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
+  EXPECT_EQ(error("f.json", j), p + "f.json': pre_tokenizer: Split's behavior is \"Removed\"; only Isolated is supported");
+  j = hand_tokenizer(kLlama3Pattern, false);
+  j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true;
+  EXPECT_EQ(error("g.json", j), p + "g.json': pre_tokenizer: ByteLevel after a Split splits again by GPT-2's pattern (use_regex); not supported");
+  j = hand_tokenizer(kLlama3Pattern, false);
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}};
+  EXPECT_EQ(error("h.json", j), p + "h.json': pre_tokenizer is \"Metaspace\"; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)");
+  j = hand_tokenizer(kLlama3Pattern, false);
+  j["pre_tokenizer"]["pretokenizers"].push_back({{"type", "Digits"}});
+  EXPECT_EQ(error("i.json", j), p + "i.json': pre_tokenizer is a Sequence of [Split, ByteLevel, Digits]; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)");
+  j = hand_tokenizer(kLlama3Pattern, false);
+  j["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_EQ(error("k.json", j), p + "k.json': a normalizer (NFKC) is not supported (only NFC is)");
+  j = hand_tokenizer(kLlama3Pattern, false);
+  j["model"]["byte_fallback"] = true;
+  EXPECT_EQ(error("l.json", j), p + "l.json': model.byte_fallback is a SentencePiece-style BPE, not byte-level");
+  j = hand_tokenizer(kLlama3Pattern, false);
+  j["post_processor"]["processors"][1]["single"][0]["SpecialToken"]["id"] = "<s>";
+  EXPECT_EQ(error("m.json", j), p + "m.json': post_processor: its token '<s>' is not an added token");
+  // A pattern that backtracks without end stops at PCRE2's match limit, in one line, when encoding.
+  const auto slow = load_json(dir, "slow.json", with_pattern("(a|aa)+[bc]|."));
+  EXPECT_THROW(slow.encode(std::string(200, 'a')), std::runtime_error);
 }
 
 TEST(ConvertTextBpe, EachFileIsADocumentOfTiktokensIdsAndAnEndOfText) {
@@ -437,6 +670,45 @@ TEST(ConvertTextBpe, TinyPartsGiveTheIdsOfTheWholeText) {
       const auto conv = data::convert_text({(dir / "in").string()}, (dir / "out").string(), 0.25, options);
       EXPECT_TRUE(all_ids(conv) == want) << "parts of " << part << " bytes, " << threads << " threads";
       EXPECT_GT(conv.val_tokens, 0);
+    }
+  }
+}
+
+TEST(ConvertTextBpe, SplitPatternsInTinyPartsGiveTheIdsOfTheWholeText) {
+  // convert-text's cuts for Llama 3's and Qwen2's patterns (with NFC: combining accents across parts),
+  // and for a pattern with no known safe cut (cut only where its pieces end), against each file whole.
+  testutil::TempDir dir("convert_split_parts");
+  fs::create_directories(dir / "in");
+  const auto texts = random_texts(40, 23);
+  std::vector<std::string> docs;
+  for (int f = 0; f < 4; ++f) {
+    std::string doc;
+    for (int i = 0; i < 10; ++i) doc += texts[f * 10 + i] + split_texts()[(f + i) % split_texts().size()];
+    if (f == 2) doc += std::string(300, 'a') + "  \n  " + std::string(200, '7');
+    testutil::write_file(dir / "in" / ("doc" + std::to_string(f)), doc);
+    docs.push_back(doc);
+  }
+  const std::vector<std::pair<std::string, nlohmann::json>> kinds = {{"llama3", hand_tokenizer(kLlama3Pattern, false)},
+                                                                     {"qwen2", hand_tokenizer(kQwen2Pattern, true)},
+                                                                     {"other", hand_tokenizer(R"(\p{N}{1,3}|\s+|[.,!?]+)", false)}};
+  for (const auto& [name, json] : kinds) {
+    auto tok = std::make_shared<const data::Tokenizer>(load_json(dir, name + ".json", json));
+    std::vector<int64_t> want;
+    for (const auto& doc : docs) {
+      for (int32_t id : tok->encode(doc)) want.push_back(id);
+      want.push_back(300);
+    }
+    for (size_t part : {1, 5, 64}) {
+      data::TextOptions options;
+      options.tokenizer = tok;
+      options.end_of_text = "<|eot_id|>";
+      options.threads = 2;
+      options.part_bytes = part;
+      data::TokenConversion conv;
+      ASSERT_NO_THROW(conv = data::convert_text({(dir / "in").string()}, (dir / ("out_" + name)).string(), 0.25, options))
+          << name << ", parts of " << part << " bytes";
+      EXPECT_TRUE(all_ids(conv) == want) << name << ", parts of " << part << " bytes";
+      EXPECT_EQ(conv.vocab_size, 302) << name;
     }
   }
 }

@@ -46,6 +46,10 @@ find_library(TRAINER_PCRE2_LIBRARY pcre2-8 REQUIRED)
 add_library(trainer_pcre2 INTERFACE)
 target_include_directories(trainer_pcre2 SYSTEM INTERFACE ${TRAINER_PCRE2_INCLUDE_DIR})
 target_link_libraries(trainer_pcre2 INTERFACE ${TRAINER_PCRE2_LIBRARY})
+# tokenizer.json's NFC normalizer (data/text/normalize.cpp): ICU's common library (Debian: libicu-dev),
+# linked with PCRE2 wherever the text code is.
+find_package(ICU REQUIRED COMPONENTS uc)
+target_link_libraries(trainer_pcre2 INTERFACE ICU::uc)
 
 # cxxopts and nlohmann-json are header-only; their CMake packages are optional.
 find_path(CXXOPTS_INCLUDE_DIR cxxopts.hpp REQUIRED)

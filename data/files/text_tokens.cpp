@@ -178,7 +178,7 @@ class Parter {
       end = buf_.size();
     } else {
       const size_t limit = final ? buf_.size() : buf_.size() - kContext;
-      end = target < limit ? safe_cut(buf_, target, std::min(limit, target + part_)) : std::string::npos;
+      end = target < limit ? tok_.safe_cut(buf_, target, std::min(limit, target + part_)) : std::string::npos;
       if (end == std::string::npos) end = scan_cut(target, limit, final);
       if (end == std::string::npos) return false;
     }
@@ -205,7 +205,7 @@ class Parter {
   size_t scan_cut(size_t target, size_t limit, bool final) {
     size_t at = 0, last = 0;
     while (at < limit) {
-      const size_t end = matcher_.piece_end(buf_, at);
+      const size_t end = tok_.piece_end(buf_, at, matcher_);
       if (end - at > static_cast<size_t>(kMaxPieceBytes)) refuse(at);
       if (end > limit) break;
       last = end;

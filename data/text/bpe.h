@@ -15,12 +15,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 namespace data {
+
+class SplitPattern;
 
 /// One thread's memory of the pieces it has encoded (a piece -> its tokens): text repeats its words, and
 /// a repeated piece costs a hash lookup instead of a merge. Bounded: emptied when it holds kMaxEntries.
@@ -63,6 +66,12 @@ class Bpe {
     /// Hugging Face ByteLevel's add_prefix_space: a space is put before a text that does not start
     /// with one.
     bool add_prefix_space = false;
+    /// The pre-tokenizer's pattern (GPT-2's for a rank file and for ByteLevel alone).
+    std::shared_ptr<const SplitPattern> split;
+    /// tokenizer.json's normalizer is NFC.
+    bool nfc = false;
+    /// The special token the post-processor puts before each sequence (Llama 3's <|begin_of_text|>), or -1.
+    int32_t bos = -1;
   };
 
   explicit Bpe(Tables tables) : t_(std::move(tables)) {}

@@ -3,6 +3,7 @@
 
 #include <pcre2.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -144,7 +145,27 @@ size_t PatternMatcher::piece_end(std::string_view text, size_t at) {
   return end;
 }
 
+// One thread's PCRE2 state for SplitPattern: match data with room for any pattern's captures, a JIT
+// stack, and a match limit, so that a pattern which backtracks without end stops with an error.
+struct Pretokenizer::MatchState {
+  pcre2_match_data* data = pcre2_match_data_create(64, nullptr);
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, nullptr);
+  pcre2_match_context* context = pcre2_match_context_create(nullptr);
+  MatchState() {
+    if (!data || !stack || !context) throw std::bad_alloc();
+    pcre2_jit_stack_assign(context, nullptr, stack);
+    pcre2_set_match_limit(context, 100000000);
+  }
+  ~MatchState() {
+    pcre2_match_context_free(context);
+    pcre2_jit_stack_free(stack);
+    pcre2_match_data_free(data);
+  }
+};
+
 Pretokenizer::Pretokenizer() : classes_(class_table()) {}
+Pretokenizer::~Pretokenizer() = default;
+Pretokenizer::Pretokenizer(Pretokenizer&&) noexcept = default;
 
 size_t Pretokenizer::piece_end(std::string_view text, size_t at) const {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
@@ -198,6 +219,201 @@ size_t safe_cut(std::string_view text, size_t from, size_t to) {
   for (size_t p = from; p < to; ++p) {
     const unsigned char c0 = s[p - 1], c1 = s[p];
     if ((ascii_printable(c0) && ascii_space(c1)) || (ascii_space(c0) && c0 != ' ' && ascii_printable(c1))) return p;
+  }
+  return std::string_view::npos;
+}
+
+// ---- SplitPattern ---------------------------------------------------------------------------------------
+
+namespace {
+
+// The patterns recognized by their text, as tokenizer.json files write them.
+constexpr const char* kTokenizersGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr size_t kMaxPatternBytes = 4096;
+
+struct BadPattern : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Oniguruma's pattern as PCRE2 should read it: \s and \S with U+0085 (Unicode's White_Space; PCRE2's \s
+// in UCP mode is \p{Z} and \t\n\v\f\r). \h means a hex digit to Oniguruma and horizontal space to PCRE2,
+// and a ^ outside a class looks at the character before (Oniguruma's ^ is a line start): both refused.
+std::string onig_to_pcre2(const std::string& p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[++i];
+      if (e == 's') out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+      else if (e == 'S' && !in_class) out += "[^\\s\\x{85}]";
+      else if (e == 'S') throw BadPattern("\\S inside a character class is not supported");
+      else if (e == 'h' || e == 'H') throw BadPattern(std::string("\\") + e + " (a hex digit to Oniguruma) is not supported");
+      else if (e == 'Q') throw BadPattern("\\Q...\\E quoting is not supported");
+      else out += {c, e};
+      continue;
+    }
+    if (!in_class && c == '^') throw BadPattern("^ (a line start, which looks at the character before) is not supported");
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];  // a ] first in a class is itself
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] inside a class
+      const size_t close = p.find(":]", i + 2);
+      if (close != std::string::npos) {
+        out += p.substr(i, close + 2 - i);
+        i = close + 1;
+        continue;
+      }
+    }
+    if (in_class && c == '[') throw BadPattern("a class inside a class (Oniguruma's set operations) is not supported");
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+pcre2_code* compile_split(const std::string& regex) {
+  if (regex.size() > kMaxPatternBytes)
+    throw BadPattern("a pattern of " + std::to_string(regex.size()) + " bytes (at most 4096)");
+  const std::string pcre = onig_to_pcre2(regex);
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre.data()), pcre.size(), PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
+                                   &error, &offset, nullptr);
+  if (!code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    throw BadPattern(std::string("does not compile: ") + reinterpret_cast<char*>(message));
+  }
+  uint32_t min_length = 0, look_behind = 0;
+  pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &min_length);
+  pcre2_pattern_info(code, PCRE2_INFO_MAXLOOKBEHIND, &look_behind);
+  if (min_length == 0 || look_behind > 0) {
+    pcre2_code_free(code);
+    throw BadPattern(min_length == 0 ? "it can match the empty text" : "it looks behind (a lookbehind, \\b, \\B, \\A or \\G)");
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  return code;
+}
+
+// The code point that ends at s[p - 1] (valid UTF-8, p > 0).
+uint32_t code_point_before(const unsigned char* s, size_t p) {
+  size_t start = p - 1;
+  while (start > 0 && (s[start] & 0xC0) == 0x80) --start;
+  size_t len = 0;
+  return decode(s, start, len);
+}
+
+// Llama 3's and Qwen2's classes: a letter, a number, \r or \n, other whitespace, anything else.
+enum SplitClass { kSplitLetter, kSplitNumber, kSplitNewline, kSplitSpace, kSplitOther };
+SplitClass split_class(const unsigned char* classes, uint32_t cp) {
+  if (cp == '\r' || cp == '\n') return kSplitNewline;
+  switch (classes[cp]) {
+    case kLetter: return kSplitLetter;
+    case kNumber: return kSplitNumber;
+    case kSpace: return kSplitSpace;
+    default: return kSplitOther;
+  }
+}
+
+// True when no alternative of Llama 3's pattern (of Qwen2's, with `single_digits`) matches across the
+// boundary between c0 and c1, a letter etc. by their classes. The pairs an alternative can span:
+//   '(?i:s|t|re|ve|m|ll|d)   other-letter, letter-letter
+//   [^\r\n\p{L}\p{N}]?\p{L}+  other-letter, space-letter, letter-letter
+//   \p{N}{1,3}               number-number (Llama 3 only)
+//   " ?[^\s\p{L}\p{N}]+[\r\n]*"  ' '-other, other-other, other-newline, newline-newline
+//   \s*[\r\n]+, \s+(?!\S), \s+ whitespace-whitespace (spaces and newlines)
+// Every character begins a match of some alternative, and none looks behind, so a boundary that no match
+// can span is where one piece ends and the next begins, whatever came before.
+bool split_pair_safe(SplitClass a, SplitClass b, uint32_t c0, bool single_digits) {
+  switch (a) {
+    case kSplitLetter: return b != kSplitLetter;
+    case kSplitNumber: return b != kSplitNumber || single_digits;
+    case kSplitOther: return b == kSplitNumber || b == kSplitSpace;
+    case kSplitSpace: return b == kSplitNumber || (b == kSplitOther && c0 != ' ');
+    case kSplitNewline: return b == kSplitLetter || b == kSplitNumber || b == kSplitOther;
+  }
+  return false;
+}
+
+}  // namespace
+
+SplitPattern::SplitPattern(const std::string& regex) : code_(nullptr), kind_(Kind::kOther) {
+  if (regex == kTokenizersGpt2Pattern) {
+    kind_ = Kind::kGpt2;
+    return;
+  }
+  if (regex == kLlama3Pattern) kind_ = Kind::kLlama3;
+  if (regex == kQwen2Pattern) kind_ = Kind::kQwen2;
+  try {
+    code_ = compile_split(regex);
+  } catch (const BadPattern& e) {
+    throw std::runtime_error("the Split pattern '" + regex.substr(0, 60) + (regex.size() > 60 ? "...'" : "'") + ": " + e.what());
+  }
+}
+
+SplitPattern::~SplitPattern() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+
+std::shared_ptr<const SplitPattern> SplitPattern::gpt2() {
+  static const auto pattern = std::make_shared<const SplitPattern>(kTokenizersGpt2Pattern);
+  return pattern;
+}
+
+size_t SplitPattern::piece_end(std::string_view text, size_t at, Pretokenizer& scratch, bool* matched) const {
+  if (matched) *matched = true;
+  if (!code_) return scratch.piece_end(text, at);
+  if (!scratch.state_) scratch.state_ = std::make_unique<Pretokenizer::MatchState>();
+  auto& st = *scratch.state_;
+  // Unanchored, as tokenizers' find_iter: the text before the next match is a piece of its own.
+  const int rc = pcre2_match(static_cast<pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
+                             PCRE2_NO_UTF_CHECK, st.data, st.context);
+  if (rc == PCRE2_ERROR_NOMATCH) {
+    if (matched) *matched = false;
+    return text.size();
+  }
+  if (rc < 0) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(rc, message, sizeof message);
+    throw std::runtime_error(std::string("pre-tokenizer: ") + reinterpret_cast<char*>(message) + " at byte " + std::to_string(at));
+  }
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.data);
+  if (ov[0] > at) {
+    if (matched) *matched = false;
+    return ov[0];
+  }
+  if (ov[1] <= at) throw std::logic_error("pre-tokenizer: an empty piece at byte " + std::to_string(at));
+  return ov[1];
+}
+
+size_t SplitPattern::safe_cut(std::string_view text, size_t from, size_t to, bool (*inert)(uint32_t)) const {
+  if (kind_ == Kind::kOther) return std::string_view::npos;
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const unsigned char* classes = class_table();
+  for (size_t p = from; p < to; ++p) {
+    if ((s[p] & 0xC0) == 0x80) continue;  // inside a character
+    if (kind_ == Kind::kGpt2 && !inert) {
+      const unsigned char c0 = s[p - 1], c1 = s[p];
+      if ((ascii_printable(c0) && ascii_space(c1)) || (ascii_space(c0) && c0 != ' ' && ascii_printable(c1))) return p;
+      continue;
+    }
+    size_t len = 0;
+    const uint32_t c0 = code_point_before(s, p), c1 = decode(s, p, len);
+    if (inert && !((c0 < 0x80 || inert(c0)) && inert(c1))) continue;
+    if (kind_ == Kind::kGpt2) {  // GPT-2's rule, by characters
+      if ((c0 < 0x80 && ascii_printable(c0) && c1 < 0x80 && ascii_space(c1)) ||
+          (c0 < 0x80 && ascii_space(c0) && c0 != ' ' && c1 < 0x80 && ascii_printable(c1)))
+        return p;
+      continue;
+    }
+    if (split_pair_safe(split_class(classes, c0), split_class(classes, c1), c0, kind_ == Kind::kQwen2)) return p;
   }
   return std::string_view::npos;
 }

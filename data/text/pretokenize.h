@@ -16,6 +16,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
 
 namespace data {
@@ -27,6 +30,8 @@ namespace data {
 class Pretokenizer {
  public:
   Pretokenizer();
+  ~Pretokenizer();
+  Pretokenizer(Pretokenizer&&) noexcept;
   /// The end of the piece that starts at `at` in `text` (valid UTF-8; at < text.size()).
   size_t piece_end(std::string_view text, size_t at) const;
 
@@ -41,7 +46,11 @@ class Pretokenizer {
   }
 
  private:
+  friend class SplitPattern;
+  struct MatchState;
   const unsigned char* classes_;  // per code point: kOther, kLetter, kNumber, kSpace
+  // PCRE2's match state for a SplitPattern, made on first use: one thread's scratch for any pattern.
+  std::unique_ptr<MatchState> state_;
 };
 
 /// The pattern itself, matched by PCRE2 (JIT-compiled), one thread's match state: the plain version the
@@ -66,5 +75,47 @@ class PatternMatcher {
 /// or a printable ASCII character after an ASCII whitespace other than the space. Returns
 /// std::string_view::npos when there is none.
 size_t safe_cut(std::string_view text, size_t from, size_t to);
+
+/// A tokenizer.json's Split pre-tokenizer pattern (behavior Isolated, invert false): the text is cut into
+/// the pattern's matches, found one after another from the start (leftmost-first, as Hugging Face
+/// tokenizers' Oniguruma finds them), and the text between two matches, each a piece. Compiled by PCRE2
+/// (Unicode properties, JIT) with `\s` and `\S` rewritten to mean Unicode's White_Space, as Oniguruma's
+/// do (PCRE2's own leave out U+0085). Three patterns are recognized by their text:
+///   - GPT-2's (tokenizers' ByteLevel pattern): pieces come from the scanner, Pretokenizer;
+///   - Llama 3's:  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+///   - Qwen2's:    the same with \p{N} for \p{N}{1,3}.
+/// Their safe cuts are known (safe_cut below); any other pattern is matched as it is but has none.
+/// Immutable: shared by threads, each with its own Pretokenizer as scratch.
+class SplitPattern {
+ public:
+  enum class Kind { kGpt2, kLlama3, kQwen2, kOther };
+  /// Throws std::runtime_error with one line: a pattern that does not compile (PCRE2's message and
+  /// offset), one over 4096 bytes, one that can match the empty text, or one that looks behind (a
+  /// lookbehind, \b, \B, \A, \G), which would see across the places where convert-text cuts.
+  explicit SplitPattern(const std::string& regex);
+  ~SplitPattern();
+  SplitPattern(const SplitPattern&) = delete;
+  SplitPattern& operator=(const SplitPattern&) = delete;
+  Kind kind() const { return kind_; }
+
+  /// GPT-2's, shared.
+  static std::shared_ptr<const SplitPattern> gpt2();
+
+  /// The end of the piece that starts at `at` (a piece's start; text valid UTF-8, at < text.size()).
+  /// *matched (when given) is false for a piece of text between two matches (it then ends where the next
+  /// match begins, or at the end of `text`). Throws std::runtime_error when PCRE2 gives up (its match
+  /// limit: a pattern that backtracks without end).
+  size_t piece_end(std::string_view text, size_t at, Pretokenizer& scratch, bool* matched = nullptr) const;
+  /// As data::safe_cut, for this pattern: GPT-2's rule for GPT-2's; for Llama 3's and Qwen2's, a place
+  /// between two characters whose classes no alternative can span (a letter then a digit, a digit then a
+  /// space, ...; see the .cpp); npos always for another pattern. When `inert` is given, both characters
+  /// must also be ones it accepts (the NFC normalizer's characters that normalize apart from their
+  /// neighbours).
+  size_t safe_cut(std::string_view text, size_t from, size_t to, bool (*inert)(uint32_t) = nullptr) const;
+
+ private:
+  void* code_;  // pcre2_code_8; null for GPT-2's (the scanner)
+  Kind kind_;
+};
 
 }  // namespace data

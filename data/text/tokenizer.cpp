@@ -1,6 +1,7 @@
 #include "data/text/tokenizer.h"
 
 #include "data/text/bpe.h"
+#include "data/text/normalize.h"
 #include "data/text/pretokenize.h"
 
 #include <nlohmann/json.hpp>
@@ -168,6 +169,7 @@ Bpe::Tables read_tiktoken(const std::string& content) {
   // tiktoken's gpt2 encoding puts <|endoftext|> right after the ranks (50256).
   add_special(t, "<|endoftext|>", static_cast<int64_t>(t.bytes.size()), "<|endoftext|>");
   t.whole_pieces = true;
+  t.split = SplitPattern::gpt2();
   return t;
 }
 
@@ -216,20 +218,111 @@ bool flag(const nlohmann::json& j, const char* key, bool fallback) {
   return v->get<bool>();
 }
 
-// The ByteLevel pre-tokenizer, alone or in a Sequence of one; anything else is another tokenizer's.
-const nlohmann::json& byte_level(const nlohmann::json& root) {
-  const auto* pre = child(root, "pre_tokenizer");
-  if (!pre) throw Problem("no pre_tokenizer (GPT-2's BPE has ByteLevel)");
-  const nlohmann::json* p = pre;
-  if (const auto* type = child(*pre, "type"); type && *type == "Sequence") {
-    const auto* list = child(*pre, "pretokenizers");
-    if (!list || !list->is_array() || list->size() != 1) throw Problem("pre_tokenizer is a Sequence of several; only ByteLevel alone is supported");
-    p = &(*list)[0];
+std::string type_of(const nlohmann::json& j) {
+  const auto* type = child(j, "type");
+  return !type ? std::string("untyped") : type->is_string() ? type->get<std::string>() : type->dump().substr(0, 40);
+}
+
+// A Split step's pattern as a regular expression: {"Regex": "..."}, or {"String": "..."} taken literally.
+std::string split_regex(const nlohmann::json& split) {
+  const auto* pattern = child(split, "pattern");
+  if (const auto* re = pattern ? child(*pattern, "Regex") : nullptr; re && re->is_string()) return re->get<std::string>();
+  if (const auto* str = pattern ? child(*pattern, "String") : nullptr; str && str->is_string() && !str->get<std::string>().empty()) {
+    std::string quoted;
+    for (char c : str->get<std::string>()) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) quoted.push_back('\\');
+      quoted.push_back(c);
+    }
+    return quoted;
   }
-  const auto* type = child(*p, "type");
-  if (!type || *type != "ByteLevel") throw Problem("pre_tokenizer is " + (type ? type->dump() : std::string("untyped")) + "; only ByteLevel (GPT-2's) is supported");
-  if (!flag(*p, "use_regex", true)) throw Problem("ByteLevel without use_regex is not supported (GPT-2's pattern splits the text)");
-  return *p;
+  throw Problem("pre_tokenizer: Split's pattern is not {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+}
+
+// The pre-tokenizer: ByteLevel with GPT-2's pattern (alone or a Sequence of one), or a Sequence of a Split
+// by a pattern and ByteLevel without one (Llama 3, Qwen2). Anything else is another tokenizer's.
+void read_pre_tokenizer(const nlohmann::json& root, Bpe::Tables& t) {
+  const auto* pre = child(root, "pre_tokenizer");
+  if (!pre) throw Problem("no pre_tokenizer (a byte-level BPE has ByteLevel)");
+  std::vector<const nlohmann::json*> steps = {pre};
+  std::string kinds = "\"" + type_of(*pre) + "\"";
+  if (type_of(*pre) == "Sequence") {
+    const auto* list = child(*pre, "pretokenizers");
+    if (!list || !list->is_array()) throw Problem("pre_tokenizer is a Sequence without a 'pretokenizers' list");
+    steps.clear();
+    kinds = "a Sequence of [";
+    for (const auto& step : *list) {
+      kinds += (steps.empty() ? "" : ", ") + type_of(step);
+      steps.push_back(&step);
+    }
+    kinds += "]";
+  }
+  const std::string supported = "; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)";
+  if (steps.size() == 1 && type_of(*steps[0]) == "ByteLevel") {
+    if (!flag(*steps[0], "use_regex", true)) throw Problem("ByteLevel without use_regex and without a Split before it is not supported (the text would be one piece)");
+    t.add_prefix_space = flag(*steps[0], "add_prefix_space", false);
+    t.split = SplitPattern::gpt2();
+    return;
+  }
+  if (steps.size() != 2 || type_of(*steps[0]) != "Split" || type_of(*steps[1]) != "ByteLevel") throw Problem("pre_tokenizer is " + kinds + supported);
+  const auto& split = *steps[0];
+  const auto& bytes = *steps[1];
+  if (flag(bytes, "use_regex", true)) throw Problem("pre_tokenizer: ByteLevel after a Split splits again by GPT-2's pattern (use_regex); not supported");
+  if (flag(bytes, "add_prefix_space", false)) throw Problem("pre_tokenizer: ByteLevel after a Split with add_prefix_space (a space before every piece) is not supported");
+  const auto* behavior = child(split, "behavior");
+  if (!behavior || *behavior != "Isolated") throw Problem("pre_tokenizer: Split's behavior is " + (behavior ? behavior->dump().substr(0, 40) : std::string("missing")) + "; only Isolated is supported");
+  if (flag(split, "invert", false)) throw Problem("pre_tokenizer: Split with invert is not supported");
+  try {
+    t.split = std::make_shared<const SplitPattern>(split_regex(split));
+  } catch (const Problem&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw Problem(std::string("pre_tokenizer: ") + e.what());
+  }
+}
+
+// The normalizer: none, or NFC.
+bool read_normalizer(const nlohmann::json& root) {
+  const auto* norm = child(root, "normalizer");
+  if (!norm) return false;
+  const auto* kind = norm->is_object() ? child(*norm, "type") : norm;  // of any shape: its type, or the value itself
+  const std::string what = !kind ? "?" : kind->is_string() ? kind->get<std::string>() : kind->dump().substr(0, 40);
+  if (what != "NFC") throw Problem("a normalizer (" + what + ") is not supported (only NFC is)");
+  return true;
+}
+
+// The special token the post-processor puts first: TemplateProcessing's `single` starting with a
+// SpecialToken (Llama 3; also inside a Sequence of processors), or Roberta/Bert's `cls`. -1 for none.
+int32_t read_bos(const nlohmann::json& root, const Bpe::Tables& t) {
+  const auto* post = child(root, "post_processor");
+  if (!post) return -1;
+  std::vector<const nlohmann::json*> processors = {post};
+  if (type_of(*post) == "Sequence") {
+    processors.clear();
+    if (const auto* list = child(*post, "processors"); list && list->is_array())
+      for (const auto& p : *list) processors.push_back(&p);
+  }
+  auto id_of = [&](const std::string& name) -> int32_t {
+    auto it = t.specials.find(name);
+    if (it == t.specials.end()) throw Problem("post_processor: its token '" + name.substr(0, 40) + "' is not an added token");
+    return it->second;
+  };
+  for (const auto* p : processors) {
+    const std::string type = type_of(*p);
+    if (type == "TemplateProcessing") {
+      const auto* single = child(*p, "single");
+      if (!single || !single->is_array() || single->empty()) continue;
+      const auto* special = child((*single)[0], "SpecialToken");
+      const auto* name = special ? child(*special, "id") : nullptr;
+      if (!name || !name->is_string()) return -1;
+      return id_of(name->get<std::string>());
+    }
+    if (type == "RobertaProcessing" || type == "BertProcessing") {
+      const auto* cls = child(*p, "cls");
+      if (!cls || !cls->is_array() || cls->empty() || !(*cls)[0].is_string()) throw Problem("post_processor: " + type + " without a 'cls' token");
+      return id_of((*cls)[0].get<std::string>());
+    }
+  }
+  return -1;
 }
 
 Bpe::Tables read_tokenizer_json(const std::string& content) {
@@ -244,11 +337,7 @@ Bpe::Tables read_tokenizer_json(const std::string& content) {
   if (!model || !model->is_object()) throw Problem("no 'model'");
   const auto* type = child(*model, "type");
   if (type && *type != "BPE") throw Problem("the model is " + type->dump() + "; only BPE is supported");
-  if (const auto* norm = child(root, "normalizer")) {  // of any shape: its type, or the value itself
-    const auto* kind = norm->is_object() ? child(*norm, "type") : norm;
-    const std::string what = !kind ? "?" : kind->is_string() ? kind->get<std::string>() : kind->dump().substr(0, 40);
-    throw Problem("a normalizer (" + what + ") is not supported");
-  }
+  const bool nfc = read_normalizer(root);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (const auto* v = child(*model, key); v && !(v->is_string() && v->get<std::string>().empty()))
       throw Problem(std::string("model.") + key + " is set; GPT-2's BPE has none");
@@ -256,10 +345,9 @@ Bpe::Tables read_tokenizer_json(const std::string& content) {
   if (const auto* v = child(*model, "dropout"); v && !(v->is_number() && v->get<double>() == 0))
     throw Problem("model.dropout is set; encoding must be deterministic");
   if (flag(*model, "byte_fallback", false)) throw Problem("model.byte_fallback is a SentencePiece-style BPE, not byte-level");
-  const nlohmann::json& pre = byte_level(root);
-
   Bpe::Tables t;
-  t.add_prefix_space = flag(pre, "add_prefix_space", false);
+  t.nfc = nfc;
+  read_pre_tokenizer(root, t);
   t.whole_pieces = flag(*model, "ignore_merges", false);
   const std::vector<int> alphabet = unicode_to_byte();
   const auto* vocab = child(*model, "vocab");
@@ -301,6 +389,7 @@ Bpe::Tables read_tokenizer_json(const std::string& content) {
       add_special(t, a["content"].get<std::string>(), a["id"].get<int64_t>(), "added_tokens");
     }
   }
+  t.bos = read_bos(root, t);
   return t;
 }
 
@@ -310,6 +399,17 @@ std::string tokenizer_name(const std::string& path) {
   // A Hub folder holds "tokenizer.json": the folder's name says which ("gpt2/tokenizer.json" -> gpt2).
   if (stem == "tokenizer" && p.has_parent_path() && !p.parent_path().filename().empty()) stem = p.parent_path().filename().string();
   return stem.empty() ? "tokenizer" : stem;
+}
+
+// `s` less a character its end cuts off (a look-ahead cut at a byte count).
+std::string_view whole_characters(std::string_view s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? s.substr(0, s.size() - back) : s;
+  }
+  return s;
 }
 
 bool json_content(const std::string& content) {
@@ -351,9 +451,20 @@ void Tokenizer::encode_part(std::string_view text, size_t owned, Pretokenizer& m
     for (size_t i = 0; i < owned; ++i) out.push_back(static_cast<unsigned char>(text[i]));
     return;
   }
+  const Bpe::Tables& t = bpe_->tables();
+  std::string normal;
+  if (t.nfc) {  // the part and its look-ahead apart: the cut is where NFC splits (safe_cut)
+    normal = nfc(text.substr(0, owned));
+    const size_t normal_owned = normal.size();
+    normal += nfc(whole_characters(text.substr(owned)));
+    owned = normal_owned;
+    text = normal;
+  }
   const std::string_view subject = text;
   for (size_t at = 0; at < owned;) {
-    const size_t end = matcher.piece_end(subject, at);
+    bool matched = true;
+    size_t end = t.split->piece_end(subject, at, matcher, &matched);
+    if (end > owned && !matched) end = owned;  // text between matches, cut where the caller cut
     if (end > owned) throw std::logic_error("tokenizer: a piece crosses the end of a part at byte " + std::to_string(owned));
     const std::string_view piece = subject.substr(at, end - at);
     at = end;
@@ -373,11 +484,65 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
     return;
   }
   std::string valid = replace_invalid_utf8(text);
+  // A space before normalizing is one after: NFC leaves a space and what follows it apart.
   if (bpe_->tables().add_prefix_space && !valid.empty() && valid[0] != ' ') valid.insert(valid.begin(), ' ');
   Pretokenizer matcher;
   PieceCache cache;
-  encode_part(valid, valid.size(), matcher, cache, out);
+  encode_part(valid, valid.size(), matcher, cache, out);  // normalizes (NFC)
 }
+
+void Tokenizer::encode_with_specials(std::string_view text, std::vector<int32_t>& out) const {
+  if (!bpe_ || bpe_->tables().specials.empty()) return encode(text, out);
+  // The added tokens by length, longest first, and the bytes they start with.
+  std::vector<std::pair<std::string_view, int32_t>> specials;
+  bool starts[256] = {};
+  for (const auto& [name, id] : bpe_->tables().specials) {
+    specials.emplace_back(name, id);
+    starts[static_cast<unsigned char>(name[0])] = true;
+  }
+  std::sort(specials.begin(), specials.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  size_t plain = 0;  // the start of the text before the next added token
+  for (size_t i = 0; i < text.size();) {
+    const auto found = !starts[static_cast<unsigned char>(text[i])] ? specials.end()
+        : std::find_if(specials.begin(), specials.end(), [&](const auto& s) { return text.compare(i, s.first.size(), s.first) == 0; });
+    if (found == specials.end()) {
+      ++i;
+      continue;
+    }
+    if (i > plain) encode(text.substr(plain, i - plain), out);
+    out.push_back(found->second);
+    i += found->first.size();
+    plain = i;
+  }
+  if (plain < text.size()) encode(text.substr(plain), out);
+}
+
+std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text) const {
+  std::vector<int32_t> out;
+  encode_with_specials(text, out);
+  return out;
+}
+
+size_t Tokenizer::safe_cut(std::string_view text, size_t from, size_t to) const {
+  if (!bpe_) return from < to ? from : std::string_view::npos;
+  const Bpe::Tables& t = bpe_->tables();
+  return t.split->safe_cut(text, from, to, t.nfc ? nfc_inert : nullptr);
+}
+
+size_t Tokenizer::piece_end(std::string_view text, size_t at, Pretokenizer& matcher) const {
+  if (!bpe_) return at + 1;
+  const Bpe::Tables& t = bpe_->tables();
+  // GPT-2's pieces depend on at most one character after them (a whitespace run less its last character
+  // before a non-space). Llama 3's \s*[\r\n]+ looks to the end of a whitespace run however long, so a
+  // piece of the text read so far may be longer in the whole text; and with NFC the pieces of the text as
+  // it is are not those of its normal form: the next safe cut instead, which depends on two characters
+  // alone. Another pattern's look-ahead is not known: no cut before the end.
+  if (t.split->kind() == SplitPattern::Kind::kGpt2 && !t.nfc) return t.split->piece_end(text, at, matcher);
+  const size_t p = safe_cut(text, at + 1, text.size());
+  return p == std::string_view::npos ? text.size() : p;
+}
+
+int32_t Tokenizer::bos_id() const { return bpe_ ? bpe_->tables().bos : -1; }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
