@@ -39,7 +39,8 @@ torch::Tensor scaled_dot_product_attention(const torch::Tensor& q, const torch::
 /// One attention layer's keys and values of the positions seen so far, for generation one token at a
 /// time (GPTImpl::forward_cached): each new position then costs one query against the cached keys
 /// instead of the whole sequence again. The buffers are allocated at the first call, (B, nh, capacity,
-/// hs) in the dtype and on the device of the layer's keys; positions [0, length) are filled.
+/// hs) in the dtype and on the device of the layer's keys (nh: the layer's key/value heads, n_kv_head in a
+/// grouped-query LlamaAttention); positions [0, length) are filled.
 struct AttentionCache {
   torch::Tensor k, v;     ///< (B, nh, capacity, hs), or undefined before the first call
   int64_t length = 0;     ///< positions cached
