@@ -111,17 +111,20 @@ int convert_images_main(int argc, char** argv) {
 
 int convert_text_main(int argc, char** argv) {
   cxxopts::Options o("trainer convert-text",
-                     "Convert text files to the trainer's HDF5 token format: bytes (vocabulary 256), or GPT-2's BPE "
-                     "tokens with --tokenizer (each file one document, ended by <|endoftext|>)");
+                     "Convert text files to the trainer's HDF5 token format: bytes (vocabulary 256), or byte-level BPE "
+                     "tokens with --tokenizer (GPT-2, Llama 3, Qwen2; each file one document, begun by the tokenizer's "
+                     "<|begin_of_text|> where it adds one, ended by its end-of-text token)");
   o.add_options()("src", "text files or folders (comma-separated)",
                   cxxopts::value<std::string>()->default_value("/usr/share/games/fortunes"))(
       "out", "output folder (train.h5, val.h5)", cxxopts::value<std::string>()->default_value("datasets/fortunes"))(
       "val-fraction", "share of the stream's end kept for validation", cxxopts::value<double>()->default_value("0.1"))(
-      "tokenizer", "a tiktoken rank file (gpt2.tiktoken) or a Hugging Face tokenizer.json (byte-level BPE)",
+      "tokenizer", "a tiktoken rank file (gpt2.tiktoken) or a Hugging Face tokenizer.json (byte-level BPE: GPT-2, "
+      "Llama 3, Qwen2)",
       cxxopts::value<std::string>())(
       "threads", "threads that encode with --tokenizer (0 = the CPUs this container may use)",
       cxxopts::value<int>()->default_value("0"))(
-      "end-of-text", "the special token that ends each document", cxxopts::value<std::string>()->default_value("<|endoftext|>"))(
+      "end-of-text", "the special token that ends each document (default: the tokenizer's <|endoftext|>, else "
+      "<|end_of_text|>)", cxxopts::value<std::string>()->default_value(""))(
       "h,help", "this help");
   auto a = parse(o, argc, argv, "convert-text");
   if (a.count("help")) {

@@ -30,6 +30,7 @@ constexpr size_t kBlock = 1 << 20;  // bytes read at a time
 struct Part {
   std::string text;  // owned bytes, then the context
   size_t owned = 0;
+  bool starts_document = false;  // the document's first part: the post-processor's first token goes before it
   bool ends_document = false;
   bool ends_train = false;  // the split falls right after this part
 };
@@ -37,7 +38,8 @@ struct Part {
 // A pool of threads that encode parts; results come back in submission order through futures.
 class Encoders {
  public:
-  Encoders(const Tokenizer& tokenizer, int32_t end_of_text, int threads) : tok_(tokenizer), eot_(end_of_text) {
+  Encoders(const Tokenizer& tokenizer, int32_t end_of_text, int threads)
+      : tok_(tokenizer), eot_(end_of_text), bos_(tokenizer.bos_id()) {
     for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { work(); });
   }
   ~Encoders() {
@@ -65,6 +67,7 @@ class Encoders {
     thread_local PieceCache cache;
     std::vector<int32_t> ids;
     ids.reserve(p.owned / 3);
+    if (p.starts_document && bos_ >= 0) ids.push_back(bos_);
     tok_.encode_part(p.text, p.owned, matcher, cache, ids);
     if (p.ends_document) ids.push_back(eot_);
     return ids;
@@ -83,7 +86,7 @@ class Encoders {
     }
   }
   const Tokenizer& tok_;
-  const int32_t eot_;
+  const int32_t eot_, bos_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::packaged_task<std::vector<int32_t>()>> queue_;
@@ -188,6 +191,7 @@ class Parter {
     size_t context_end = std::min(buf_.size(), end + kContext);
     while (context_end < buf_.size() && (static_cast<unsigned char>(buf_[context_end]) & 0xC0) == 0x80) --context_end;
     p.text = buf_.substr(0, context_end);
+    p.starts_document = doc_pos_ == 0;
     p.ends_document = final && end == buf_.size();
     if (split_here) {
       p.ends_train = true;
@@ -240,12 +244,20 @@ class Parter {
 
 }  // namespace
 
+std::string end_of_text_of(const Tokenizer& tokenizer) {
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>"})
+    if (tokenizer.special(name) >= 0) return name;
+  return "";
+}
+
 TokenConversion convert_text_bpe(const std::vector<std::string>& files_or_dirs, const std::string& out_dir,
                                  double val_fraction, const TextOptions& options) {
   const Tokenizer& tok = *options.tokenizer;
-  const int32_t eot = tok.special(options.end_of_text);
+  const std::string end_of_text = options.end_of_text.empty() ? end_of_text_of(tok) : options.end_of_text;
+  const int32_t eot = tok.special(end_of_text);
   if (eot < 0) {
-    throw std::invalid_argument("convert-text: the tokenizer '" + tok.path() + "' has no special token '" + options.end_of_text +
+    throw std::invalid_argument("convert-text: the tokenizer '" + tok.path() + "' has no special token '" +
+                                (end_of_text.empty() ? std::string("<|endoftext|> or <|end_of_text|>") : end_of_text) +
                                 "' to end each document (--end-of-text names another)");
   }
   TokenConversion r;

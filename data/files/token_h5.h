@@ -92,12 +92,17 @@ struct TextOptions {
   std::shared_ptr<const Tokenizer> tokenizer;
   /// Threads that encode (BPE only); at least 1.
   int threads = 1;
-  /// The special token that ends each document (BPE only).
-  std::string end_of_text = "<|endoftext|>";
+  /// The special token that ends each document (BPE only); empty: the tokenizer's own, the first of
+  /// <|endoftext|> (GPT-2, Qwen2, SmolLM2) and <|end_of_text|> (Llama 3) it has (end_of_text_of).
+  std::string end_of_text;
   /// The size of the parts the text is cut into for the threads (BPE only; the tests make it small, to
   /// cut often: the ids do not depend on it).
   size_t part_bytes = 1 << 20;
 };
+
+/// The end-of-text token of `tokenizer` when none is named: the first of <|endoftext|> and <|end_of_text|>
+/// it has; "" when it has neither.
+std::string end_of_text_of(const Tokenizer& tokenizer);
 
 /// The largest piece (data/text/pretokenize.h) a BPE conversion takes: a longer run of letters, digits,
 /// other characters or spaces is refused. GPT-2's BPE would take such a run whole, in time that grows
@@ -118,7 +123,9 @@ inline constexpr int64_t kMaxPieceBytes = 1 << 20;
 /// With a BPE tokenizer (options.tokenizer, data/text/tokenizer.h), tokens are its ids instead, equal
 /// to tiktoken's encode_ordinary of each file's text, id for id:
 ///   - each file is one document: its tokens are followed by options.end_of_text (GPT-2's
-///     <|endoftext|>, 50256); an empty file adds nothing;
+///     <|endoftext|>, 50256), and preceded by the token the tokenizer's post-processor puts first, where it
+///     has one (Llama 3's <|begin_of_text|>: Tokenizer::bos_id), as transformers' tokenizer(text) gives
+///     them; an empty file adds nothing;
 ///   - invalid UTF-8 is replaced by U+FFFD, as Python's errors="replace" does (counted in `replaced`);
 ///   - the stream is split where a piece begins, at the first such place from about the last
 ///     round(val_fraction * total) bytes on;
