@@ -29,6 +29,13 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("sample: " + what); }
 
+// The tokenizer's end-of-text id (data::end_of_text_of: GPT-2's and Qwen2's <|endoftext|>, Llama 3's
+// <|end_of_text|>), or -1.
+int32_t end_of_text_id(const data::Tokenizer& tok) {
+  const std::string name = data::end_of_text_of(tok);
+  return name.empty() ? -1 : tok.special(name);
+}
+
 void check_numbers(const SampleCommand& c) {
   const GenerateOptions& g = c.generate;
   if (g.max_new_tokens < 1) fail("--tokens must be at least 1, got " + std::to_string(g.max_new_tokens));
@@ -178,14 +185,18 @@ std::string printable(const data::Tokenizer& tok, const std::vector<int64_t>& id
   return data::replace_invalid_utf8(bytes + tok.decode(run));
 }
 
-// The prompt's ids: `<|endoftext|>` alone for an empty prompt where the tokenizer has it; refused when it
-// is longer than the context or holds an id past the model's vocabulary.
+// The prompt's ids as transformers' tokenizer(prompt) gives them: the post-processor's first token (Llama
+// 3's <|begin_of_text|>) where it adds one, then the text with special tokens' texts recognised. An empty
+// prompt starts from that first token, else from the end-of-text token. Refused when it is longer than
+// the context or holds an id past the model's vocabulary.
 std::vector<int64_t> prompt_ids(const std::string& text, const data::Tokenizer& tok, int64_t vocab, int64_t context) {
   std::vector<int64_t> prompt;
-  for (int32_t id : tok.encode(text)) prompt.push_back(id);
-  const int32_t eot = tok.special("<|endoftext|>");
+  if (tok.bos_id() >= 0) prompt.push_back(tok.bos_id());
+  for (int32_t id : tok.encode_with_specials(text)) prompt.push_back(id);
+  const int32_t eot = end_of_text_id(tok);
   if (prompt.empty()) {
-    if (eot < 0) fail("the prompt is empty and the " + tok.name() + " tokenizer has no <|endoftext|> to start from; give --prompt TEXT");
+    if (eot < 0)
+      fail("the prompt is empty and the " + tok.name() + " tokenizer has no <|endoftext|> to start from; give --prompt TEXT");
     prompt.push_back(eot);
   }
   if (static_cast<int64_t>(prompt.size()) > context)
@@ -220,7 +231,7 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
   const data::Tokenizer tok = pick_tokenizer(cmd, l, vocab);
 
   GenerateOptions g = cmd.generate;
-  const int32_t eot = tok.special("<|endoftext|>");
+  const int32_t eot = end_of_text_id(tok);
   g.stop_token = eot;
   const std::vector<int64_t> prompt = prompt_ids(cmd.prompt, tok, vocab, context);
 
@@ -230,7 +241,9 @@ SampleResult run_sample_command(const SampleCommand& cmd) {
   nlohmann::json samples = nlohmann::json::array();
   for (const auto& s : out.samples) {
     std::vector<int64_t> shown = prompt;
-    if (prompt.size() == 1 && prompt[0] == eot) shown.clear();
+    // The text shown leaves out the tokens the tokenizer put there itself: the first token, or the
+    // end-of-text an empty prompt started from.
+    if (!shown.empty() && (shown[0] == tok.bos_id() || (prompt.size() == 1 && shown[0] == eot))) shown.erase(shown.begin());
     shown.insert(shown.end(), s.begin(), s.end());
     if (!s.empty() && s.back() == eot) shown.pop_back();
     r.texts.push_back(printable(tok, shown));

@@ -13,6 +13,15 @@
 namespace fs = std::filesystem;
 
 namespace trainer {
+namespace {
+
+// The tokenizer's end-of-text id (GPT-2's and Qwen2's <|endoftext|>, Llama 3's <|end_of_text|>), or -1.
+int32_t end_of_text_id(const data::Tokenizer& tok) {
+  const std::string name = data::end_of_text_of(tok);
+  return name.empty() ? -1 : tok.special(name);
+}
+
+}  // namespace
 
 void TrainingRun::setup_sampling() {
   if (cfg_.train.sample_every == 0 || !main_rank()) return;
@@ -34,11 +43,18 @@ void TrainingRun::setup_sampling() {
                       " and the data records no tokenizer to decode samples with (byte tokens are 256); set 0");
   }
   const auto& tok = *sample_tokenizer_;
+  // As transformers' tokenizer(prompt): the post-processor's first token (Llama 3's <|begin_of_text|>),
+  // then the text with special tokens recognised. No prompt: that first token alone, else the end-of-text
+  // token, else a newline.
   const std::string prompt = cfg_.train.sample_prompt;
-  if (prompt.empty() && tok.special("<|endoftext|>") >= 0) {
-    sample_prompt_ = {tok.special("<|endoftext|>")};
-  } else {
-    for (int32_t id : tok.encode(prompt.empty() ? std::string("\n") : prompt)) sample_prompt_.push_back(id);
+  const int32_t eot = end_of_text_id(tok);
+  if (tok.bos_id() >= 0) sample_prompt_.push_back(tok.bos_id());
+  if (!prompt.empty()) {
+    for (int32_t id : tok.encode_with_specials(prompt)) sample_prompt_.push_back(id);
+  } else if (sample_prompt_.empty() && eot >= 0) {
+    sample_prompt_.push_back(eot);
+  } else if (sample_prompt_.empty()) {
+    for (int32_t id : tok.encode("\n")) sample_prompt_.push_back(id);
   }
   if (sample_prompt_.empty() || static_cast<int64_t>(sample_prompt_.size()) > cfg_.model.context)
     throw ConfigError("train.sample_prompt: " + std::to_string(sample_prompt_.size()) + " tokens; it needs 1 to model.context = " +
@@ -57,7 +73,7 @@ void TrainingRun::maybe_sample() {
   // The sample's own generator, seeded from the run's seed and the step: the same text again after a
   // resume, and the training's generators (dropout, data order) never drawn from.
   o.seed = cfg_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_));
-  o.stop_token = sample_tokenizer_->special("<|endoftext|>");
+  o.stop_token = end_of_text_id(*sample_tokenizer_);
   Generated g;
   telemetry_.set_phase("sample");
   lm.eval();
@@ -73,9 +89,12 @@ void TrainingRun::maybe_sample() {
   lm.train();
   std::vector<int32_t> ids;
   const int64_t eot = o.stop_token;
+  // The text leaves out what the tokenizer put there itself: its first token, or the end-of-text a
+  // prompt-less sample started from.
   const bool from_eot = sample_prompt_.size() == 1 && sample_prompt_[0] == eot;
-  for (int64_t id : sample_prompt_)
-    if (!from_eot) ids.push_back(static_cast<int32_t>(id));
+  for (size_t i = 0; i < sample_prompt_.size(); ++i)
+    if (!from_eot && !(i == 0 && sample_prompt_[0] == sample_tokenizer_->bos_id()))
+      ids.push_back(static_cast<int32_t>(sample_prompt_[i]));
   for (int64_t id : g.samples[0])
     if (id != eot && id < sample_tokenizer_->vocab_size()) ids.push_back(static_cast<int32_t>(id));
   const std::string text = data::replace_invalid_utf8(sample_tokenizer_->decode(ids));
