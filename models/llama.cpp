@@ -227,7 +227,10 @@ std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rotary(int64_t start, int64_t
   // As transformers' LlamaRotaryEmbedding: angles position * inv_freq in float32, cos and sin in float32,
   // then cast to the activations' dtype.
   auto positions = torch::arange(start, start + T, torch::TensorOptions(torch::kLong).device(device));  // (T)
-  auto freqs = positions.to(torch::kFloat).unsqueeze(1) * inv_freq_.to(device).unsqueeze(0);  // (T, hd/2)
+  // The frequencies are copied to the device once, not at every forward: a copy from pageable host memory
+  // each step would wait on the host, and is not allowed while a CUDA graph captures the step.
+  if (!inv_freq_on_device_.defined() || inv_freq_on_device_.device() != device) inv_freq_on_device_ = inv_freq_.to(device);
+  auto freqs = positions.to(torch::kFloat).unsqueeze(1) * inv_freq_on_device_.unsqueeze(0);  // (T, hd/2)
   auto angles = torch::cat({freqs, freqs}, -1);                                                // (T, hd)
   return {angles.cos().to(dtype), angles.sin().to(dtype)};
 }

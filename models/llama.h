@@ -231,6 +231,7 @@ class LlamaImpl : public LanguageModelImpl {
 
   std::vector<LlamaBlock> blocks_;
   torch::Tensor inv_freq_;  ///< rope_inverse_frequencies(options), float32 on the CPU; not registered
+  mutable torch::Tensor inv_freq_on_device_;  ///< inv_freq_ on the device of the last forward
 };
 TORCH_MODULE(Llama);
 
