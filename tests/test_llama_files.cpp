@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <sstream>
 
+#include "data/files/token_h5.h"
 #include "models/llama.h"
 #include "test_util.h"
 #include "train_util.h"
@@ -321,6 +323,58 @@ TEST(HfLibraries, FineTunedExportLoadsInTransformersWithOurLogits) {
   const auto ours = model.forward(torch::tensor(ids).unsqueeze(0)).select(1, 39).squeeze(0).to(torch::kDouble);
   ASSERT_EQ(ours.size(0), theirs.size(0));
   EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5 * theirs.abs().max().item<double>());
+}
+
+// A Hub folder as the Hub has them (config.json, model.safetensors and a Llama 3-kind tokenizer.json whose
+// post-processor puts <|begin_of_text|> first), made by transformers and tokenizers: `trainer sample` from
+// the folder with its tokenizer gives transformers' tokenizer(prompt) ids and generate(do_sample=False)'s
+// tokens; convert-text with that tokenizer begins each document with <|begin_of_text|> and ends it with
+// <|end_of_text|>, and a run from the folder on those tokens samples while it trains.
+TEST(HfLibraries, AHubFolderWithItsTokenizerFromTextToSamples) {
+  SKIP_WITHOUT_TRANSFORMERS();
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". DON'T PANIC!\n";
+  fs::create_directories(dir / "docs");
+  testutil::write_file(dir / "docs/a.txt", text);
+  testutil::write_file(dir / "docs/b.txt", "Second document.\n");
+  auto w = testutil::run(testutil::python() + " " + ref_script() + " hub " + dir.str() + " " + (dir / "docs/a.txt").string() +
+                         " 'The quick fox' 16");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_GT(numbers_after(w.output, "gap").at(0), 1e-3) << "a near-tie in the reference's greedy path";
+  std::vector<int64_t> prompt, want;
+  for (double v : numbers_after(w.output, "prompt")) prompt.push_back(static_cast<int64_t>(v));
+  for (double v : numbers_after(w.output, "tokens")) want.push_back(static_cast<int64_t>(v));
+  ASSERT_EQ(want.size(), 16u) << w.output;
+  const std::string hub = (dir / "hub").string(), tokenizer = hub + "/tokenizer.json";
+  const auto json = dir / "sample.json";
+  auto r = testutil::run(testutil::trainer_bin() + " sample --init-from " + hub + " --tokenizer " + tokenizer +
+                         " --prompt 'The quick fox' --tokens 16 --temperature 0 --device cpu --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(testutil::read_file(json));
+  EXPECT_EQ(j["prompt_tokens"].get<std::vector<int64_t>>(), prompt);
+  EXPECT_EQ(j["samples"][0]["tokens"].get<std::vector<int64_t>>(), want);
+  EXPECT_EQ(j["samples"][0]["text"].get<std::string>().rfind("The quick fox", 0), 0u) << "no <|begin_of_text|> shown";
+
+  r = testutil::run(testutil::trainer_bin() + " convert-text --src " + (dir / "docs").string() + " --tokenizer " + tokenizer +
+                    " --val-fraction 0 --out " + (dir / "tokens").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const data::TokenDataset tokens((dir / "tokens/train.h5").string(), /*in_memory=*/true);
+  std::vector<int64_t> ids(static_cast<size_t>(tokens.size()));
+  tokens.read(0, tokens.size(), ids.data());
+  const int64_t bos = prompt.at(0);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), bos), 2) << "one <|begin_of_text|> per document";
+  EXPECT_EQ(ids.front(), bos);
+  EXPECT_EQ(ids.back(), bos + 1) << "<|end_of_text|> ends the last document";
+  EXPECT_EQ(tokens.vocab_size(), bos + 5) << "the vocabulary, then the five special tokens";
+
+  r = testutil::run(train_cmd(dir / "run", "--set model.init_from=" + hub + " --set data.kind=tokens --set data.train=" +
+                                           (dir / "tokens/train.h5").string() + " --set data.test= --set train.sample_every=2"
+                                           " --set train.sample_tokens=4 --set 'train.sample_prompt=The quick'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto samples = testutil::events((dir / "run").string(), "sample");
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0]["text"].get<std::string>().rfind("The quick", 0), 0u) << samples[0];
 }
 
 }  // namespace test_llama_files

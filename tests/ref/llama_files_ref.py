@@ -10,7 +10,14 @@
   load DIR TOKENS           from_pretrained(DIR) with no code of ours; prints "missing K", "unexpected K"
                             (counts of keys transformers did not find or did not use), "class NAME" and
                             "logits x,y,..." (the last position's logits for TOKENS, comma-separated ids).
-  modules                   exits 0 when transformers and safetensors import, else prints the first missing one
+  hub DIR TEXT PROMPT N     a Hub folder DIR/hub as the Hub has them, without fetching one: a Llama 3-kind
+                            tokenizer.json trained on TEXT (tests/ref/tokenizer_hf_ref.py, vocabulary 600,
+                            <|begin_of_text|> put first by its post-processor) and a random LlamaForCausalLM of
+                            its vocabulary (save_pretrained, one model.safetensors). Prints "prompt A,B,..."
+                            (transformers' tokenizer(PROMPT) ids), "tokens ..." (generate(do_sample=False,
+                            max_new_tokens=N) from them) and "gap G".
+  modules                   exits 0 when transformers, safetensors and tokenizers import, else prints the first
+                            missing one
 
 The weights are random with a larger spread than the models' initialization, so that the logits are peaked
 and greedy decoding has no near-ties that rounding could flip.
@@ -21,7 +28,7 @@ import torch
 
 
 def modules():
-    for name in ("safetensors", "transformers"):
+    for name in ("safetensors", "transformers", "tokenizers"):
         try:
             __import__(name)
         except ImportError:
@@ -44,9 +51,7 @@ def make(kind):
     return transformers.Qwen2ForCausalLM(config)
 
 
-def write(d, kind, prompt, n):
-    torch.manual_seed(3)
-    model = make(kind)
+def spread(model):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -58,8 +63,9 @@ def write(d, kind, prompt, n):
             else:
                 p.normal_(0.0, 0.25)
     model.eval()
-    model.save_pretrained(f"{d}/hf", max_shard_size="100KB")
-    x = torch.tensor([[int(t) for t in prompt.split(",")]])
+
+
+def greedy(model, x, n):
     with torch.no_grad():
         out = model.generate(x, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(x),
                              pad_token_id=0, eos_token_id=None)
@@ -67,6 +73,35 @@ def write(d, kind, prompt, n):
     top2 = logits.topk(2, dim=-1).values
     print("tokens " + ",".join(str(t) for t in out[0, x.size(1):].tolist()))
     print(f"gap {(top2[:, 0] - top2[:, 1]).min().item():.4e}")
+
+
+def write(d, kind, prompt, n):
+    torch.manual_seed(3)
+    model = make(kind)
+    spread(model)
+    model.save_pretrained(f"{d}/hf", max_shard_size="100KB")
+    greedy(model, torch.tensor([[int(t) for t in prompt.split(",")]]), n)
+
+
+def hub(d, text, prompt, n):
+    import os
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import tokenizer_hf_ref
+    os.makedirs(f"{d}/hub", exist_ok=True)
+    tokenizer_hf_ref.build("llama3", 600, f"{d}/hub/tokenizer.json", [text])
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{d}/hub/tokenizer.json")
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True, rope_theta=500000.0, bos_token_id=None,
+                                      eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(3)
+    model = transformers.LlamaForCausalLM(config)
+    spread(model)
+    model.save_pretrained(f"{d}/hub")
+    ids = tok(prompt)["input_ids"]
+    print("prompt " + ",".join(str(t) for t in ids))
+    greedy(model, torch.tensor([ids]), n)
 
 
 def load(d, tokens):
@@ -88,5 +123,7 @@ if __name__ == "__main__":
         modules()
     elif sys.argv[1] == "write":
         write(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    elif sys.argv[1] == "hub":
+        hub(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[3])
