@@ -62,6 +62,22 @@ torch::Tensor scaled_dot_product_attention(const torch::Tensor& q, const torch::
   return plain_attention(q, k, v, causal, dropout_p);
 }
 
+std::pair<torch::Tensor, torch::Tensor> append_to_cache(AttentionCache& cache, const torch::Tensor& k,
+                                                        const torch::Tensor& v, const char* who) {
+  const int64_t B = k.size(0), h = k.size(1), T = k.size(2), hs = k.size(3), L = cache.length;
+  TORCH_CHECK(L + T <= cache.capacity, who, ": ", T, " new positions after ", L, " cached do not fit the cache's ",
+              cache.capacity);
+  if (!cache.k.defined()) {
+    cache.k = torch::empty({B, h, cache.capacity, hs}, k.options());  // (B, h, capacity, hs)
+    cache.v = torch::empty({B, h, cache.capacity, hs}, v.options());
+  }
+  TORCH_CHECK(cache.k.size(0) == B, who, ": the cache holds batches of ", cache.k.size(0), ", got ", B);
+  cache.k.narrow(2, L, T).copy_(k);
+  cache.v.narrow(2, L, T).copy_(v);
+  cache.length = L + T;
+  return {cache.k.narrow(2, 0, L + T), cache.v.narrow(2, 0, L + T)};  // (B, h, L + T, hs) each, views
+}
+
 // ---------------------------------------------------------------------------------------------------------
 SelfAttentionImpl::SelfAttentionImpl(const TransformerBlockOptions& o) : options(o) {
   TORCH_CHECK(o.n_embd() > 0 && o.n_head() > 0 && o.n_embd() % o.n_head() == 0,
@@ -87,24 +103,11 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor SelfAttentionImpl::forward_cached(const torch::Tensor& x, AttentionCache& cache) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), nh = options.n_head(), hs = C / nh;
-  const int64_t L = cache.length;
-  TORCH_CHECK(L + T <= cache.capacity, "SelfAttention: ", T, " new positions after ", L, " cached do not fit the cache's ",
-              cache.capacity);
   auto qkv = run_linear(c_attn, x, options.fused_bias()).split(C, /*dim=*/2);  // 3 x (B, T, C)
   auto q = qkv[0].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
   auto k = qkv[1].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
   auto v = qkv[2].view({B, T, nh, hs}).transpose(1, 2);      // (B, nh, T, hs)
-  if (!cache.k.defined()) {
-    cache.k = torch::empty({B, nh, cache.capacity, hs}, k.options());  // (B, nh, capacity, hs)
-    cache.v = torch::empty({B, nh, cache.capacity, hs}, v.options());
-  }
-  TORCH_CHECK(cache.k.size(0) == B, "SelfAttention: the cache holds batches of ", cache.k.size(0), ", got ", B);
-  // Written in place, so a step copies its own T positions, not the L before them (as a cat would).
-  cache.k.narrow(2, L, T).copy_(k);
-  cache.v.narrow(2, L, T).copy_(v);
-  cache.length = L + T;
-  auto keys = cache.k.narrow(2, 0, L + T);                   // (B, nh, L + T, hs), a view
-  auto values = cache.v.narrow(2, 0, L + T);                 // (B, nh, L + T, hs)
+  auto [keys, values] = append_to_cache(cache, k, v, "SelfAttention");  // (B, nh, L + T, hs) each
   const double p = is_training() ? options.dropout() : 0.0;
   auto y = scaled_dot_product_attention(q, keys, values, options.causal(), p, backend);  // (B, nh, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});        // (B, T, C): heads side by side

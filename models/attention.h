@@ -47,6 +47,13 @@ struct AttentionCache {
   int64_t capacity = 0;   ///< the most positions it holds (the model's context)
 };
 
+/// Appends the keys and values of T new positions, k and v (B, h, T, hs), to `cache` (allocating its
+/// buffers, (B, h, capacity, hs), at the first call) and returns the views of every position cached,
+/// (B, h, length + T, hs) each. Written in place, so a step copies its own T positions, not the ones before
+/// them (as a cat would). Throws c10::Error naming `who` when the positions do not fit or B changes.
+std::pair<torch::Tensor, torch::Tensor> append_to_cache(AttentionCache& cache, const torch::Tensor& k,
+                                                        const torch::Tensor& v, const char* who);
+
 /// Options of one Transformer block (and of its attention and MLP).
 struct TransformerBlockOptions {
   TransformerBlockOptions(int64_t n_embd, int64_t n_head) : n_embd_(n_embd), n_head_(n_head) {}

@@ -131,23 +131,13 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
 torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
                                                  const torch::Tensor& sin, AttentionCache& cache) {
   const int64_t B = x.size(0), T = x.size(1), nh = options.n_head(), nkv = options.kv_heads(), hd = options.head_size();
-  const int64_t L = cache.length;
-  TORCH_CHECK(L + T <= cache.capacity, "LlamaAttention: ", T, " new positions after ", L,
-              " cached do not fit the cache's ", cache.capacity);
   auto q = apply_rotary(q_proj(x).view({B, T, nh, hd}).transpose(1, 2), cos, sin);    // (B, nh, T, hd)
   auto k = apply_rotary(k_proj(x).view({B, T, nkv, hd}).transpose(1, 2), cos, sin);  // (B, nkv, T, hd)
   auto v = v_proj(x).view({B, T, nkv, hd}).transpose(1, 2);                          // (B, nkv, T, hd)
-  if (!cache.k.defined()) {
-    // The n_kv_head heads, not the repeated ones: grouped-query attention's smaller cache.
-    cache.k = torch::empty({B, nkv, cache.capacity, hd}, k.options());  // (B, nkv, capacity, hd)
-    cache.v = torch::empty({B, nkv, cache.capacity, hd}, v.options());
-  }
-  TORCH_CHECK(cache.k.size(0) == B, "LlamaAttention: the cache holds batches of ", cache.k.size(0), ", got ", B);
-  cache.k.narrow(2, L, T).copy_(k);
-  cache.v.narrow(2, L, T).copy_(v);
-  cache.length = L + T;
-  auto keys = repeat_kv(cache.k.narrow(2, 0, L + T), nh / nkv);    // (B, nh, L + T, hd)
-  auto values = repeat_kv(cache.v.narrow(2, 0, L + T), nh / nkv);  // (B, nh, L + T, hd)
+  // The cache holds the n_kv_head heads, not the repeated ones: grouped-query attention's smaller cache.
+  auto [cached_k, cached_v] = append_to_cache(cache, k, v, "LlamaAttention");  // (B, nkv, L + T, hd) each
+  auto keys = repeat_kv(cached_k, nh / nkv);                                   // (B, nh, L + T, hd)
+  auto values = repeat_kv(cached_v, nh / nkv);                                 // (B, nh, L + T, hd)
   const double p = is_training() ? options.dropout() : 0.0;
   auto y = scaled_dot_product_attention(q, keys, values, /*causal=*/true, p, backend);  // (B, nh, T, hd)
   y = y.transpose(1, 2).contiguous().view({B, T, nh * hd});                            // (B, T, nh * hd)
