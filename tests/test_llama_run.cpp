@@ -28,22 +28,12 @@ std::string job(const std::string& data_dir, int64_t steps, const std::string& e
          " --set train.sample_every=4 --set train.sample_tokens=8 --set 'train.sample_prompt=The ' " + extra;
 }
 
-std::string make_data(const TempDir& dir) {
-  const auto text = dir / "text.txt";
-  std::string s;
-  for (int i = 0; i < 400; ++i) s += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ".\n";
-  testutil::write_file(text, s);
-  const auto out = (dir / "tokens").string();
-  auto r = testutil::run(testutil::trainer_bin() + " convert-text --src " + text.string() + " --out " + out);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return out;
-}
 
 }  // namespace
 
 TEST(LlamaRun, AccumulatedCheckpointedRunResumesBitwiseAndSamples) {
   TempDir dir;
-  const auto data = make_data(dir);
+  const auto data = testutil::fox_tokens(dir);
   const auto whole = (dir / "whole").string(), cut = (dir / "cut").string(), plain = (dir / "plain").string();
   auto r = testutil::run(testutil::trainer_cmd(whole, job(data, 8, "--set memory.activation_checkpointing=all")));
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -41,6 +41,19 @@ inline std::vector<nlohmann::json> events(const std::string& run_dir, const std:
   return out;
 }
 
+/// A small byte-token stream from 400 lines of text (`convert-text` into dir/tokens: train.h5, val.h5);
+/// returns the folder.
+inline std::string fox_tokens(const TempDir& dir) {
+  const auto text = dir / "text.txt";
+  std::string s;
+  for (int i = 0; i < 400; ++i) s += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ".\n";
+  write_file(text, s);
+  const auto out = (dir / "tokens").string();
+  auto r = run(trainer_bin() + " convert-text --src " + text.string() + " --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return out;
+}
+
 /// `trainer` with `args` and the run folder; returns the command line.
 inline std::string trainer_cmd(const std::string& run_dir, const std::string& args) {
   return trainer_bin() + " --run-dir " + run_dir + " " + args;
