@@ -163,6 +163,9 @@ TEST(HfShards, AFolderOfShardsReadsAsOneFile) {
   EXPECT_EQ(testutil::error_text([&] { trainer::read_weights(dir.str()); }),
             (dir / "model.safetensors.index.json").string() + ": b is not in " + dir.str() +
                 "/model-00001-of-00002.safetensors, where the index puts it");
+  testutil::write_file(dir / "model.safetensors.index.json", "[1, 2");
+  EXPECT_EQ(testutil::error_text([&] { trainer::read_weights(dir.str()); }),
+            (dir / "model.safetensors.index.json").string() + ": not a safetensors index (a JSON object with a weight_map)");
 }
 
 // ---- the commands, with bad files -----------------------------------------------------------------------

@@ -165,6 +165,9 @@ Translated vit_from_file(const NamedTensors& file) {
 // name in the same folder (no path in it).
 WeightsFile read_sharded(const std::string& index_path) {
   require_regular_file(index_path, "weights index");
+  std::error_code ec;
+  if (std::filesystem::file_size(index_path, ec) > (64u << 20))  // a 405B model's index is about 0.1 MiB
+    throw std::runtime_error(index_path + ": over 64 MiB; a safetensors index is a small JSON file");
   std::ifstream f(index_path, std::ios::binary);
   const auto index = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
