@@ -167,45 +167,75 @@ Pretokenizer::Pretokenizer() : classes_(class_table()) {}
 Pretokenizer::~Pretokenizer() = default;
 Pretokenizer::Pretokenizer(Pretokenizer&&) noexcept = default;
 
-size_t Pretokenizer::piece_end(std::string_view text, size_t at) const {
+namespace {
+
+// The scanner, for GPT-2's pattern over the whole text (kWhole), or over the text that a Digits
+// pre-tokenizer leaves between numbers (kDigits: each \p{N} a piece of its own; kDigitRuns: each run of
+// them one piece). Digits' segments end at a number, and GPT-2's pattern sees a segment's end as the end
+// of the text: a space before a number is not the number's (" ?\p{N}+" does not reach across), and a
+// whitespace run before a number is taken whole (\s+(?!\S) holds at the end of the text).
+enum class Scan { kWhole, kDigits, kDigitRuns };
+
+template <Scan kMode>
+size_t scan_piece(const unsigned char* classes, std::string_view text, size_t at) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
   size_t len = 0;
   const uint32_t c = decode(s, at, len);
-  // 1. 's 't 'd 'm 'll 've 're
+  if constexpr (kMode != Scan::kWhole) {
+    if (classes[c] == kNumber) {
+      if constexpr (kMode == Scan::kDigits) return at + len;
+      size_t i = at + len;
+      while (i < n && classes[decode(s, i, len)] == kNumber) i += len;
+      return i;
+    }
+  }
+  // 1. 's 't 'd 'm 'll 've 're (letters: a number is none of them, so a segment's end changes nothing)
   if (c == '\'' && at + 1 < n) {
     const unsigned char a = s[at + 1], b = at + 2 < n ? s[at + 2] : 0;
     if (a == 's' || a == 't' || a == 'd' || a == 'm') return at + 2;
     if ((a == 'l' && b == 'l') || (a == 'v' && b == 'e') || (a == 'r' && b == 'e')) return at + 3;
   }
-  // 2.-4. " ?X++" for X = letters, numbers, others: a space takes the run after it, if one follows.
+  // 2.-4. " ?X++" for X = letters, numbers, others: a space takes the run after it, if one follows (in
+  // a Digits segment, not a number: it is the next segment's).
   size_t start = at;
-  unsigned char cls = classes_[c];
+  unsigned char cls = classes[c];
   if (c == ' ' && at + 1 < n) {
     size_t next_len = 0;
-    const unsigned char next = classes_[decode(s, at + 1, next_len)];
-    if (next != kSpace) start = at + 1, cls = next;
+    const unsigned char next = classes[decode(s, at + 1, next_len)];
+    if (next != kSpace && (kMode == Scan::kWhole || next != kNumber)) start = at + 1, cls = next;
   }
   if (cls != kSpace) {
     size_t i = start;
     while (i < n) {
       const uint32_t cp = decode(s, i, len);
-      if (classes_[cp] != cls) break;
+      if (classes[cp] != cls) break;
       i += len;
     }
     return i;
   }
   // 5.-6. Whitespace: the run, less its last character when a non-space follows and the run has two or
-  // more (\s+(?!\S)); a single one before a non-space is the last alternative.
+  // more (\s+(?!\S)); a single one before a non-space is the last alternative. In a Digits segment a
+  // number after the run is the segment's end: the run is taken whole.
   size_t i = at, last = at;
+  unsigned char after = kSpace;
   while (i < n) {
     const uint32_t cp = decode(s, i, len);
-    if (classes_[cp] != kSpace) break;
+    after = classes[cp];
+    if (after != kSpace) break;
     last = i;
     i += len;
   }
-  if (i < n && last > at) return last;
+  if (i < n && last > at && (kMode == Scan::kWhole || after != kNumber)) return last;
   return i;
+}
+
+}  // namespace
+
+size_t Pretokenizer::piece_end(std::string_view text, size_t at) const { return scan_piece<Scan::kWhole>(classes_, text, at); }
+
+size_t Pretokenizer::piece_end_digits(std::string_view text, size_t at, bool individual) const {
+  return individual ? scan_piece<Scan::kDigits>(classes_, text, at) : scan_piece<Scan::kDigitRuns>(classes_, text, at);
 }
 
 size_t safe_cut(std::string_view text, size_t from, size_t to) {
@@ -344,6 +374,25 @@ bool split_pair_safe(SplitClass a, SplitClass b, uint32_t c0, bool single_digits
   return false;
 }
 
+// Digits then GPT-2's pattern (kDigitsGpt2, kDigitRunsGpt2): a place between c0 and c1 is safe when
+//   (a) c0 or c1 is a number (\p{N}: the class Digits tests, Rust's char::is_numeric), with digits apart,
+//       or exactly one of the two is, with runs. Digits cuts there whatever else the text holds: it
+//       looks at each character alone (with runs, at whether its neighbour is a number too), so the
+//       Digits pieces of text[p, ...) are those of the whole from p on, and those of text[0, p) the
+//       whole's before p. GPT-2's pattern then cuts each Digits piece by itself: a number piece matches
+//       \p{N}+ whole (" ?\p{N}+" with no space), and a segment between numbers is cut the same wherever
+//       the text around it ends, since its pieces depend only on the segment.
+//   (b) neither is a number and GPT-2's rule holds (ASCII printable then whitespace, or whitespace other
+//       than ' ' then ASCII printable). c0 and c1 are then in one segment, whose own pieces GPT-2's
+//       pattern finds: a piece ends at p within it (GPT-2's argument, data::safe_cut), and the segment
+//       from p on is a segment of text[p, ...) (it ends at the same number or at the end, and Digits
+//       begins a segment at the start of any text).
+// Each match depends only on the text from its start on (no look-behind), so either way text[0, p) and
+// text[p, ...) pre-tokenized apart give the pieces of the whole.
+bool digits_pair_safe(bool number0, bool number1, bool individual) {
+  return individual ? (number0 || number1) : number0 != number1;
+}
+
 }  // namespace
 
 SplitPattern::SplitPattern(const std::string& regex) : code_(nullptr), kind_(Kind::kOther) {
@@ -367,8 +416,15 @@ std::shared_ptr<const SplitPattern> SplitPattern::gpt2() {
   return pattern;
 }
 
+std::shared_ptr<const SplitPattern> SplitPattern::digits_then_gpt2(bool individual) {
+  static const std::shared_ptr<const SplitPattern> apart(new SplitPattern(Kind::kDigitsGpt2));
+  static const std::shared_ptr<const SplitPattern> runs(new SplitPattern(Kind::kDigitRunsGpt2));
+  return individual ? apart : runs;
+}
+
 size_t SplitPattern::piece_end(std::string_view text, size_t at, Pretokenizer& scratch, bool* matched) const {
   if (matched) *matched = true;
+  if (kind_ == Kind::kDigitsGpt2 || kind_ == Kind::kDigitRunsGpt2) return scratch.piece_end_digits(text, at, kind_ == Kind::kDigitsGpt2);
   if (!code_) return scratch.piece_end(text, at);
   if (!scratch.state_) scratch.state_ = std::make_unique<Pretokenizer::MatchState>();
   auto& st = *scratch.state_;
@@ -407,7 +463,10 @@ size_t SplitPattern::safe_cut(std::string_view text, size_t from, size_t to, boo
     size_t len = 0;
     const uint32_t c0 = code_point_before(s, p), c1 = decode(s, p, len);
     if (inert && !((c0 < 0x80 || inert(c0)) && inert(c1))) continue;
-    if (kind_ == Kind::kGpt2) {  // GPT-2's rule, by characters
+    if (kind_ == Kind::kDigitsGpt2 || kind_ == Kind::kDigitRunsGpt2) {
+      if (digits_pair_safe(classes[c0] == kNumber, classes[c1] == kNumber, kind_ == Kind::kDigitsGpt2)) return p;
+    }
+    if (kind_ != Kind::kLlama3 && kind_ != Kind::kQwen2) {  // GPT-2's rule, by characters
       if ((c0 < 0x80 && ascii_printable(c0) && c1 < 0x80 && ascii_space(c1)) ||
           (c0 < 0x80 && ascii_space(c0) && c0 != ' ' && c1 < 0x80 && ascii_printable(c1)))
         return p;

@@ -34,6 +34,11 @@ class Pretokenizer {
   Pretokenizer(Pretokenizer&&) noexcept;
   /// The end of the piece that starts at `at` in `text` (valid UTF-8; at < text.size()).
   size_t piece_end(std::string_view text, size_t at) const;
+  /// As piece_end, after a Digits pre-tokenizer (tokenizers' Digits, then ByteLevel with GPT-2's
+  /// pattern: SmolLM2, StarCoder): each \p{N} character is a piece of its own (`individual`), or each
+  /// run of them is one piece; the text between is cut by GPT-2's pattern as if each stretch were a
+  /// whole text.
+  size_t piece_end_digits(std::string_view text, size_t at, bool individual) const;
 
   /// Calls f(piece) for every piece of `text` (valid UTF-8), in order.
   template <typename F>
@@ -88,7 +93,7 @@ size_t safe_cut(std::string_view text, size_t from, size_t to);
 /// Immutable: shared by threads, each with its own Pretokenizer as scratch.
 class SplitPattern {
  public:
-  enum class Kind { kGpt2, kLlama3, kQwen2, kOther };
+  enum class Kind { kGpt2, kLlama3, kQwen2, kOther, kDigitsGpt2, kDigitRunsGpt2 };
   /// Throws std::runtime_error with one line: a pattern that does not compile (PCRE2's message and
   /// offset), one over 4096 bytes, one that can match the empty text, or one that looks behind (a
   /// lookbehind, \b, \B, \A, \G), which would see across the places where convert-text cuts.
@@ -100,13 +105,19 @@ class SplitPattern {
 
   /// GPT-2's, shared.
   static std::shared_ptr<const SplitPattern> gpt2();
+  /// Not a Split but a Sequence of Digits and ByteLevel with GPT-2's pattern (SmolLM2's, StarCoder's):
+  /// every number (\p{N}, which is Rust's char::is_numeric, the categories Nd, Nl and No: "7", "٣",
+  /// "²", "½", "Ⅻ") apart, each character (`individual`, kind kDigitsGpt2) or each run (kDigitRunsGpt2)
+  /// a piece, and GPT-2's pieces of the text between (Pretokenizer::piece_end_digits). Shared.
+  static std::shared_ptr<const SplitPattern> digits_then_gpt2(bool individual);
 
   /// The end of the piece that starts at `at` (a piece's start; text valid UTF-8, at < text.size()).
   /// *matched (when given) is false for a piece of text between two matches (it then ends where the next
   /// match begins, or at the end of `text`). Throws std::runtime_error when PCRE2 gives up (its match
   /// limit: a pattern that backtracks without end).
   size_t piece_end(std::string_view text, size_t at, Pretokenizer& scratch, bool* matched = nullptr) const;
-  /// As data::safe_cut, for this pattern: GPT-2's rule for GPT-2's; for Llama 3's and Qwen2's, a place
+  /// As data::safe_cut, for this pattern: GPT-2's rule for GPT-2's; for Digits then GPT-2's, GPT-2's
+  /// rule or a place next to a number (not between two of a run); for Llama 3's and Qwen2's, a place
   /// between two characters whose classes no alternative can span (a letter then a digit, a digit then a
   /// space, ...; see the .cpp); npos always for another pattern. When `inert` is given, both characters
   /// must also be ones it accepts (the NFC normalizer's characters that normalize apart from their
@@ -114,7 +125,8 @@ class SplitPattern {
   size_t safe_cut(std::string_view text, size_t from, size_t to, bool (*inert)(uint32_t) = nullptr) const;
 
  private:
-  void* code_;  // pcre2_code_8; null for GPT-2's (the scanner)
+  explicit SplitPattern(Kind kind) : code_(nullptr), kind_(kind) {}
+  void* code_;  // pcre2_code_8; null for GPT-2's and Digits then GPT-2's (the scanner)
   Kind kind_;
 };
 

@@ -238,8 +238,17 @@ std::string split_regex(const nlohmann::json& split) {
   throw Problem("pre_tokenizer: Split's pattern is not {\"Regex\": \"...\"} or {\"String\": \"...\"}");
 }
 
-// The pre-tokenizer: ByteLevel with GPT-2's pattern (alone or a Sequence of one), or a Sequence of a Split
-// by a pattern and ByteLevel without one (Llama 3, Qwen2). Anything else is another tokenizer's.
+// A Sequence of Digits and ByteLevel with GPT-2's pattern (SmolLM2, StarCoder): numbers apart, GPT-2's
+// pieces between.
+void read_digits(const nlohmann::json& digits, const nlohmann::json& bytes, Bpe::Tables& t) {
+  if (!flag(bytes, "use_regex", true)) throw Problem("pre_tokenizer: ByteLevel without use_regex after Digits (the text between numbers one piece) is not supported");
+  if (flag(bytes, "add_prefix_space", false)) throw Problem("pre_tokenizer: ByteLevel after Digits with add_prefix_space (a space before every stretch between numbers) is not supported");
+  t.split = SplitPattern::digits_then_gpt2(flag(digits, "individual_digits", false));
+}
+
+// The pre-tokenizer: ByteLevel with GPT-2's pattern (alone or a Sequence of one), a Sequence of a Split
+// by a pattern and ByteLevel without one (Llama 3, Qwen2), or a Sequence of Digits and ByteLevel with
+// GPT-2's pattern (SmolLM2). Anything else is another tokenizer's.
 void read_pre_tokenizer(const nlohmann::json& root, Bpe::Tables& t) {
   const auto* pre = child(root, "pre_tokenizer");
   if (!pre) throw Problem("no pre_tokenizer (a byte-level BPE has ByteLevel)");
@@ -256,13 +265,14 @@ void read_pre_tokenizer(const nlohmann::json& root, Bpe::Tables& t) {
     }
     kinds += "]";
   }
-  const std::string supported = "; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)";
+  const std::string supported = "; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's) or of Digits and ByteLevel (SmolLM2's)";
   if (steps.size() == 1 && type_of(*steps[0]) == "ByteLevel") {
     if (!flag(*steps[0], "use_regex", true)) throw Problem("ByteLevel without use_regex and without a Split before it is not supported (the text would be one piece)");
     t.add_prefix_space = flag(*steps[0], "add_prefix_space", false);
     t.split = SplitPattern::gpt2();
     return;
   }
+  if (steps.size() == 2 && type_of(*steps[0]) == "Digits" && type_of(*steps[1]) == "ByteLevel") return read_digits(*steps[0], *steps[1], t);
   if (steps.size() != 2 || type_of(*steps[0]) != "Split" || type_of(*steps[1]) != "ByteLevel") throw Problem("pre_tokenizer is " + kinds + supported);
   const auto& split = *steps[0];
   const auto& bytes = *steps[1];
@@ -533,11 +543,14 @@ size_t Tokenizer::piece_end(std::string_view text, size_t at, Pretokenizer& matc
   if (!bpe_) return at + 1;
   const Bpe::Tables& t = bpe_->tables();
   // GPT-2's pieces depend on at most one character after them (a whitespace run less its last character
-  // before a non-space). Llama 3's \s*[\r\n]+ looks to the end of a whitespace run however long, so a
+  // before a non-space), and so do they after Digits (also: whether that character is a number; a run of
+  // numbers ends before the first that is not one). Llama 3's \s*[\r\n]+ looks to the end of a whitespace run however long, so a
   // piece of the text read so far may be longer in the whole text; and with NFC the pieces of the text as
   // it is are not those of its normal form: the next safe cut instead, which depends on two characters
   // alone. Another pattern's look-ahead is not known: no cut before the end.
-  if (t.split->kind() == SplitPattern::Kind::kGpt2 && !t.nfc) return t.split->piece_end(text, at, matcher);
+  const auto kind = t.split->kind();
+  const bool scanner = kind == SplitPattern::Kind::kGpt2 || kind == SplitPattern::Kind::kDigitsGpt2 || kind == SplitPattern::Kind::kDigitRunsGpt2;
+  if (scanner && !t.nfc) return t.split->piece_end(text, at, matcher);
   const size_t p = safe_cut(text, at + 1, text.size());
   return p == std::string_view::npos ? text.size() : p;
 }

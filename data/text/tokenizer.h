@@ -12,7 +12,9 @@
 //     byte-to-unicode alphabet, its merges (either "a b" strings or ["a", "b"] pairs; a merge's index is
 //     its priority), and its added tokens as special tokens. Its pre-tokenizer is either ByteLevel with
 //     GPT-2's pattern (GPT-2, RoBERTa, ...) or a Sequence of a Split by a pattern (Isolated, not
-//     inverted) and ByteLevel without its own (Llama 3, Qwen2; data/text/pretokenize.h, SplitPattern).
+//     inverted) and ByteLevel without its own (Llama 3, Qwen2; data/text/pretokenize.h, SplitPattern),
+//     or a Sequence of Digits and ByteLevel with GPT-2's pattern (SmolLM2, StarCoder: every number apart,
+//     GPT-2's pieces between; SplitPattern::digits_then_gpt2).
 //     Its normalizer is null or NFC (Qwen2). The BOS token a TemplateProcessing (or Roberta/Bert)
 //     post-processor puts first is bos_id(). Anything else (Unigram, WordPiece, Metaspace, byte_fallback,
 //     another normalizer or pre-tokenizer) is refused in one line.
@@ -61,7 +63,7 @@ class Tokenizer {
   size_t safe_cut(std::string_view text, size_t from, size_t to) const;
   /// For callers that cut when safe_cut finds nothing: from `at`, a place where the text may be cut, the
   /// next such place, judged from `text` and at most 16 bytes after the place (the text read so far
-  /// may end there). GPT-2's pattern: the end of the piece at `at`; Llama 3's and Qwen2's, or NFC: the
+  /// may end there). GPT-2's pattern, alone or after Digits: the end of the piece at `at`; Llama 3's and Qwen2's, or NFC: the
   /// next safe cut; another pattern: text.size() (a document is then cut nowhere but at its end).
   size_t piece_end(std::string_view text, size_t at, Pretokenizer& matcher) const;
 
