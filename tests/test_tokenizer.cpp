@@ -219,6 +219,23 @@ data::Tokenizer load_json(const testutil::TempDir& dir, const std::string& name,
   return data::Tokenizer::load((dir / name).string());
 }
 
+// hand_tokenizer's vocabulary with SmolLM2's pre-tokenizer (Digits, then ByteLevel with GPT-2's pattern),
+// no BOS (a ByteLevel post-processor), and two more merges: " 1" 263 and "  " 264.
+nlohmann::json hand_digits_tokenizer(bool individual, bool nfc) {
+  using J = nlohmann::json;
+  J j = hand_tokenizer("unused", nfc);
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", J::array({J{{"type", "Digits"}, {"individual_digits", individual}},
+                                                    J{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}})}};
+  j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
+  int id = 263;
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{" ", "1"}, {" ", " "}}) {
+    j["model"]["vocab"][alphabet(a + b)] = id++;
+    j["model"]["merges"].push_back(J::array({alphabet(a), alphabet(b)}));
+  }
+  return j;
+}
+
 // Texts for the Llama 3 and Qwen2 patterns: contractions in any case, long numbers, newline runs, Unicode
 // spaces, combining accents (NFC), code, and the special tokens' texts.
 std::vector<std::string> split_texts() {
@@ -404,7 +421,7 @@ TEST(Tokenizer, ABadFileGetsOneLineNamingIt) {
   EXPECT_EQ(error("i.tiktoken", ""), p + "i.tiktoken': no tokens (a tiktoken rank file has '<base64 token> <rank>' lines)");
   EXPECT_EQ(error("j.json", "{\"model\": {\"type\": \"WordPiece\"}}"), p + "j.json': the model is \"WordPiece\"; only BPE is supported");
   EXPECT_EQ(error("k.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Metaspace\"}}"),
-            p + "k.json': pre_tokenizer is \"Metaspace\"; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)");
+            p + "k.json': pre_tokenizer is \"Metaspace\"; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's) or of Digits and ByteLevel (SmolLM2's)");
   EXPECT_EQ(error("l.json", "{\"model\": "), p + "l.json': not valid JSON: " +
                                                  [] {
                                                    try {
@@ -463,6 +480,70 @@ TEST(Tokenizer, ALlamaOrQwen2TokenizerJsonByHand) {
   EXPECT_EQ(data::Tokenizer::bytes().bos_id(), -1);
 }
 
+TEST(Tokenizer, ASmolLM2TokenizerJsonByHand) {
+  // Digits then GPT-2's pattern, ids by hand (hand_digits_tokenizer: byte b is id b; DO 256, DON 257,
+  // 'T 258, 12 259, 123 260, " w" 261, " we" 262, " 1" 263, "  " 264). "DON'T 1234567 we" is cut into
+  // DON | ' | T | " " | 1 | 2 | ... | 7 | " we": GPT-2's contractions are lower case only, and the space
+  // before the number ends its stretch (GPT-2's pattern alone would give " 1234567", merged " 1" first).
+  testutil::TempDir dir("tokenizer_hand_digits");
+  const auto apart = load_json(dir, "apart.json", hand_digits_tokenizer(true, false));
+  const auto runs = load_json(dir, "runs.json", hand_digits_tokenizer(false, false));
+  EXPECT_EQ(apart.encode("DON'T 1234567 we"), (std::vector<int32_t>{257, '\'', 'T', ' ', '1', '2', '3', '4', '5', '6', '7', 262}));
+  // Runs: "1234567" one piece, merged 12 then 123.
+  EXPECT_EQ(runs.encode("DON'T 1234567 we"), (std::vector<int32_t>{257, '\'', 'T', ' ', 260, '4', '5', '6', '7', 262}));
+  // Two spaces before a number are one piece ("  " 264: the stretch ends there as a text would), not
+  // " " and " 1" as GPT-2's pattern alone cuts them.
+  EXPECT_EQ(apart.encode("a  1"), (std::vector<int32_t>{'a', 264, '1'}));
+  EXPECT_EQ(runs.encode(" 12\n"), (std::vector<int32_t>{' ', 259, '\n'}));
+  // Numbers are Unicode's (Rust's char::is_numeric, as tokenizers' Digits tests): superscript two
+  // (U+00B2, No), Arabic-Indic three (U+0663, Nd), one half (U+00BD, No), Roman twelve (U+216B, Nl).
+  EXPECT_EQ(apart.encode("x\u00b2\u0663y \u00bd\u216b"),
+            (std::vector<int32_t>{'x', 0xC2, 0xB2, 0xD9, 0xA3, 'y', ' ', 0xC2, 0xBD, 0xE2, 0x85, 0xAB}));
+  // Each of those a piece of its own: "12" is not merged; as one run it is.
+  EXPECT_EQ(apart.encode("\u00b212"), (std::vector<int32_t>{0xC2, 0xB2, '1', '2'}));
+  EXPECT_EQ(runs.encode("\u00b212"), (std::vector<int32_t>{0xC2, 0xB2, 259}));
+  // No BOS (a ByteLevel post-processor); added tokens as before.
+  EXPECT_EQ(apart.bos_id(), -1);
+  EXPECT_EQ(apart.encode_with_specials("<|eot_id|> we1"), (std::vector<int32_t>{300, 262, '1'}));
+  EXPECT_EQ(apart.vocab_size(), 302);
+}
+
+TEST(Tokenizer, TheDigitsScannerCutsAsDigitsThenThePattern) {
+  // The plain computation: a Split by \p{N} (or \p{N}+) matched by PCRE2 gives the numbers and the
+  // stretches between; each stretch, as a text of its own, is cut by GPT-2's pattern (PCRE2 too).
+  const auto digit = std::make_shared<data::SplitPattern>(R"(\p{N})");
+  const auto digit_runs = std::make_shared<data::SplitPattern>(R"(\p{N}+)");
+  data::Pretokenizer scanner;
+  data::PatternMatcher pattern;
+  auto texts = hand_texts();
+  for (auto& t : split_texts()) texts.push_back(t);
+  for (auto& t : random_texts(2000, 9)) texts.push_back(t);
+  int numbers = 0;
+  for (const bool individual : {true, false}) {
+    const auto& split = individual ? *digit : *digit_runs;
+    for (const auto& raw : texts) {
+      const std::string text = data::replace_invalid_utf8(raw);
+      std::vector<size_t> want;
+      for (size_t at = 0; at < text.size();) {
+        bool matched = false;
+        const size_t end = split.piece_end(text, at, scanner, &matched);
+        if (matched) {
+          want.push_back(end);
+          ++numbers;
+        } else {
+          const std::string stretch = text.substr(at, end - at);
+          for (size_t i = 0; i < stretch.size(); i = pattern.piece_end(stretch, i)) want.push_back(at + pattern.piece_end(stretch, i));
+        }
+        at = end;
+      }
+      std::vector<size_t> got;
+      for (size_t at = 0; at < text.size(); at = got.back()) got.push_back(scanner.piece_end_digits(text, at, individual));
+      ASSERT_EQ(got, want) << (individual ? "digits apart" : "digit runs") << ": '" << text << "'";
+    }
+  }
+  EXPECT_GT(numbers, 1000);
+}
+
 TEST(Tokenizer, LlamaAndQwen2IdsEqualTokenizers) {
   SKIP_WITHOUT_HF_TOKENIZERS();
   const std::string src = "/usr/share/games/fortunes";
@@ -478,7 +559,7 @@ TEST(Tokenizer, LlamaAndQwen2IdsEqualTokenizers) {
   for (const auto& t : texts) in.push_back(base64(t));
   testutil::write_file(dir / "texts.json", in.dump());
   const std::string py = testutil::python() + " " + hf_ref_script();
-  for (const std::string kind : {"llama3", "qwen2"}) {
+  for (const std::string kind : {"llama3", "qwen2", "smollm2"}) {
     const std::string json = (dir / (kind + ".json")).string(), ref_path = (dir / (kind + "_ref.json")).string();
     auto r = testutil::run(py + " build --kind " + kind + " --vocab 2000 --out " + json + " --files" + files);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -488,7 +569,9 @@ TEST(Tokenizer, LlamaAndQwen2IdsEqualTokenizers) {
     const auto tok = data::Tokenizer::load(json);
     const int32_t bos = kind == "llama3" ? tok.special("<|begin_of_text|>") : -1;
     EXPECT_EQ(tok.bos_id(), bos) << kind;
-    EXPECT_EQ(tok.vocab_size(), kind == "llama3" ? 2005 : 2003) << kind;
+    // SmolLM2's special tokens are ids 0, 1, 2, inside the vocabulary; the others' after it.
+    EXPECT_EQ(tok.vocab_size(), kind == "llama3" ? 2005 : kind == "qwen2" ? 2003 : 2000) << kind;
+    if (kind == "smollm2") EXPECT_EQ(tok.special("<|im_end|>"), 2);
     size_t tokens = 0, merged = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
       const auto ours = tok.encode(texts[i]);
@@ -499,7 +582,7 @@ TEST(Tokenizer, LlamaAndQwen2IdsEqualTokenizers) {
       if (bos >= 0) templated.insert(templated.begin(), bos);
       EXPECT_EQ(templated, ids_of(ref["template"][i])) << kind << ", text " << i;
       tokens += ours.size();
-      for (int32_t id : ours) merged += id >= 256;
+      for (int32_t id : ours) merged += tok.decode(&id, 1).size() > 1;
     }
     EXPECT_GT(tokens, 10000u) << kind;
     EXPECT_GT(merged, 1000u) << kind;  // the merges are used, not bytes alone
@@ -516,6 +599,9 @@ TEST(Tokenizer, LlamaAndQwen2SafeCutsEncodeAsTheWhole) {
   toks.emplace_back("qwen2+nfc", load_json(dir, "q.json", hand_tokenizer(kQwen2Pattern, true)));
   toks.emplace_back("llama3+nfc", load_json(dir, "ln.json", hand_tokenizer(kLlama3Pattern, true)));
   toks.emplace_back("gpt2+nfc", load_json(dir, "g.json", hand_tokenizer(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)", true)));
+  toks.emplace_back("smollm2", load_json(dir, "s.json", hand_digits_tokenizer(true, false)));
+  toks.emplace_back("digit runs", load_json(dir, "r.json", hand_digits_tokenizer(false, false)));
+  toks.emplace_back("smollm2+nfc", load_json(dir, "sn.json", hand_digits_tokenizer(true, true)));
   auto texts = split_texts();
   for (auto& t : random_texts(1500, 17)) texts.push_back(t);
   for (const auto& [name, tok] : toks) {
@@ -566,10 +652,16 @@ TEST(Tokenizer, AHostileTokenizerJsonIsOneLine) {
   EXPECT_EQ(error("g.json", j), p + "g.json': pre_tokenizer: ByteLevel after a Split splits again by GPT-2's pattern (use_regex); not supported");
   j = hand_tokenizer(kLlama3Pattern, false);
   j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}};
-  EXPECT_EQ(error("h.json", j), p + "h.json': pre_tokenizer is \"Metaspace\"; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)");
+  EXPECT_EQ(error("h.json", j), p + "h.json': pre_tokenizer is \"Metaspace\"; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's) or of Digits and ByteLevel (SmolLM2's)");
   j = hand_tokenizer(kLlama3Pattern, false);
   j["pre_tokenizer"]["pretokenizers"].push_back({{"type", "Digits"}});
-  EXPECT_EQ(error("i.json", j), p + "i.json': pre_tokenizer is a Sequence of [Split, ByteLevel, Digits]; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's)");
+  EXPECT_EQ(error("i.json", j), p + "i.json': pre_tokenizer is a Sequence of [Split, ByteLevel, Digits]; supported: ByteLevel (GPT-2's), or a Sequence of Split and ByteLevel (Llama 3's, Qwen2's) or of Digits and ByteLevel (SmolLM2's)");
+  j = hand_digits_tokenizer(true, false);
+  j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = false;
+  EXPECT_EQ(error("i2.json", j), p + "i2.json': pre_tokenizer: ByteLevel without use_regex after Digits (the text between numbers one piece) is not supported");
+  j = hand_digits_tokenizer(true, false);
+  j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+  EXPECT_EQ(error("i3.json", j), p + "i3.json': pre_tokenizer: ByteLevel after Digits with add_prefix_space (a space before every stretch between numbers) is not supported");
   j = hand_tokenizer(kLlama3Pattern, false);
   j["normalizer"] = {{"type", "NFKC"}};
   EXPECT_EQ(error("k.json", j), p + "k.json': a normalizer (NFKC) is not supported (only NFC is)");
@@ -690,11 +782,14 @@ TEST(ConvertTextBpe, SplitPatternsInTinyPartsGiveTheIdsOfTheWholeText) {
   }
   const std::vector<std::pair<std::string, nlohmann::json>> kinds = {{"llama3", hand_tokenizer(kLlama3Pattern, false)},
                                                                      {"qwen2", hand_tokenizer(kQwen2Pattern, true)},
-                                                                     {"other", hand_tokenizer(R"(\p{N}{1,3}|\s+|[.,!?]+)", false)}};
+                                                                     {"other", hand_tokenizer(R"(\p{N}{1,3}|\s+|[.,!?]+)", false)},
+                                                                     {"smollm2", hand_digits_tokenizer(true, false)},
+                                                                     {"digit_runs", hand_digits_tokenizer(false, false)}};
   for (const auto& [name, json] : kinds) {
     auto tok = std::make_shared<const data::Tokenizer>(load_json(dir, name + ".json", json));
     std::vector<int64_t> want;
-    for (const auto& doc : docs) {
+    for (const auto& doc : docs) {  // each document: the BOS where the tokenizer has one, its ids, <|eot_id|>
+      if (tok->bos_id() >= 0) want.push_back(tok->bos_id());
       for (int32_t id : tok->encode(doc)) want.push_back(id);
       want.push_back(300);
     }
