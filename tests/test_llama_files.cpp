@@ -8,15 +8,20 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <iostream>
 #include <sstream>
 
 #include "data/files/token_h5.h"
+#include "data/samples/token_loader.h"
 #include "models/llama.h"
 #include "test_util.h"
 #include "train_util.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/weights.h"
+#include "trainer/config/config.h"
 #include "trainer/hf/families.h"
+#include "trainer/run/from_config.h"
 
 namespace test_llama_files {
 
@@ -326,6 +331,55 @@ TEST(HfLibraries, FineTunedExportLoadsInTransformersWithOurLogits) {
   const auto ours = model.forward(torch::tensor(ids).unsqueeze(0)).select(1, 39).squeeze(0).to(torch::kDouble);
   ASSERT_EQ(ours.size(0), theirs.size(0));
   EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5 * theirs.abs().max().item<double>());
+}
+
+// 20 AdamW steps of a run from transformers' folder give, step by step, the losses of a plain PyTorch loop
+// over transformers' own model from the same folder on the same batches (the run's own, from its loader),
+// to 1e-4.
+TEST(HfLibraries, TwentyAdamWStepsGiveTheLossesOfAPlainLoopOverTransformers) {
+  SKIP_WITHOUT_TRANSFORMERS();
+  TempDir dir;
+  auto w = testutil::run(testutil::python() + " " + ref_script() + " write " + dir.str() + " llama_init 1,2 1");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  const std::vector<std::string> sets = {
+      "model.name=llama", "model.init_from=" + (dir / "hf").string(), "model.context=16", "data.kind=synthetic",
+      "data.synthetic_size=24", "data.test=", "train.global_batch=4", "train.epochs=0", "train.steps=20", "seed=3",
+      "optim.name=adamw", "optim.lr=1e-3", "optim.beta1=0.9", "optim.beta2=0.95", "optim.eps=1e-8",
+      "optim.weight_decay=0", "optim.grad_clip=0", "schedule.name=constant", "schedule.warmup_steps=0",
+      "train.threads=1", "log.every=1000"};
+  std::string args;
+  for (const auto& s : sets) args += " --set " + s;
+  auto r = testutil::run(testutil::trainer_cmd((dir / "run").string(), args));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto steps = testutil::step_lines((dir / "run").string());
+  ASSERT_EQ(steps.size(), 20u);
+
+  // The run's 20 batches, from the loader it used.
+  const trainer::Config cfg = trainer::load_config("", sets);
+  data::TokenLoaderOptions o;
+  o.global_batch = cfg.train.global_batch;
+  o.context = cfg.model.context;
+  o.seed = cfg.seed;
+  data::TokenLoader loader(trainer::synthetic_tokens(cfg), o);
+  trainer::NamedTensors batches;
+  for (int i = 0; i < 20; ++i) {
+    const auto b = loader.next();
+    batches.emplace_back("x" + std::to_string(i), b.images);
+    batches.emplace_back("y" + std::to_string(i), b.labels);
+  }
+  trainer::write_safetensors((dir / "batches.safetensors").string(), batches);
+  auto p = testutil::run(testutil::python() + " " + ref_script() + " train " + (dir / "hf").string() + " " +
+                         (dir / "batches.safetensors").string() + " 1e-3");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto theirs = numbers_after(p.output, "losses");
+  ASSERT_EQ(theirs.size(), 20u) << p.output;
+  double worst = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_NEAR(steps[i]["loss"].get<double>(), theirs[i], 1e-4) << "step " << i + 1;
+    worst = std::max(worst, std::abs(steps[i]["loss"].get<double>() - theirs[i]));
+  }
+  std::cout << "largest |loss difference| over the 20 steps: " << worst << "\n";
+  EXPECT_LT(theirs.back(), theirs.front()) << "the loop learns";
 }
 
 // A Hub folder as the Hub has them (config.json, model.safetensors and a Llama 3-kind tokenizer.json whose

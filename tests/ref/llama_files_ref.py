@@ -1,6 +1,7 @@
 """Hub folders of the Llama family in and out, against transformers itself (tests/test_llama_files.cpp).
 
   write DIR TYPE PROMPT N   a small random model of model_type TYPE (llama: 8 heads over 2 key/value heads,
+                            TYPE_init: with transformers' own initialization rather than the spread below;
                             untied, Llama 3's rope scaling from an original context of 16 in a context of
                             64; qwen2: q/k/v biases, tied), vocabulary 256 (byte tokens), saved by
                             save_pretrained into DIR/hf in shards (model.safetensors.index.json); then
@@ -16,6 +17,10 @@
                             its vocabulary (save_pretrained, one model.safetensors). Prints "prompt A,B,..."
                             (transformers' tokenizer(PROMPT) ids), "tokens ..." (generate(do_sample=False,
                             max_new_tokens=N) from them) and "gap G".
+  train DIR BATCHES LR      a plain PyTorch loop over transformers' model: from_pretrained(DIR), fp32 on the
+                            CPU, torch.optim.AdamW(lr=LR, betas (0.9, 0.95), eps 1e-8, no weight decay), one
+                            step per batch of BATCHES (a safetensors file of x0, y0, x1, y1, ...: the trainer's
+                            own batches), the mean cross-entropy of the logits against y. Prints "losses a,b,...".
   modules                   exits 0 when transformers, safetensors and tokenizers import, else prints the first
                             missing one
 
@@ -36,11 +41,11 @@ def modules():
             sys.exit(1)
 
 
-def make(kind):
+def make(kind, pad_token_id=0):
     import transformers
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
                   num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=None,
-                  eos_token_id=None, pad_token_id=0)
+                  eos_token_id=None, pad_token_id=pad_token_id)
     if kind == "llama":
         config = transformers.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,
                                           rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
@@ -77,8 +82,13 @@ def greedy(model, x, n):
 
 def write(d, kind, prompt, n):
     torch.manual_seed(3)
-    model = make(kind)
-    spread(model)
+    if kind.endswith("_init"):
+        # "llama_init", for training: transformers' own initialization, and no padding token (transformers
+        # keeps its embedding row at a zero gradient; the trainer trains every row).
+        model = make(kind.removesuffix("_init"), pad_token_id=None)
+    else:
+        model = make(kind)
+        spread(model)
     model.save_pretrained(f"{d}/hf", max_shard_size="100KB")
     greedy(model, torch.tensor([[int(t) for t in prompt.split(",")]]), n)
 
@@ -118,6 +128,26 @@ def load(d, tokens):
     print("logits " + ",".join(f"{v:.9e}" for v in logits.tolist()))
 
 
+def train(d, batches, lr):
+    import safetensors.torch
+    import transformers
+    torch.set_num_threads(1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.train()
+    pool = safetensors.torch.load_file(batches)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    losses = []
+    for i in range(len(pool) // 2):
+        x, y = pool[f"x{i}"], pool[f"y{i}"]
+        logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print("losses " + ",".join(f"{v:.9e}" for v in losses))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "modules":
         modules()
@@ -125,5 +155,7 @@ if __name__ == "__main__":
         write(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif sys.argv[1] == "hub":
         hub(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    elif sys.argv[1] == "train":
+        train(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[3])
