@@ -4,6 +4,7 @@
 // OOM ladder under a real cap (the capped CPU allocator) keeping the experiment.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cmath>
 
 #include "train_util.h"
@@ -117,6 +118,60 @@ TEST(LlamaRun, UnderACapBacksOffAndKeepsTheExperiment) {
     EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
   }
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(free_dir), testutil::final_weights(capped)), 1e-5);
+}
+
+// The limit cut through control.yaml in the middle of a run: the run backs off, loses no step, and grows
+// back to the whole micro-batch once the limit is raised again.
+TEST(LlamaRun, ACutCapMidRunBacksOffAndGrowsBack) {
+  TempDir dir;
+  const std::string base = cap_job("--set memory.grow_after=3 --set memory.headroom=0.0");
+  const auto p4 = (dir / "p4").string(), p16 = (dir / "p16").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(p4, base + " --set train.steps=1 --set train.micro_batch=4")).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(p16, base + " --set train.steps=1 --set train.micro_batch=16")).exit_code, 0);
+  const int64_t cap = (first_peak(p4) + first_peak(p16)) / 2, steps = 40;
+  const auto run_dir = (dir / "run").string();
+  const pid_t pid = testutil::spawn(testutil::trainer_cmd(run_dir, base + " --set train.steps=" + std::to_string(steps)),
+                                    (dir / "log.txt").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(run_dir, [](auto& l) { return testutil::last_step(l) >= 5; }));
+  testutil::write_file(dir / "run" / "control.yaml", "memory:\n  limit: " + std::to_string(cap) + "\n");
+  const bool cut_felt = testutil::wait_for_metrics(run_dir, [](auto& lines) {
+    for (auto& l : lines)
+      if (l.value("event", "") == "oom") return true;
+    return false;
+  });
+  const int64_t step_at_raise = testutil::last_step(testutil::read_jsonl(run_dir + "/metrics.jsonl"));
+  testutil::write_file(dir / "run" / "control.yaml", "memory:\n  limit: 1GiB\n");
+  ASSERT_EQ(testutil::wait_exit(pid), 0) << testutil::read_file(dir / "log.txt");
+  ASSERT_TRUE(cut_felt) << "no OOM after the limit was cut";
+  ASSERT_LT(step_at_raise, steps) << "the run ended before the limit was raised; make the run longer";
+  const auto s = testutil::step_lines(run_dir);
+  ASSERT_EQ(static_cast<int64_t>(s.size()), steps) << "no step lost";
+  int64_t smallest = 16;
+  for (const auto& l : s) smallest = std::min<int64_t>(smallest, l["micro_batch"].get<int64_t>());
+  EXPECT_LE(smallest, 8) << "backed off under the cut";
+  EXPECT_EQ(s.back()["micro_batch"].get<int64_t>(), 16) << "grew back after the raise";
+  EXPECT_GE(testutil::events(run_dir, "limit_changed").size(), 2u);
+}
+
+// Killed (SIGKILL) after step 10 and started again with the same command: the run resumes from a
+// checkpoint and ends with the uninterrupted run's weights and losses, bit for bit.
+TEST(LlamaRun, SigkillThenRestartIsBitwiseTheUninterruptedRun) {
+  TempDir dir;
+  const std::string job = cap_job("--set train.steps=30 --set model.dropout=0.1 --set train.deterministic=true"
+                                  " --set checkpoint.every_steps=2 --set train.global_batch=8");
+  const auto whole = (dir / "whole").string(), killed = (dir / "killed").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, job)).exit_code, 0);
+  const pid_t pid = testutil::spawn(testutil::trainer_cmd(killed, job), (dir / "killed.log").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(killed, [](auto& l) { return testutil::last_step(l) >= 10; }));
+  kill(pid, SIGKILL);
+  ASSERT_EQ(testutil::wait_exit(pid), 128 + SIGKILL) << "the run finished before the kill; make it longer";
+  const auto r = testutil::run(testutil::trainer_cmd(killed, job));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(testutil::events(killed, "resume").size(), 1u);
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(killed)));
+  const auto a = testutil::step_lines(whole), b = testutil::step_lines(killed);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
 }
 
 }  // namespace test_llama_run
