@@ -79,7 +79,7 @@ import yaml
 DEFAULTS = {
     "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
               "init_from": "", "init_skip": [], "context": 0, "vocab_size": 0, "vocab_multiple": 1,
-              "fused_bias": True, "dropout": 0.0},
+              "fused_bias": True, "dropout": 0.0, "hf_config": ""},
     "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
              "in_memory": True, "check_timeout_s": 30.0, "shape": [3, 224, 224], "synthetic_size": 10000,
              "workers": 0, "prefetch": 2, "crop_padding": 0, "hflip": False, "normalize": True,

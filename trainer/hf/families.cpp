@@ -95,8 +95,9 @@ std::string config_json_of(const std::string& path) {
 }
 
 nlohmann::json read_config_json(const std::string& path) {
-  require_regular_file(path, "config.json");
   std::error_code ec;
+  if (!fs::exists(path, ec)) bad(path, "no such file (the model's shape is read from it)");
+  require_regular_file(path, "config.json");
   const auto size = fs::file_size(path, ec);
   if (ec) bad(path, "cannot read its size: " + ec.message());
   if (size > (1u << 20)) bad(path, std::to_string(size) + " bytes; a config.json is at most 1 MiB");
