@@ -3,7 +3,8 @@
 //   what                       LibTorch 1.13 (Debian, CPU)              LibTorch 2.x (pip, CUDA)
 //   autocast on/off, dtype     set_enabled / set_cpu_enabled,           set_autocast_enabled(device, on),
 //                              set_autocast_{gpu,cpu}_dtype             set_autocast_dtype(device, dtype)  (2.4+)
-//   fused attention            none                                     at::scaled_dot_product_attention (2.0+)
+//   fused attention            none                                     at::scaled_dot_product_attention (2.0+),
+//                                                                       its enable_gqa: fewer key/value heads (2.5+)
 //   AMP fused kernels          CUDA only                                CUDA (and CPU in newer releases)
 //   c10::Allocator             `DataPtr allocate(size_t) const`         `DataPtr allocate(size_t)` (non-const)
 //                                                                       and a pure `copy_data` (2.3+)
@@ -128,12 +129,20 @@ struct AllocatorBase : c10::Allocator {
   void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
 };
 
-/// at::scaled_dot_product_attention(q, k, v, no mask, dropout_p, is_causal) for q, k, v (B, nh, T, hs),
-/// scale 1/sqrt(hs). LibTorch picks the kernel (flash, memory-efficient or math). Where
-/// kHasFusedAttention is false it throws c10::Error; models/attention.h has the plain equivalent.
+/// True where the fused kernel takes fewer key/value heads than query heads (enable_gqa, 2.5+).
+constexpr bool kHasGroupedAttention = TRAINER_TORCH_AT_LEAST(2, 5);
+
+/// at::scaled_dot_product_attention(q, k, v, no mask, dropout_p, is_causal) for q (B, nh, T, hs) and
+/// k, v (B, nh, S, hs), scale 1/sqrt(hs). LibTorch picks the kernel (flash, memory-efficient or math).
+/// k and v may have nh / g heads where kHasGroupedAttention (query head h reads key/value head h / g,
+/// enable_gqa). Where kHasFusedAttention is false it throws c10::Error; models/attention.h has the plain
+/// equivalent.
 inline at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
                                   bool is_causal) {
-#if TRAINER_TORCH_AT_LEAST(2, 0)
+#if TRAINER_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, is_causal, /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/k.size(-3) != q.size(-3));
+#elif TRAINER_TORCH_AT_LEAST(2, 0)
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, is_causal);
 #else
   TORCH_CHECK(false, "fused attention needs LibTorch 2.0 or later, this is ", torch_version(),

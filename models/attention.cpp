@@ -51,15 +51,26 @@ torch::Tensor scaled_dot_product_attention(const torch::Tensor& q, const torch::
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "scaled_dot_product_attention: expected q, k, v of shape (B, nh, T, hs), got ", q.sizes(), ", ",
               k.sizes(), ", ", v.sizes());
-  const int64_t T = q.size(-2), S = k.size(-2);
+  const int64_t T = q.size(-2), S = k.size(-2), nh = q.size(1), nkv = k.size(1);
   TORCH_CHECK(S >= T, "scaled_dot_product_attention: ", S, " keys for ", T, " queries; expected at least as many");
+  TORCH_CHECK(nkv > 0 && nh % nkv == 0 && v.size(1) == nkv, "scaled_dot_product_attention: ", nh,
+              " query heads over ", nkv, " key and ", v.size(1), " value heads; expected a divisor of ", nh);
   const bool fused = backend == AttentionBackend::fused ||
                      (backend == AttentionBackend::automatic && fused_attention_available());
   // The fused kernel's causal mask is aligned to the top left: right for S = T, and a single query (the
   // last position) sees every key anyway; several new queries after a cache need the plain mask.
-  if (fused && T == 1) return trainer::compat::fused_attention(q, k, v, dropout_p, /*is_causal=*/false);
-  if (fused && (T == S || !causal)) return trainer::compat::fused_attention(q, k, v, dropout_p, causal);
-  return plain_attention(q, k, v, causal, dropout_p);
+  const bool fused_mask_fits = T == 1 || T == S || !causal;
+  if (fused && fused_mask_fits && (nkv == nh || trainer::compat::kHasGroupedAttention))
+    return trainer::compat::fused_attention(q, k, v, dropout_p, causal && T > 1);
+  const auto keys = repeat_kv(k, nh / nkv), values = repeat_kv(v, nh / nkv);  // (B, nh, S, hs) each
+  if (fused && fused_mask_fits) return trainer::compat::fused_attention(q, keys, values, dropout_p, causal && T > 1);
+  return plain_attention(q, keys, values, causal, dropout_p);
+}
+
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t rep) {
+  if (rep == 1) return x;
+  const int64_t B = x.size(0), nkv = x.size(1), S = x.size(2), hd = x.size(3);
+  return x.unsqueeze(2).expand({B, nkv, rep, S, hd}).reshape({B, nkv * rep, S, hd});  // (B, nkv * rep, S, hd)
 }
 
 std::pair<torch::Tensor, torch::Tensor> append_to_cache(AttentionCache& cache, const torch::Tensor& k,

@@ -24,8 +24,15 @@ std::string to_string(AttentionBackend backend);
 /// True where the fused kernel exists (LibTorch 2.0+): trainer::compat::kHasFusedAttention.
 bool fused_attention_available();
 
-/// Scaled dot-product attention of q (B, nh, T, hs) over k, v (B, nh, S, hs) -> (B, nh, T, hs), scale
-/// 1/sqrt(hs); S = T except with a key-value cache (S >= T). `causal` masks key positions after the query
+/// (B, n_kv_head, S, hd) -> (B, n_kv_head * rep, S, hd): each key/value head repeated for the `rep` query
+/// heads of its group, next to each other (transformers' repeat_kv; query head h reads kv head h / rep).
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t rep);
+
+/// Scaled dot-product attention of q (B, nh, T, hs) over k, v (B, nkv, S, hs) -> (B, nh, T, hs), scale
+/// 1/sqrt(hs); S = T except with a key-value cache (S >= T). nkv = nh, or a divisor of it (grouped-query
+/// attention: query head h reads key/value head h / (nh / nkv)): the fused kernel reads the groups where
+/// LibTorch can (compat::kHasGroupedAttention, as transformers' sdpa path does), else the keys and values
+/// are repeated first (repeat_kv). `causal` masks key positions after the query
 /// position, the queries being the last T of the S positions (query i is position S - T + i: a cache's
 /// new positions). `dropout_p` drops attention probabilities (applied as given: pass 0 in eval mode).
 /// Both backends compute the same function; they differ in rounding and in how dropout draws its random

@@ -29,14 +29,6 @@ const LlamaOptions& llama_checked(const LlamaOptions& o) {
   return o;
 }
 
-// (B, n_kv_head, S, hd) -> (B, n_kv_head * rep, S, hd): each key/value head repeated for the `rep` query
-// heads of its group, next to each other (transformers' repeat_kv; query head h reads kv head h / rep).
-torch::Tensor repeat_kv(const torch::Tensor& x, int64_t rep) {
-  if (rep == 1) return x;
-  const int64_t B = x.size(0), nkv = x.size(1), S = x.size(2), hd = x.size(3);
-  return x.unsqueeze(2).expand({B, nkv, rep, S, hd}).reshape({B, nkv * rep, S, hd});  // (B, nkv * rep, S, hd)
-}
-
 // (..., hd) -> (..., hd): the halves [x1, x2] become [-x2, x1] (transformers' rotate_half: the pairs rotated
 // together are i and i + hd/2, not neighbours as in the paper's interleaved layout).
 torch::Tensor rotate_half(const torch::Tensor& x) {
@@ -122,8 +114,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
   const double p = is_training() ? options.dropout() : 0.0;
-  auto y = scaled_dot_product_attention(q, repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv), /*causal=*/true, p,
-                                        backend);            // (B, nh, T, hd)
+  // Grouped-query: each key/value head serves nh / nkv query heads (scaled_dot_product_attention repeats
+  // them only where the kernel cannot read the groups itself).
+  auto y = scaled_dot_product_attention(q, k, v, /*causal=*/true, p, backend);  // (B, nh, T, hd)
   y = y.transpose(1, 2).contiguous().view({B, T, nh * hd});  // (B, T, nh * hd): heads side by side
   return o_proj(y);                                          // (B, T, C)
 }
@@ -135,9 +128,7 @@ torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x, const t
   auto k = apply_rotary(k_proj(x).view({B, T, nkv, hd}).transpose(1, 2), cos, sin);  // (B, nkv, T, hd)
   auto v = v_proj(x).view({B, T, nkv, hd}).transpose(1, 2);                          // (B, nkv, T, hd)
   // The cache holds the n_kv_head heads, not the repeated ones: grouped-query attention's smaller cache.
-  auto [cached_k, cached_v] = append_to_cache(cache, k, v, "LlamaAttention");  // (B, nkv, L + T, hd) each
-  auto keys = repeat_kv(cached_k, nh / nkv);                                   // (B, nh, L + T, hd)
-  auto values = repeat_kv(cached_v, nh / nkv);                                 // (B, nh, L + T, hd)
+  auto [keys, values] = append_to_cache(cache, k, v, "LlamaAttention");  // (B, nkv, L + T, hd) each
   const double p = is_training() ? options.dropout() : 0.0;
   auto y = scaled_dot_product_attention(q, keys, values, /*causal=*/true, p, backend);  // (B, nh, T, hd)
   y = y.transpose(1, 2).contiguous().view({B, T, nh * hd});                            // (B, T, nh * hd)

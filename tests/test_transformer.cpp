@@ -56,17 +56,18 @@ std::shared_ptr<models::GPTImpl> tiny_gpt(const ModelOptions& o = ModelOptions()
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 // Attention written as loops over scalars in double: the definition, with nothing shared with either
-// backend. q, k, v (B, nh, T, hs) -> (B, nh, T, hs).
+// backend. q (B, nh, T, hs), k, v (B, nh, S, hs) -> (B, nh, T, hs); the queries are the last T of the S
+// positions (S > T: a cache's new positions).
 torch::Tensor loop_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal) {
   auto qa = q.to(torch::kDouble).contiguous(), ka = k.to(torch::kDouble).contiguous(), va = v.to(torch::kDouble).contiguous();
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
   auto out = torch::zeros({B, H, T, D}, torch::kDouble);
   auto Q = qa.accessor<double, 4>(), K = ka.accessor<double, 4>(), V = va.accessor<double, 4>();
   auto O = out.accessor<double, 4>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
-        const int64_t last = causal ? t : T - 1;
+        const int64_t last = causal ? S - T + t : S - 1;
         std::vector<double> s(last + 1);
         double m = -1e300, z = 0;
         for (int64_t u = 0; u <= last; ++u) {
@@ -167,6 +168,31 @@ TEST(TransformerAttention, PlainMatchesExplicitLoops) {
   const auto y = models::scaled_dot_product_attention(one, one, vals, true, 0.0, AttentionBackend::plain);
   EXPECT_FLOAT_EQ(y[0][0][0][0].item<float>(), 0.0f);
   EXPECT_FLOAT_EQ(y[0][0][1][0].item<float>(), 0.5f);
+}
+
+TEST(TransformerAttention, GroupedKeysAndValuesEqualTheRepeatedOnesOnEveryBackend) {
+  // 6 query heads over 2 key/value heads (query head h reads kv head h / 3): every backend, with the
+  // training shape (T = S), a cache's new positions (T < S) and one query, against the plain attention of
+  // the repeated heads. The fused kernel reads the groups itself where LibTorch has enable_gqa (2.5+).
+  torch::manual_seed(6);
+  auto k = torch::randn({2, 2, 11, 8}), v = torch::randn({2, 2, 11, 8});
+  const auto rk = models::repeat_kv(k, 3), rv = models::repeat_kv(v, 3);  // (2, 6, 11, 8)
+  ASSERT_EQ(rk.sizes(), torch::IntArrayRef({2, 6, 11, 8}));
+  EXPECT_TRUE(torch::equal(rk.select(1, 4), k.select(1, 1)));
+  std::vector<AttentionBackend> backends = {AttentionBackend::plain, AttentionBackend::automatic};
+  if (models::fused_attention_available()) backends.push_back(AttentionBackend::fused);
+  for (int64_t T : {11, 4, 1}) {
+    auto q = torch::randn({2, 6, T, 8});
+    const auto want = loop_attention(q, rk, rv, /*causal=*/true);
+    for (auto backend : backends) {
+      SCOPED_TRACE("T = " + std::to_string(T) + ", " + models::to_string(backend));
+      const auto got = models::scaled_dot_product_attention(q, k, v, /*causal=*/true, 0.0, backend);
+      EXPECT_LT(max_abs_diff(got, want), 1e-5);
+    }
+  }
+  EXPECT_THROW(models::scaled_dot_product_attention(torch::randn({2, 6, 11, 8}), torch::randn({2, 4, 11, 8}),
+                                                    torch::randn({2, 4, 11, 8}), true, 0.0, AttentionBackend::plain),
+               c10::Error);
 }
 
 TEST(TransformerAttention, FusedAgreesWithPlainWherePresent) {
