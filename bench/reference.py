@@ -121,6 +121,26 @@ GPTS = {
 }
 
 
+# The registered Llama-family shapes (models/llama.h: llama_tiny(), smollm2_135m(), llama3_2_1b(),
+# qwen2_5_0_5b()), in transformers' config keys; "arch" names the transformers class that computes it.
+LLAMAS = {
+    "llama_tiny": dict(arch="LlamaForCausalLM", vocab_size=256, context=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, hidden_size=128, intermediate_size=352,
+                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True),
+    "smollm2_135m": dict(arch="LlamaForCausalLM", vocab_size=49152, context=8192, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, hidden_size=576, intermediate_size=1536,
+                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True),
+    "llama3_2_1b": dict(arch="LlamaForCausalLM", vocab_size=128256, context=131072, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, hidden_size=2048, head_dim=64,
+                        intermediate_size=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                          high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "qwen2_5_0_5b": dict(arch="Qwen2ForCausalLM", vocab_size=151936, context=32768, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, hidden_size=896, intermediate_size=4864,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+}
+
+
 class ConfigError(Exception):
     pass
 
@@ -209,6 +229,30 @@ def is_gpt(cfg):
     return cfg["model"]["name"] in GPTS
 
 
+def is_llama(cfg):
+    return cfg["model"]["name"] in LLAMAS
+
+
+def is_language_model(cfg):
+    return is_gpt(cfg) or is_llama(cfg)
+
+
+def lm_arch(cfg):
+    """A language model's options: a GPT's (gpt_arch), or a registered Llama shape with model.context and the
+    vocabulary (--vocab-size, else model.vocab_size) applied as models/registry.cpp applies them."""
+    if is_gpt(cfg):
+        return gpt_arch(cfg)
+    a = dict(LLAMAS[cfg["model"]["name"]])
+    if cfg["model"]["context"] > 0:
+        a["context"] = cfg["model"]["context"]
+    if VOCAB_SIZE > 0:
+        a["vocab_size"] = VOCAB_SIZE
+    elif cfg["model"]["vocab_size"] > 0:
+        a["vocab_size"] = cfg["model"]["vocab_size"]
+    a["dropout"] = cfg["model"]["dropout"]
+    return a
+
+
 def gpt_arch(cfg):
     """The GPT's options as models/registry.cpp builds them: model.context replaces the registered context
     when non-zero; the vocabulary is --vocab-size when given, else model.vocab_size when non-zero."""
@@ -227,8 +271,8 @@ def gpt_arch(cfg):
 
 def sample_shape(cfg):
     """(C, H, W) for images, (T) for a language model: what models::ModelImpl::forward_flops takes."""
-    if is_gpt(cfg):
-        return [gpt_arch(cfg)["context"]]
+    if is_language_model(cfg):
+        return [lm_arch(cfg)["context"]]
     return list(cfg["data"]["shape"])
 
 
@@ -237,15 +281,15 @@ def check_mirrored(cfg):
     if kind not in ("synthetic", "tokens"):
         raise ConfigError("config: key 'data.kind': the Python reference runs on synthetic images or token "
                           "streams only; set data.kind: synthetic or tokens (got '%s')" % kind)
-    if kind == "tokens" and not is_gpt(cfg):
+    if kind == "tokens" and not is_language_model(cfg):
         raise ConfigError("config: key 'data.kind': %s trains on images (synthetic), got data.kind 'tokens'"
                           % cfg["model"]["name"])
-    if is_gpt(cfg) and cfg["model"]["context"] <= 0:
+    if is_language_model(cfg) and cfg["model"]["context"] <= 0:
         raise ConfigError("config: key 'model.context': a language model needs the tokens per sample")
     if cfg["memory"]["activation_checkpointing"] != "none":
         raise ConfigError("config: key 'memory.activation_checkpointing': not mirrored by the Python reference; "
                           "benchmark with none")
-    if kind == "synthetic" and not is_gpt(cfg) and len(cfg["data"]["shape"]) != 3:
+    if kind == "synthetic" and not is_language_model(cfg) and len(cfg["data"]["shape"]) != 3:
         raise ConfigError("config: key 'data.shape': expected (C, H, W), got %r" % cfg["data"]["shape"])
 
 
@@ -540,10 +584,69 @@ def padded_cross_entropy(logits, y, columns, label_smoothing, how, torch, F):
     return F.cross_entropy(full, y, reduction="sum")
 
 
+def build_llama(a, torch, nn, device=None):
+    """A registered Llama-family shape as transformers' own model (LlamaForCausalLM, Qwen2ForCausalLM), the
+    PyTorch eager model a user of transformers trains: random weights (its own init), attention through
+    F.scaled_dot_product_attention (sdpa, the trainer's automatic backend) or written out (--attention plain:
+    eager). Called with the token ids it returns the logits (B, T, V), like build_gpt's model.
+    device="meta" builds it without memory (for --describe)."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("config: key 'model.name': %s is mirrored by transformers' model, and this Python (%s) "
+                          "has no transformers; run the reference with an interpreter that has it"
+                          % (a["name"], sys.executable))
+    args = {k: v for k, v in a.items() if k not in ("arch", "name", "context", "dropout", "rope_theta",
+                                                    "rope_scaling")}
+    # transformers 5.x keeps rope_theta and the scaling in rope_parameters (4.x: rope_theta, rope_scaling).
+    rope = dict(a.get("rope_scaling") or {"rope_type": "default"}, rope_theta=a["rope_theta"])
+    config_cls = getattr(transformers, a["arch"].replace("ForCausalLM", "Config"))
+    # max_position_embeddings: the registered length (the rotary frequencies do not depend on it; a shorter
+    # model.context only trains shorter sequences).
+    config = config_cls(**args, max_position_embeddings=LLAMAS[a["name"]]["context"], rope_parameters=rope,
+                        attention_dropout=a["dropout"], bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config._attn_implementation = "sdpa" if ATTENTION == "auto" else "eager"
+    with torch.device(device or "cpu"):
+        hf = getattr(transformers, a["arch"])(config)
+    q = a["num_attention_heads"] * a.get("head_dim", a["hidden_size"] // a["num_attention_heads"])
+
+    class CausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hf = hf
+            self.T = 0
+
+        def forward(self, tokens):
+            self.T = tokens.shape[1]
+            return self.hf(input_ids=tokens, use_cache=False).logits  # (B, T, V)
+
+        def meta_macs(self, T):
+            """Multiply-adds of one sequence without running it (transformers' forward cannot run on the
+            meta device: its mask reads values): every Linear applies once per token here, q k^T and
+            att v added. --describe on the CPU (llama_tiny) checks it against the hooks' count."""
+            self.T = T
+            return T * sum(m.in_features * m.out_features for m in self.modules()
+                           if isinstance(m, nn.Linear)) + self.extra_macs()
+
+        def extra_macs(self):
+            """The attention matmuls (q k^T and att v over the query heads), which no Linear hook sees."""
+            return a["num_hidden_layers"] * 2 * self.T * self.T * q
+
+        def state_names(self):
+            """transformers' parameter names (the trainer's), the tied output projection once."""
+            return {k: list(p.shape) for k, p in self.hf.named_parameters()}
+
+    model = CausalLM()
+    model.columns = a["vocab_size"]
+    return model
+
+
 def build_model(cfg, torch, nn, F):
     name = cfg["model"]["name"]
     if name in GPTS:
         return build_gpt(gpt_arch(cfg), torch, nn, F)
+    if name in LLAMAS:
+        return build_llama(dict(lm_arch(cfg), name=name), torch, nn)
     classes = cfg["model"]["num_classes"]
     channels = cfg["data"]["shape"][0]
     zero_init = cfg["model"]["zero_init_residual"]
@@ -712,6 +815,8 @@ def models_source():
 def forward_flops(model, shape, torch, nn):
     """Conv2d and Linear FLOPs (2 x multiply-adds) for one sample, counted by forward hooks, plus (GPT) the
     attention matmuls and the tied output projection: the convention of models::ModelImpl::forward_flops."""
+    if next(model.parameters()).is_meta and hasattr(model, "meta_macs"):
+        return 2.0 * model.meta_macs(shape[0])
     macs = [0]
 
     def conv_hook(m, inputs, out):
@@ -795,7 +900,7 @@ def run(cfg, args, torch):
     torch.backends.cudnn.benchmark = not cfg["train"]["deterministic"]
 
     shape = sample_shape(cfg)
-    tokens = is_gpt(cfg)
+    tokens = is_language_model(cfg)
     G = cfg["train"]["global_batch"]
     mb = cfg["train"]["micro_batch"]
     mb = G if mb <= 0 else min(mb, G)  # `auto` (-1): the whole batch; compare.py passes the trainer's choice
@@ -846,7 +951,7 @@ def run(cfg, args, torch):
     # or windows of T + 1 random token ids (inputs: the first T, targets: the last T).
     gen = torch.Generator().manual_seed(cfg["seed"])
     std = math.sqrt((256.0 ** 2 - 1) / 12.0) / 255.0
-    vocab = gpt_arch(cfg)["vocab_size"] if tokens else 0
+    vocab = lm_arch(cfg)["vocab_size"] if tokens else 0
     pool = []
     synthetic = synthetic_token_batches(cfg, vocab, POOL_BATCHES, torch) if tokens and cfg["data"]["kind"] == "synthetic" else None
     for i in range(POOL_BATCHES):
@@ -1013,7 +1118,11 @@ def summarize(cfg, args, torch, records, t_end, job):
                           "compile_s": max(0.0, sum(warm) - len(warm) * res["step_time_s_p50"]) if warm else None,
                           "steady_step_s_p50": res["step_time_s_p50"]}
         res["implementation"] = "pytorch_compile"
-    if tokens:
+    if tokens and is_llama(cfg):
+        import transformers
+        res["versions"]["models"] = "transformers %s %s, attention %s" % (
+            transformers.__version__, LLAMAS[cfg["model"]["name"]]["arch"], "sdpa" if ATTENTION == "auto" else "eager")
+    elif tokens:
         fused = ATTENTION == "auto" and hasattr(torch.nn.functional, "scaled_dot_product_attention")
         res["versions"]["models"] = "builtin (models/gpt.cpp's GPT), attention " + ("fused" if fused else "plain")
     return res
@@ -1059,9 +1168,14 @@ def describe(cfg, torch):
     """The model's state (name -> shape) and its forward FLOPs per sample, for tests/test_bench.cpp."""
     if is_gpt(cfg):  # on the meta device: GPT-2 small would take 0.5 GB and seconds to initialize
         model = build_gpt(gpt_arch(cfg), torch, torch.nn, torch.nn.functional, device="meta")
+    elif is_llama(cfg):  # on the meta device but the smallest, whose FLOPs the forward hooks count
+        model = build_llama(dict(lm_arch(cfg), name=cfg["model"]["name"]), torch, torch.nn,
+                            device=None if cfg["model"]["name"] == "llama_tiny" else "meta")
     else:
         model = build_model(cfg, torch, torch.nn, torch.nn.functional)
-    return {"state": {k: list(v.shape) for k, v in model.state_dict().items()},
+    state = model.state_names() if hasattr(model, "state_names") else {k: list(v.shape) for k, v in
+                                                                      model.state_dict().items()}
+    return {"state": state,
             "num_parameters": sum(p.numel() for p in model.parameters()),  # a tied tensor once
             "sample_shape": sample_shape(cfg),
             "flops_per_sample_forward": forward_flops(model, sample_shape(cfg), torch, torch.nn)}
@@ -1110,9 +1224,9 @@ def main():
         check_mirrored(cfg)  # before the slow import of torch
     import torch
     if args.dump_batches:
-        if not (is_gpt(cfg) and cfg["data"]["kind"] == "synthetic"):
-            raise ConfigError("command line: --dump-batches needs a GPT on data.kind synthetic")
-        batches = synthetic_token_batches(cfg, gpt_arch(cfg)["vocab_size"], POOL_BATCHES, torch)
+        if not (is_language_model(cfg) and cfg["data"]["kind"] == "synthetic"):
+            raise ConfigError("command line: --dump-batches needs a language model on data.kind synthetic")
+        batches = synthetic_token_batches(cfg, lm_arch(cfg)["vocab_size"], POOL_BATCHES, torch)
         torch.save({"%s%d" % (n, i): t for i, b in enumerate(batches) for n, t in zip("xy", b)}, args.dump_batches)
         return 0
     res = describe(cfg, torch) if args.describe else run(cfg, args, torch)
