@@ -22,6 +22,10 @@ on speed:
              trainer's, which for data.kind tokens is the token file's); model.vocab_multiple pads the
              token embedding's rows as models/gpt.h does (zero rows, their logits dropped before the loss);
              model.fused_bias false writes each Linear as the matmul and a separate add.
+             llama_tiny / smollm2_135m / qwen2_5_0_5b / llama3_2_1b: transformers' own LlamaForCausalLM or
+             Qwen2ForCausalLM of the registered shape (models/llama.h; random weights, transformers' init),
+             attention through its sdpa path (--attention plain: eager), model.context and the vocabulary
+             as for GPT: what a transformers user trains. Needs transformers (the 2.11 environment's).
   data       data.kind synthetic with an image model: a pool of 4 pre-generated batches of data.shape, uint8 noise
              normalized as the trainer's synthetic dataset (mean 0.5, std of uniform bytes), float32
              NCHW (pinned on a GPU), cycled. Fetching one is the "data wait" (about 0); the trainer's

@@ -18,7 +18,7 @@ import sys
 
 CITE = re.compile(r"`([\w./-]+\.json)`:\s*`([\w.\[\]-]+)`")
 BOLD = re.compile(r"\*\*([+-]?[\d,]*\.?\d+)\s*(%|MiB|MB|s|x)?\*\*")
-PATH = re.compile(r"bench/results/[\w./-]+\.(?:json|txt)")
+PATH = re.compile(r"bench/results/[\w./-]+\.(?:jsonl|json|txt)\b")
 VOICE = [
     (re.compile(r"\bsessions?\b", re.I), "speaks of sessions"),
     (re.compile(r"\blent\b", re.I), "speaks of machines lent"),
