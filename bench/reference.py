@@ -241,12 +241,11 @@ def is_language_model(cfg):
     return is_gpt(cfg) or is_llama(cfg)
 
 
-def lm_arch(cfg):
-    """A language model's options: a GPT's (gpt_arch), or a registered Llama shape with model.context and the
-    vocabulary (--vocab-size, else model.vocab_size) applied as models/registry.cpp applies them."""
-    if is_gpt(cfg):
-        return gpt_arch(cfg)
-    a = dict(LLAMAS[cfg["model"]["name"]])
+def registered_arch(table, cfg):
+    """The registered model's options as models/registry.cpp builds them: model.context replaces the
+    registered context when non-zero; the vocabulary is --vocab-size when given, else model.vocab_size when
+    non-zero."""
+    a = dict(table[cfg["model"]["name"]])
     if cfg["model"]["context"] > 0:
         a["context"] = cfg["model"]["context"]
     if VOCAB_SIZE > 0:
@@ -257,17 +256,14 @@ def lm_arch(cfg):
     return a
 
 
+def lm_arch(cfg):
+    """A language model's options: a GPT's (gpt_arch), or a registered Llama-family shape's."""
+    return gpt_arch(cfg) if is_gpt(cfg) else registered_arch(LLAMAS, cfg)
+
+
 def gpt_arch(cfg):
-    """The GPT's options as models/registry.cpp builds them: model.context replaces the registered context
-    when non-zero; the vocabulary is --vocab-size when given, else model.vocab_size when non-zero."""
-    a = dict(GPTS[cfg["model"]["name"]])
-    if cfg["model"]["context"] > 0:
-        a["context"] = cfg["model"]["context"]
-    if VOCAB_SIZE > 0:
-        a["vocab_size"] = VOCAB_SIZE
-    elif cfg["model"]["vocab_size"] > 0:
-        a["vocab_size"] = cfg["model"]["vocab_size"]
-    a["dropout"] = cfg["model"]["dropout"]
+    """The GPT's options (registered_arch), with model.vocab_multiple and model.fused_bias."""
+    a = registered_arch(GPTS, cfg)
     a["vocab_multiple"] = cfg["model"]["vocab_multiple"]
     a["fused_bias"] = cfg["model"]["fused_bias"]
     return a
