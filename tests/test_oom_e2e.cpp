@@ -169,7 +169,7 @@ TEST(OomE2E, AProbeThePeaksRuleOutIsNotRunUnderARealCap) {
   EXPECT_LE(s.back()["mem_peak_bytes"].get<int64_t>(), raised);
 }
 
-TEST(OomE2E, NothingFitsSavesAndExitsWithCode3) {
+TEST(OomE2E, NothingFitsFromTheStartExitsWithCode3AndSavesNothing) {
   TempDir dir;
   // The floor is 16 and the ladder may not recompute: a cap below micro-batch 16's peak leaves nothing.
   const std::string base = oom_job("--set memory.min_micro_batch=16 --set memory.ladder_checkpointing=false");
@@ -180,7 +180,21 @@ TEST(OomE2E, NothingFitsSavesAndExitsWithCode3) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
   EXPECT_EQ(testutil::events(run_dir, "oom_gave_up").size(), 1u);
-  EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/latest")) << "a checkpoint is saved before giving up";
+  // No step was trained: the state is the fresh start's, which a rerun rebuilds. Saving it would copy
+  // every weight and moment outside the cap (more than a large model's machine has left).
+  EXPECT_NE(r.output.find("no step trained in this process (step 0): nothing to save"), std::string::npos) << r.output;
+  EXPECT_TRUE(testutil::events(run_dir, "checkpoint").empty()) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/checkpoints/latest"));
+  // Two steps trained without a cap, then resumed under it: the first step of this process gives up, the
+  // resumed checkpoint is the state, and nothing new is written.
+  const auto resumed = (dir / "resumed").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(resumed, base + " --set train.steps=2")).exit_code, 0);
+  const auto before = testutil::events(resumed, "checkpoint").size();
+  r = testutil::run(testutil::trainer_cmd(
+      resumed, base + " --set train.steps=3 --set memory.limit=" + std::to_string((p4 + p16) / 2)));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("no step trained in this process (step 2): nothing to save"), std::string::npos) << r.output;
+  EXPECT_EQ(testutil::events(resumed, "checkpoint").size(), before) << r.output;
 }
 
 TEST(OomE2E, CapBelowTheLiveBytesSavesAndExitsWithCode3) {

@@ -205,19 +205,19 @@ TEST(SaveFailures, OomGiveUpSaveThatCannotBeWrittenExits4) {
   const std::string run = (dir / "run").string();
   testutil::SmallDisk disk(run + "/checkpoints", 1 << 20);  // not even one checkpoint fits
   if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  // Micro-batch 8 is the floor and recomputation is off: a cap at micro-batch 2's peak leaves the
-  // ladder nothing to try.
-  const std::string probe = (dir / "probe").string();
-  ASSERT_EQ(testutil::run(testutil::trainer_cmd(probe, save_job(1, 0, "--set train.micro_batch=2"))).exit_code, 0);
-  const int64_t p2 = testutil::step_lines(probe)[0]["mem_peak_bytes"].get<int64_t>();
-  auto r = testutil::run(testutil::trainer_cmd(
-      run, save_job(4, 0, "--set memory.min_micro_batch=8 --set memory.ladder_checkpointing=false --set memory.limit=" +
-                         std::to_string(p2))));
-  ASSERT_EQ(r.exit_code, 4) << r.output;
+  // Steps trained and none saved (no periodic checkpoint), then a cap below the live bytes through
+  // control.yaml: the ladder gives up, and the checkpoint of what was trained cannot be written.
+  pid_t pid = testutil::spawn(testutil::trainer_cmd(run, save_job(100000, 0)), (dir / "run.log").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(run, [](auto& l) { return testutil::last_step(l) >= 2; }))
+      << testutil::read_file(dir / "run.log");
+  testutil::write_file(dir / "run" / "control.yaml", "memory: {limit: 1}\n");
+  const int code = testutil::wait_exit(pid);
+  const std::string out = testutil::read_file(dir / "run.log");
+  ASSERT_EQ(code, 4) << out;
   EXPECT_EQ(testutil::events(run, "oom_gave_up").size(), 1u);
   EXPECT_EQ(testutil::events(run, "checkpoint_failed").size(), 3u);
-  expect_contains(error_line(r.output), {"before giving up on memory could not be saved", "ENOSPC",
-                                         "no checkpoint of this run was written"});
+  expect_contains(error_line(out), {"before giving up on memory could not be saved", "ENOSPC",
+                                    "no checkpoint of this run was written"});
 }
 
 }  // namespace test_save_failures

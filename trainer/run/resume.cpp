@@ -226,6 +226,7 @@ bool TrainingRun::resume() {
   loader_->seek(epoch_, position_);
   last_saved_path_ = ck->path;  // what an exit 4 names until this run saves its own
   last_saved_step_ = step_;
+  start_step_ = step_;
   const auto& ladder = step_runner_->controller();
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
                position_, ladder.micro_batch(), ladder.accum_steps());

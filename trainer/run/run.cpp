@@ -205,6 +205,13 @@ std::optional<int> TrainingRun::agree_on_save_and_stop() {
 int TrainingRun::give_up(const OomGaveUp& e) {
   spdlog::error("{}", e.what());
   metrics_.event("oom_gave_up", {{"step", step_}, {"message", e.what()}, {"mem_peak_bytes", memory_->peak_bytes()}});
+  // No step trained in this process: the state is the fresh start's or the resumed checkpoint's, which a
+  // rerun rebuilds bit for bit. A save would only copy it (every weight and optimizer moment, outside
+  // the cap), which for a model too large for its cap can be more than the machine has left.
+  if (step_ == start_step_) {
+    spdlog::info("no step trained in this process (step {}): nothing to save", step_);
+    return kExitOomGaveUp;
+  }
   // serialize_checkpoint() lifts the cap while it copies the state: the cap may be below the live bytes.
   if (!save_before_exit("oom_gave_up"))
     return exit_not_saved("the checkpoint of step " + std::to_string(step_) + " before giving up on memory",

@@ -209,6 +209,7 @@ class TrainingRun {
   std::vector<int64_t> sample_prompt_;                         // its ids
 
   int64_t step_ = 0;          // optimizer steps completed
+  int64_t start_step_ = 0;    // step_ when this process began: 0, or the resumed checkpoint's step
   int64_t total_steps_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t warmup_steps_ = 0;
