@@ -38,6 +38,8 @@ find_package(ZLIB REQUIRED)
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(Threads REQUIRED)
+# MLflow's REST API (trainer/track/): libcurl (Debian: libcurl4-openssl-dev), for HTTPS, proxies and logins.
+find_package(CURL REQUIRED)
 # GPT-2's pre-tokenizer (data/text/pretokenize.cpp): PCRE2's 8-bit library, with Unicode properties and
 # its JIT (Debian: libpcre2-dev). PCRE2 ships no CMake package in Debian; its header and library are found
 # by name (no pkg-config needed).
