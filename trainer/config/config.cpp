@@ -171,6 +171,8 @@ std::vector<Field> log_fields(Config& c) {  // logs and endpoints
       {"log.http_port", &c.log.http_port, false},
       {"log.http_host", &c.log.http_host, false},
       {"log.tensorboard", &c.log.tensorboard, false},
+      {"log.mlflow", &c.log.mlflow, false},
+      {"log.mlflow_experiment", &c.log.mlflow_experiment, false},
   };
 }
 

@@ -163,6 +163,10 @@ struct LogConfig {
   int64_t http_port = 0;            ///< metrics/probe endpoint (0 = off)
   std::string http_host = "127.0.0.1";
   bool tensorboard = false;
+  /// MLflow tracking server, http(s)://host:port (docs/OPERATIONS.md, "Tracking in MLflow"); "" = the
+  /// environment's MLFLOW_TRACKING_URI if set, else no tracking; "off" = no tracking whatever it says.
+  std::string mlflow;
+  std::string mlflow_experiment;  ///< the MLflow experiment ("" = the config file's name, without .yaml)
 };
 
 /// Data-parallel training (docs/DISTRIBUTED.md). The rank and world size come from the environment

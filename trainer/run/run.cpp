@@ -29,11 +29,18 @@ TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg),
 
 TrainingRun::~TrainingRun() {
   if (store_) store_->wait();  // a failure nobody collected is logged by the store
+  if (tracker_) tracker_->close();  // the run's status and what is queued, for at most a few seconds
   // Let go of train.log before the run folder's lock: the next owner's lines never mix with ours.
   if (run_lock_) setup_logging("", cfg_.log.level);
 }
 
 int TrainingRun::run() {
+  const int code = run_stages();
+  if (tracker_) tracker_->end(code);
+  return code;
+}
+
+int TrainingRun::run_stages() {
   setup();
   install_signal_handlers();
   const bool resumed = resume();

@@ -48,6 +48,7 @@
 #include "trainer/run/train.h"
 #include "trainer/step/evaluate.h"
 #include "trainer/step/step.h"
+#include "trainer/track/tracker.h"
 
 namespace data {
 class Tokenizer;  // data/text/tokenizer.h
@@ -90,12 +91,14 @@ class TrainingRun {
   int run();
 
  private:
+  int run_stages();  // run() without telling the tracker how it ended
   // setup.cpp
   void setup();
   void setup_distributed();
   void setup_run_folder();
   void take_run_folder();  // the lock: rank 0 takes it, or every rank gives up together
   void setup_observers();
+  void setup_tracking();  // log.mlflow: the MLflow tracker (rank 0)
   void setup_memory();
   void setup_data();
   int64_t steps_of_epochs(double epochs, const char* key) const;  // after setup_data(): steps per epoch known
@@ -205,6 +208,7 @@ class TrainingRun {
   std::unique_ptr<MemoryReporter> memory_report_;
   std::unique_ptr<ResourceMonitor> resources_;
   std::unique_ptr<TensorboardWriter> tensorboard_;
+  std::unique_ptr<track::MlflowTracker> tracker_;  // log.mlflow, rank 0 only
   std::shared_ptr<const data::Tokenizer> sample_tokenizer_;  // train.sample_every: decodes the samples
   std::vector<int64_t> sample_prompt_;                         // its ids
 

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/compat.h"
+#include "common/versions.h"
 #include "data/files/image_h5.h"
 #include "data/files/token_h5.h"
 #include "models/registry.h"
@@ -17,6 +18,8 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/run/from_config.h"
 #include "trainer/run/run.h"
+#include "trainer/track/build_info.h"
+#include "trainer/track/mlflow_client.h"
 
 namespace fs = std::filesystem;
 
@@ -115,6 +118,7 @@ void TrainingRun::setup_observers() {
   metrics_.set_observer([this](const nlohmann::json& j) {
     telemetry_.observe(j);
     if (tensorboard_) tensorboard_->observe(j);
+    if (tracker_) tracker_->observe(j);
   });
   memory_report_ = std::make_unique<MemoryReporter>(rank_dir_, &telemetry_);
   if (cfg_.log.http_port > 0) {
@@ -127,12 +131,54 @@ void TrainingRun::setup_observers() {
     std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
     out << to_yaml(cfg_);
   }
+  if (main_rank()) setup_tracking();
   spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
   if (!dist_) return;
   spdlog::info("distributed: rank {} of {} (local {} of {}), {} samples of each global batch of {}", env_.rank,
                env_.world_size, env_.local_rank, env_.local_world_size, rank_batch(), cfg_.train.global_batch);
   telemetry_.set_info("rank", std::to_string(env_.rank));
   telemetry_.set_info("world_size", std::to_string(env_.world_size));
+}
+
+void TrainingRun::setup_tracking() {
+  std::string uri = cfg_.log.mlflow;
+  if (uri == "off") return;
+  const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
+  const char* source = "log.mlflow";
+  if (uri.empty() && env_uri != nullptr && *env_uri != 0) {
+    uri = env_uri;
+    source = "MLFLOW_TRACKING_URI";
+  }
+  if (uri.empty()) return;
+  // A tracker that cannot be reached is a warning, never a reason to stop a job (docs/OPERATIONS.md).
+  if (const std::string why = track::check_tracking_uri(uri); !why.empty()) {
+    spdlog::warn("mlflow: {} {}; this run is not tracked", source, why);
+    return;
+  }
+  track::TrackerOptions o;
+  o.uri = uri;
+  o.experiment = !cfg_.log.mlflow_experiment.empty() ? cfg_.log.mlflow_experiment
+                 : opts_.config_file.empty()          ? "resnet20_fmnist"  // the built-in job's config
+                                                      : fs::path(opts_.config_file).stem().string();
+  o.run_dir = opts_.run_dir;
+  o.run_name = fs::absolute(opts_.run_dir).lexically_normal().filename().string();
+  if (o.run_name.empty()) o.run_name = fs::absolute(opts_.run_dir).lexically_normal().parent_path().filename().string();
+  o.params = track::params_of_yaml(to_yaml(cfg_));
+  o.tags = {{"mlflow.source.name", "trainer"},
+            {"mlflow.source.type", "JOB"},
+            {"mlflow.source.git.commit", track::build_commit()},
+            {"trainer.version", TRAINER_VERSION},
+            {"trainer.libtorch", compat::torch_version()},
+            {"trainer.host", track::host_name()},
+            {"trainer.device", device_.str()},
+            {"trainer.model", cfg_.model.name},
+            {"trainer.world_size", std::to_string(env_.world_size)},
+            {"trainer.config", opts_.config_file.empty() ? "built-in" : opts_.config_file},
+            {"trainer.run_dir", fs::absolute(opts_.run_dir).lexically_normal().string()}};
+  if (const char* user = std::getenv("USER"); user != nullptr) o.tags["mlflow.user"] = user;
+  if (const std::string v = cuda_runtime_version(); !v.empty()) o.tags["trainer.cuda"] = v;
+  if (const std::string v = cudnn_version(); !v.empty()) o.tags["trainer.cudnn"] = v;
+  tracker_ = std::make_unique<track::MlflowTracker>(std::move(o));
 }
 
 void TrainingRun::setup_memory() {
