@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,11 +17,21 @@
 
 #include "tools/percentile.h"
 #include "trainer/memory/backend.h"
+#include "trainer/track/history.h"
+#include "trainer/track/mlflow_client.h"
 
 namespace fs = std::filesystem;
 
 namespace trainer {
 namespace {
+
+// A small file's text; "" when it cannot be read.
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -95,6 +106,10 @@ Tolerances load_tolerances(const std::string& path, Tolerances base) {
 nlohmann::json summarize_metrics(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open the metrics file");
+  return summarize_metrics_lines(in, path);
+}
+
+nlohmann::json summarize_metrics_lines(std::istream& in, const std::string& path) {
   std::vector<double> losses, sps, step_times;
   bool skip_next = true;  // the first step of a process pays for warm-up
   int64_t steps = 0, peak = -1, ooms = 0, eval_count = 0;
@@ -166,7 +181,21 @@ nlohmann::json summarize_metrics(const std::string& path) {
   return s;
 }
 
-nlohmann::json load_summary(const std::string& path) {
+nlohmann::json summarize_mlflow_run(const std::string& spec, const std::string& uri, const std::string& exclude) {
+  if (uri.empty())
+    throw std::runtime_error(spec + ": no tracking server: set MLFLOW_TRACKING_URI or pass --mlflow-uri URI");
+  if (const std::string why = track::check_tracking_uri(uri); !why.empty()) throw std::runtime_error("--mlflow-uri: " + why);
+  track::MlflowClient client(uri);
+  const std::string run_id = track::resolve_run(client, spec.substr(std::string("mlflow:").size()), exclude);
+  std::stringstream lines;
+  for (const auto& record : track::records_from_history(track::read_history(client, run_id))) lines << record.dump() << '\n';
+  nlohmann::json s = summarize_metrics_lines(lines, spec + " (run " + run_id + " on " + uri + ")");
+  s["mlflow_run_id"] = run_id;  // not a number: shown by --summarize, never compared
+  return s;
+}
+
+nlohmann::json load_summary(const std::string& path, const std::string& mlflow_uri, const std::string& exclude) {
+  if (path.rfind("mlflow:", 0) == 0) return summarize_mlflow_run(path, mlflow_uri, exclude);
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path m = fs::path(path) / "metrics.jsonl";
@@ -261,13 +290,17 @@ std::string Comparison::table() const {
 
 int compare_main(int argc, char** argv) {
   const std::string usage =
-      "usage: trainer compare BASELINE RUN [--tolerances FILE.yaml] [--json]\n"
-      "       trainer compare --summarize RUN\n"
-      "BASELINE and RUN: a summary JSON file (e.g. from the benchmark harness), a metrics.jsonl, or a run folder.\n"
+      "usage: trainer compare BASELINE RUN [--tolerances FILE.yaml] [--json] [--mlflow-uri URI]\n"
+      "       trainer compare --summarize RUN [--mlflow-uri URI]\n"
+      "BASELINE and RUN: a summary JSON file (e.g. from the benchmark harness), a metrics.jsonl, a run folder,\n"
+      "or an MLflow run: mlflow:RUN_ID, or mlflow:experiment/NAME for the experiment's latest finished run, on\n"
+      "the server --mlflow-uri names (default: MLFLOW_TRACKING_URI).\n"
       "Exit codes: 0 no regression, 5 a metric regressed beyond its tolerance, 2 bad input.\n"
       "Default tolerances and the tolerance file format: docs/OPERATIONS.md.\n";
   std::vector<std::string> positional;
   std::string tolerances_path, summarize;
+  const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
+  std::string mlflow_uri = env_uri != nullptr ? env_uri : "";
   bool as_json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -280,6 +313,10 @@ int compare_main(int argc, char** argv) {
       tolerances_path = a.substr(13);
     } else if (a == "--summarize" && i + 1 < argc) {
       summarize = argv[++i];
+    } else if (a == "--mlflow-uri" && i + 1 < argc) {
+      mlflow_uri = argv[++i];
+    } else if (a.rfind("--mlflow-uri=", 0) == 0) {
+      mlflow_uri = a.substr(13);
     } else if (a == "--json") {
       as_json = true;
     } else if (!a.empty() && a[0] == '-') {
@@ -289,13 +326,15 @@ int compare_main(int argc, char** argv) {
     }
   }
   if (!summarize.empty()) {
-    std::cout << load_summary(summarize).dump(2) << std::endl;
+    std::cout << load_summary(summarize, mlflow_uri).dump(2) << std::endl;
     return 0;
   }
   if (positional.size() != 2) throw std::runtime_error("compare: expected BASELINE and RUN\n" + usage);
   const Tolerances tol = tolerances_path.empty() ? default_tolerances() : load_tolerances(tolerances_path);
-  const nlohmann::json base = load_summary(positional[0]);
-  const nlohmann::json run = load_summary(positional[1]);
+  const nlohmann::json run = load_summary(positional[1], mlflow_uri);
+  // The run's own MLflow run (a run folder's mlflow.json) is never its baseline.
+  const nlohmann::json own = nlohmann::json::parse(read_text((fs::path(positional[1]) / "mlflow.json").string()), nullptr, false);
+  const nlohmann::json base = load_summary(positional[0], mlflow_uri, own.is_object() ? own.value("run_id", "") : "");
   const Comparison c = compare_summaries(base, run, tol);
   if (as_json) {
     nlohmann::json out = {{"regression", c.regression}, {"metrics", nlohmann::json::array()}};
@@ -308,7 +347,11 @@ int compare_main(int argc, char** argv) {
     }
     std::cout << out.dump(2) << std::endl;
   } else {
-    std::cout << "baseline: " << positional[0] << "\nrun:      " << positional[1] << "\n\n" << c.table();
+    auto named = [](const std::string& arg, const nlohmann::json& summary) {  // an MLflow run: which one
+      return summary.contains("mlflow_run_id") ? arg + " (run " + summary["mlflow_run_id"].get<std::string>() + ")" : arg;
+    };
+    std::cout << "baseline: " << named(positional[0], base) << "\nrun:      " << named(positional[1], run) << "\n\n"
+              << c.table();
     int n = 0;
     for (const auto& r : c.rows) n += r.status == "REGRESSION";
     std::cout << "\n" << (c.regression ? fmt::format("REGRESSION: {} metric(s) beyond tolerance", n) : "no regression")

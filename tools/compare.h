@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -55,10 +56,20 @@ Tolerances load_tolerances(const std::string& path, Tolerances base = default_to
 ///   wall_time_s         the "seconds" of the last end event (absent before the run ended)
 /// Throws std::runtime_error naming the path if it cannot be read or has no step line.
 nlohmann::json summarize_metrics(const std::string& metrics_jsonl);
+/// The same from lines already open; `path` names them in errors.
+nlohmann::json summarize_metrics_lines(std::istream& in, const std::string& path);
 
-/// A summary from `path`: a run folder (its metrics.jsonl), a .jsonl file, or a JSON object file
-/// (used as it is). Throws std::runtime_error naming the path.
-nlohmann::json load_summary(const std::string& path);
+/// The summary of an MLflow run (`spec`: "mlflow:RUN_ID", or "mlflow:experiment/NAME" for the
+/// experiment's latest finished run) on the tracking server `uri`, from its metrics' histories
+/// (trainer/track/history.h) read back into the records summarize_metrics reads. It has one more field,
+/// mlflow_run_id (a string, never compared). `exclude`: a run id that "experiment/NAME" passes over (the
+/// run compared with it). Throws std::runtime_error naming the server and the run.
+nlohmann::json summarize_mlflow_run(const std::string& spec, const std::string& uri, const std::string& exclude = "");
+
+/// A summary from `path`: a run folder (its metrics.jsonl), a .jsonl file, an MLflow run ("mlflow:...",
+/// on `mlflow_uri`, passing over run `exclude`), or a JSON object file (used as it is). Throws
+/// std::runtime_error naming the path.
+nlohmann::json load_summary(const std::string& path, const std::string& mlflow_uri = "", const std::string& exclude = "");
 
 /// One metric of a comparison.
 struct CompareRow {
