@@ -12,6 +12,8 @@
 #      UBSan, into build-fuzz/): each target for TRAINER_FUZZ_SECONDS (default 30) from the seed corpus
 #      in fuzz/corpus/, one per core at a time. A finding in this project's code fails the leg
 #      (docs/FUZZING.md).
+#   Both run tests/test_mlflow.cpp against a real MLflow server (scripts/install-mlflow.sh, a reused virtual
+#   environment made before leg 1).
 #   4. The container (scripts/container-test.sh): deploy/Dockerfile built with buildah on a Debian base
 #      image made here by debootstrap, a job in the image stopped with SIGTERM and resumed to the weights
 #      of an uninterrupted run, the endpoint probed from the host, the Kubernetes manifests validated.
@@ -60,6 +62,15 @@ echo "== python: names bench/ and scripts/ read that nothing defines"
 echo "== functions: none over 80 lines (lizard)"
 scripts/check-functions.sh
 
+# MLflow's server and client for tests/test_mlflow.cpp (scripts/install-mlflow.sh: a minute the first time,
+# reused after). Its tests must run here: a missing MLflow fails them instead of skipping them.
+if want debian || want cuda; then
+  t0=$SECONDS
+  mlflow_py=$(scripts/install-mlflow.sh)
+  export TRAINER_REQUIRE_MLFLOW=1
+  times+=("MLflow environment|$((SECONDS - t0)) s")
+fi
+
 # Work beside the legs, stopped with its children if the script ends early.
 background=()
 kill_tree() { local c; for c in $(pgrep -P "$1" || true); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
@@ -89,7 +100,7 @@ leg() {  # name, build folder, extra cmake args...
   local t0=$SECONDS
   mkdir -p "$dir"
   echo "== $name: configure and build in $dir"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >"$dir.configure.log" 2>&1 ||
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINER_MLFLOW_PYTHON="$mlflow_py" "$@" >"$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; echo "== $name: configure failed"; return 1; }
   grep 'trainer:' "$dir.configure.log" || true
   cmake --build "$dir" -j "$jobs"
