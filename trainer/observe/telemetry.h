@@ -1,7 +1,7 @@
 // Live state of a training run for operators: a thread-safe snapshot of its gauges and counters that the
 // loop writes after each step and the HTTP endpoint (trainer/http.h) reads, rendered in the Prometheus
 // text format; the liveness and readiness rules behind /healthz and /readyz; and the periodic resource
-// line (process CPU, RSS, device memory, GPU utilisation through NVML where the driver has it).
+// line (process CPU, RSS, device memory, GPU utilisation through NVML where the driver has it: nvml.h).
 //
 // The loop never waits on a reader: every write takes one mutex for the time of a few assignments
 // (no I/O, no allocation beyond a string copy), and readers copy the snapshot out before formatting.
@@ -18,6 +18,7 @@
 #include <string>
 
 #include "trainer/memory/report.h"
+#include "trainer/observe/nvml.h"
 
 namespace trainer {
 
@@ -164,32 +165,6 @@ class Telemetry : public MemoryReportSink {
 
 /// This process's CPU time (user + system) in seconds, from /proc/self/stat under `root`; -1 if unreadable.
 double process_cpu_seconds(const std::string& root = "/");
-
-/// GPU utilisation through NVML, loaded with dlopen("libnvidia-ml.so.1") on first use: never a link-time
-/// dependency. Thread-safe.
-class Nvml {
- public:
-  /// The process-wide instance (NVML is initialized once, never shut down before exit).
-  static Nvml& instance();
-  /// True if the library loaded and nvmlInit succeeded.
-  bool available() const { return ok_; }
-  /// Why it is not available ("libnvidia-ml.so.1 not found", ...); "" if it is.
-  const std::string& error() const { return error_; }
-  /// Percent of the last sample period the GPU `index` (NVML's numbering) was busy; -1 if unknown.
-  double utilization(unsigned index) const;
-  /// Bytes of device memory in use on GPU `index` (all processes); -1 if unknown.
-  int64_t memory_used(unsigned index) const;
-
- private:
-  Nvml();
-  bool ok_ = false;
-  std::string error_;
-  void* lib_ = nullptr;
-  void* get_handle_ = nullptr;
-  void* get_util_ = nullptr;
-  void* get_mem_ = nullptr;
-  mutable std::mutex mu_;
-};
 
 /// One sample of the resource line.
 struct ResourceSample {
