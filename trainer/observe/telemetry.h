@@ -68,6 +68,7 @@ struct TelemetrySnapshot {
   /// checkpoint shows its true age.
   double last_checkpoint_unix_s = 0;
   double gpu_utilization = -1;           ///< percent, from the resource monitor; -1 = not known
+  GpuIdentity gpu;                       ///< the CUDA device's GPU and MIG slice; empty uuid = not known
 };
 
 /// The run's live state. Thread-safe: the loop writes, the HTTP threads read.
@@ -114,6 +115,10 @@ class Telemetry : public MemoryReportSink {
   void set_info(const std::string& key, const std::string& value);
   /// GPU utilisation in percent (-1 = not known), from ResourceMonitor.
   void set_gpu_utilization(double percent);
+  /// The GPU the run trains on (ResourceMonitor::gpu()). With a UUID, the device memory and utilisation
+  /// series carry the labels `UUID` (and `GPU_I_ID` on a MIG slice) of NVIDIA's DCGM exporter, and
+  /// trainer_gpu_info describes the device.
+  void set_gpu(const GpuIdentity& gpu);
 
   // ---- memory report requests (GET /memory) -------------------------------------------------------
   /// Asks the loop for a memory report (the HTTP thread calls this). Requests coalesce: however many
@@ -180,9 +185,12 @@ struct ResourceSample {
 /// 300.00 MiB (peak 1.10 GiB, limit 2.00 GiB) | gpu n/a (cpu run)".
 class ResourceMonitor {
  public:
-  /// `gpu_index` >= 0: ask NVML for that GPU (NVML numbering, which equals CUDA's when one GPU is
-  /// visible, the usual case in a container); -1: no GPU. `root` as trainer/resources.h.
+  /// `gpu_index` >= 0: the CUDA device index of the run's GPU, whose identity is asked of NVML once here
+  /// (Nvml::identity: the visible-devices lists map it to NVML's GPU); -1: no GPU. `root` as
+  /// trainer/resources.h.
   explicit ResourceMonitor(int gpu_index = -1, std::string root = "/");
+  /// The GPU's identity (empty for a CPU run or without NVML; its `note` says why).
+  const GpuIdentity& gpu() const { return gpu_; }
   /// CPU use since the previous sample (or construction), RSS now, device memory of `backend` (may be
   /// null), GPU utilisation.
   ResourceSample sample(const MemoryBackend* backend = nullptr);
@@ -191,6 +199,7 @@ class ResourceMonitor {
 
  private:
   int gpu_index_;
+  GpuIdentity gpu_;
   std::string root_;
   double last_cpu_s_;
   std::chrono::steady_clock::time_point last_wall_;
