@@ -41,6 +41,11 @@ const std::string kDeploy = testutil::source_dir() + "/deploy";
 const std::string kRules = kDeploy + "/prometheus/trainer-rules.yml";
 const std::string kRuleTests = kDeploy + "/prometheus/trainer-rules.test.yml";
 const std::string kDashboard = kDeploy + "/grafana/trainer-dashboard.json";
+/// The series of NVIDIA's DCGM exporter the rules and the dashboard may read beside the trainer's: in its
+/// default counters (etc/default-counters.csv), labelled gpu, UUID, device, modelName, Hostname (and
+/// GPU_I_PROFILE, GPU_I_ID on a MIG slice); the trainer's GPU series carry UUID and GPU_I_ID to join them.
+const std::set<std::string> kDcgmSeries = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL",
+                                           "DCGM_FI_DEV_XID_ERRORS"};
 
 using testutil::seconds_since;
 
@@ -98,7 +103,8 @@ bool have_program(const std::string& name) { return testutil::run("command -v " 
 /// The metric names a PromQL expression reads. Quoted strings (label values such as "$instance") are
 /// removed first; then every identifier that starts with trainer_ is a trainer metric, wherever it
 /// stands (before `{`, `[`, `)`, an operator or the end). Any other identifier directly followed by `{`
-/// or `[` is a metric too and goes to `others` (e.g. Prometheus's own `up`); function names (followed by
+/// or `[` is a metric too and goes to `others` (e.g. Prometheus's own `up`), and so is every `DCGM_FI_`
+/// name (NVIDIA's DCGM exporter's series) wherever it stands; function names (followed by
 /// `(`), label names, keywords, durations and Grafana's `$variables` are not metrics.
 std::set<std::string> trainer_metrics_in(const std::string& promql, std::set<std::string>* others = nullptr) {
   std::string s = promql;
@@ -125,7 +131,9 @@ std::set<std::string> trainer_metrics_in(const std::string& promql, std::set<std
     }
     size_t next = pos + name.size();
     while (next < s.size() && std::isspace(static_cast<unsigned char>(s[next]))) ++next;
-    if (others && next < s.size() && (s[next] == '{' || s[next] == '[')) others->insert(name);
+    // NVIDIA's DCGM exporter's series are metrics wherever they stand (DCGM_FI_DEV_FB_USED / ...).
+    if (others && (name.rfind("DCGM_FI_", 0) == 0 || (next < s.size() && (s[next] == '{' || s[next] == '['))))
+      others->insert(name);
   }
   return found;
 }
@@ -278,6 +286,13 @@ TEST(PrometheusDeploy, MetricNamesAreExtractedFromPromQL) {
   EXPECT_TRUE(trainer_metrics_in(R"(up{job="trainer"} == 0)", &others).empty());
   EXPECT_TRUE(trainer_metrics_in(R"(increase(node_oom_kills_total [5m]))", &others).empty());
   EXPECT_EQ(others, (std::set<std::string>{"up", "node_oom_kills_total"}));
+  // The DCGM exporter's series, bare or selected, are others; the labels UUID and GPU_I_ID are not metrics.
+  others.clear();
+  EXPECT_EQ(trainer_metrics_in("max by (UUID) (DCGM_FI_DEV_XID_ERRORS > 0) + on(UUID, GPU_I_ID) group_right() "
+                               "(0 * trainer_device_memory_limit_bytes)", &others),
+            std::set<std::string>{"trainer_device_memory_limit_bytes"});
+  trainer_metrics_in("DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE{gpu=\"0\"})", &others);
+  EXPECT_EQ(others, (std::set<std::string>{"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}));
   // A misspelt name is found, so the comparison below can fail.
   EXPECT_EQ(trainer_metrics_in("rate(trainer_backoffs_total[5m])"), std::set<std::string>{"trainer_backoffs_total"});
 }
@@ -362,11 +377,14 @@ TEST(PrometheusDeploy, DashboardAndRulesReadOnlyMetricsTheTrainerExports) {
   ASSERT_GE(dash.size(), 15u) << "the dashboard's queries were not found";
   for (const auto& q : dash) queries.emplace_back("dashboard", q);
 
-  std::set<std::string> used;
+  std::set<std::string> used, used_dcgm;
   for (const auto& [where, q] : queries) {
     std::set<std::string> others;
     auto names = trainer_metrics_in(q, &others);
-    for (const auto& o : others) EXPECT_EQ(o, "up") << where << " reads " << o << ", which is not the trainer's: " << q;
+    for (const auto& o : others) {
+      EXPECT_TRUE(o == "up" || kDcgmSeries.count(o)) << where << " reads " << o << ", which is not the trainer's: " << q;
+      if (o != "up") used_dcgm.insert(o);
+    }
     // "prometheus" is the datasource variable's type, not a query.
     if (q != "prometheus") EXPECT_FALSE(names.empty() && others.empty()) << where << " reads no metric: " << q;
     for (const auto& n : names) {
@@ -380,6 +398,8 @@ TEST(PrometheusDeploy, DashboardAndRulesReadOnlyMetricsTheTrainerExports) {
                         "trainer_container_memory_limit_bytes", "trainer_oom_total", "trainer_backoff_total",
                         "trainer_micro_batch", "trainer_last_checkpoint_timestamp_seconds", "trainer_ready"})
     EXPECT_TRUE(used.count(n)) << n << " is read by no panel and no rule";
+  // Beside them, the card's own memory and errors from NVIDIA's DCGM exporter (joined by UUID, GPU_I_ID).
+  EXPECT_EQ(used_dcgm, (std::set<std::string>{"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_XID_ERRORS"}));
   std::cout << "[prometheus] " << used.size() << " trainer metrics read by the rules and the dashboard, all among the "
             << exported.size() << " that /metrics served\n";
 }

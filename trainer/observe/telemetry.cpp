@@ -1,6 +1,5 @@
 #include "trainer/observe/telemetry.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <spdlog/fmt/fmt.h>
@@ -209,6 +208,11 @@ void Telemetry::set_gpu_utilization(double percent) {
   counters_.gpu_utilization = percent;
 }
 
+void Telemetry::set_gpu(const GpuIdentity& gpu) {
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.gpu = gpu;
+}
+
 void Telemetry::request_memory_report() {
   std::lock_guard<std::mutex> lock(mu_);
   report_requested_ = true;
@@ -333,6 +337,30 @@ void event_families(std::string& o, const TelemetrySnapshot& s) {
   }
 }
 
+// The labels NVIDIA's DCGM exporter puts on a GPU's series, so that `on(UUID, GPU_I_ID)` joins them: the
+// physical GPU's UUID, and on a MIG slice its GPU instance id (the exporter has no GPU_I_ID on a whole GPU,
+// nor does this). "" when the UUID is not known.
+std::string dcgm_labels(const GpuIdentity& g) {
+  if (g.uuid.empty()) return "";
+  std::string l = "UUID=\"" + escape_label(g.uuid) + "\"";
+  if (g.gpu_instance_id >= 0) l += ",GPU_I_ID=\"" + std::to_string(g.gpu_instance_id) + "\"";
+  return l;
+}
+
+void gpu_families(std::string& o, const TelemetrySnapshot& s) {
+  const std::string ids = dcgm_labels(s.gpu);
+  if (!ids.empty()) {
+    std::string info = "device=\"" + escape_label(s.memory.device.empty() ? "unknown" : s.memory.device) + "\"," + ids;
+    if (!s.gpu.mig_uuid.empty()) info += ",mig_uuid=\"" + escape_label(s.gpu.mig_uuid) + "\"";
+    family(o, "trainer_gpu_info", "gauge",
+           "Constant 1; the GPU (and MIG slice) the run trains on, labelled as NVIDIA's DCGM exporter labels it.", 1,
+           info);
+  }
+  if (s.gpu_utilization >= 0)
+    family(o, "trainer_gpu_utilization_percent", "gauge", "GPU busy time of the last NVML sample period.",
+           s.gpu_utilization, ids);
+}
+
 // Host and container figures are files, read outside the telemetry's lock: the loop never waits for them.
 void memory_families(std::string& o, const TelemetrySnapshot& s, const std::string& root) {
   CgroupMemory cg;
@@ -342,7 +370,9 @@ void memory_families(std::string& o, const TelemetrySnapshot& s, const std::stri
     // A malformed cgroup file is reported by the loop's own limit handling; here it reads as "none".
   }
   const double cpu_s = process_cpu_seconds(root);
-  const std::string dev = "device=\"" + escape_label(s.memory.device.empty() ? "unknown" : s.memory.device) + "\"";
+  const std::string ids = dcgm_labels(s.gpu);
+  const std::string dev = "device=\"" + escape_label(s.memory.device.empty() ? "unknown" : s.memory.device) + "\"" +
+                          (ids.empty() ? "" : "," + ids);
   family(o, "trainer_device_memory_allocated_bytes", "gauge", "Tensor bytes allocated on the training device.",
          static_cast<double>(s.memory.allocated), dev);
   family(o, "trainer_device_memory_reserved_bytes", "gauge",
@@ -359,9 +389,7 @@ void memory_families(std::string& o, const TelemetrySnapshot& s, const std::stri
          static_cast<double>(cg.usage_bytes));
   family(o, "trainer_process_cpu_seconds_total", "counter", "User and system CPU time of the trainer process.",
          cpu_s < 0 ? 0.0 : cpu_s);
-  if (s.gpu_utilization >= 0)
-    family(o, "trainer_gpu_utilization_percent", "gauge", "GPU busy time of the last NVML sample period.",
-           s.gpu_utilization);
+  gpu_families(o, s);
 }
 
 void health_families(std::string& o, const TelemetrySnapshot& s, double timeout) {
@@ -410,71 +438,9 @@ double process_cpu_seconds(const std::string& root) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// NVML's C API, declared here so no NVIDIA header or library is needed at build time. Types as in nvml.h:
-// an opaque device handle, return 0 = NVML_SUCCESS.
-namespace {
-struct NvmlUtilization {
-  unsigned int gpu;     // percent of time a kernel ran during the sample period
-  unsigned int memory;  // percent of time device memory was read or written
-};
-struct NvmlMemory {
-  unsigned long long total, free, used;
-};
-using NvmlInitFn = int (*)();
-using NvmlGetHandleFn = int (*)(unsigned int, void**);
-using NvmlGetUtilFn = int (*)(void*, NvmlUtilization*);
-using NvmlGetMemFn = int (*)(void*, NvmlMemory*);
-}  // namespace
-
-Nvml& Nvml::instance() {
-  static Nvml nvml;
-  return nvml;
-}
-
-Nvml::Nvml() {
-  lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib_) {
-    error_ = "libnvidia-ml.so.1 not found (no NVIDIA driver here)";
-    return;
-  }
-  auto init = reinterpret_cast<NvmlInitFn>(dlsym(lib_, "nvmlInit_v2"));
-  get_handle_ = dlsym(lib_, "nvmlDeviceGetHandleByIndex_v2");
-  get_util_ = dlsym(lib_, "nvmlDeviceGetUtilizationRates");
-  get_mem_ = dlsym(lib_, "nvmlDeviceGetMemoryInfo");
-  if (!init || !get_handle_ || !get_util_) {
-    error_ = "libnvidia-ml.so.1 lacks nvmlInit_v2 / nvmlDeviceGetHandleByIndex_v2 / nvmlDeviceGetUtilizationRates";
-    return;
-  }
-  int rc = init();
-  if (rc != 0) {
-    error_ = "nvmlInit_v2 failed with NVML error " + std::to_string(rc);
-    return;
-  }
-  ok_ = true;
-}
-
-double Nvml::utilization(unsigned index) const {
-  if (!ok_) return -1;
-  std::lock_guard<std::mutex> lock(mu_);
-  void* dev = nullptr;
-  if (reinterpret_cast<NvmlGetHandleFn>(get_handle_)(index, &dev) != 0) return -1;
-  NvmlUtilization u{};
-  if (reinterpret_cast<NvmlGetUtilFn>(get_util_)(dev, &u) != 0) return -1;
-  return u.gpu;
-}
-
-int64_t Nvml::memory_used(unsigned index) const {
-  if (!ok_ || !get_mem_) return -1;
-  std::lock_guard<std::mutex> lock(mu_);
-  void* dev = nullptr;
-  if (reinterpret_cast<NvmlGetHandleFn>(get_handle_)(index, &dev) != 0) return -1;
-  NvmlMemory m{};
-  if (reinterpret_cast<NvmlGetMemFn>(get_mem_)(dev, &m) != 0) return -1;
-  return static_cast<int64_t>(m.used);
-}
-
 ResourceMonitor::ResourceMonitor(int gpu_index, std::string root)
-    : gpu_index_(gpu_index), root_(std::move(root)), last_cpu_s_(process_cpu_seconds(root_)),
+    : gpu_index_(gpu_index), gpu_(gpu_index >= 0 ? Nvml::instance().identity(gpu_index) : GpuIdentity{}),
+      root_(std::move(root)), last_cpu_s_(process_cpu_seconds(root_)),
       last_wall_(std::chrono::steady_clock::now()) {}
 
 ResourceSample ResourceMonitor::sample(const MemoryBackend* backend) {
@@ -497,8 +463,10 @@ ResourceSample ResourceMonitor::sample(const MemoryBackend* backend) {
   } else if (!Nvml::instance().available()) {
     s.gpu_note = Nvml::instance().error();
   } else {
-    s.gpu_percent = Nvml::instance().utilization(static_cast<unsigned>(gpu_index_));
-    if (s.gpu_percent < 0) s.gpu_note = "NVML gave no utilisation for GPU " + std::to_string(gpu_index_);
+    // NVML's index of the GPU the identity found (CUDA_VISIBLE_DEVICES=3: NVML's GPU 3), else CUDA's index.
+    const int index = gpu_.nvml_index >= 0 ? gpu_.nvml_index : gpu_index_;
+    s.gpu_percent = Nvml::instance().utilization(static_cast<unsigned>(index));
+    if (s.gpu_percent < 0) s.gpu_note = "NVML gave no utilisation for GPU " + std::to_string(index);
   }
   return s;
 }

@@ -1,7 +1,7 @@
 // Live state of a training run for operators: a thread-safe snapshot of its gauges and counters that the
 // loop writes after each step and the HTTP endpoint (trainer/http.h) reads, rendered in the Prometheus
 // text format; the liveness and readiness rules behind /healthz and /readyz; and the periodic resource
-// line (process CPU, RSS, device memory, GPU utilisation through NVML where the driver has it).
+// line (process CPU, RSS, device memory, GPU utilisation through NVML where the driver has it: nvml.h).
 //
 // The loop never waits on a reader: every write takes one mutex for the time of a few assignments
 // (no I/O, no allocation beyond a string copy), and readers copy the snapshot out before formatting.
@@ -18,6 +18,7 @@
 #include <string>
 
 #include "trainer/memory/report.h"
+#include "trainer/observe/nvml.h"
 
 namespace trainer {
 
@@ -67,6 +68,7 @@ struct TelemetrySnapshot {
   /// checkpoint shows its true age.
   double last_checkpoint_unix_s = 0;
   double gpu_utilization = -1;           ///< percent, from the resource monitor; -1 = not known
+  GpuIdentity gpu;                       ///< the CUDA device's GPU and MIG slice; empty uuid = not known
 };
 
 /// The run's live state. Thread-safe: the loop writes, the HTTP threads read.
@@ -113,6 +115,10 @@ class Telemetry : public MemoryReportSink {
   void set_info(const std::string& key, const std::string& value);
   /// GPU utilisation in percent (-1 = not known), from ResourceMonitor.
   void set_gpu_utilization(double percent);
+  /// The GPU the run trains on (ResourceMonitor::gpu()). With a UUID, the device memory and utilisation
+  /// series carry the labels `UUID` (and `GPU_I_ID` on a MIG slice) of NVIDIA's DCGM exporter, and
+  /// trainer_gpu_info describes the device.
+  void set_gpu(const GpuIdentity& gpu);
 
   // ---- memory report requests (GET /memory) -------------------------------------------------------
   /// Asks the loop for a memory report (the HTTP thread calls this). Requests coalesce: however many
@@ -165,32 +171,6 @@ class Telemetry : public MemoryReportSink {
 /// This process's CPU time (user + system) in seconds, from /proc/self/stat under `root`; -1 if unreadable.
 double process_cpu_seconds(const std::string& root = "/");
 
-/// GPU utilisation through NVML, loaded with dlopen("libnvidia-ml.so.1") on first use: never a link-time
-/// dependency. Thread-safe.
-class Nvml {
- public:
-  /// The process-wide instance (NVML is initialized once, never shut down before exit).
-  static Nvml& instance();
-  /// True if the library loaded and nvmlInit succeeded.
-  bool available() const { return ok_; }
-  /// Why it is not available ("libnvidia-ml.so.1 not found", ...); "" if it is.
-  const std::string& error() const { return error_; }
-  /// Percent of the last sample period the GPU `index` (NVML's numbering) was busy; -1 if unknown.
-  double utilization(unsigned index) const;
-  /// Bytes of device memory in use on GPU `index` (all processes); -1 if unknown.
-  int64_t memory_used(unsigned index) const;
-
- private:
-  Nvml();
-  bool ok_ = false;
-  std::string error_;
-  void* lib_ = nullptr;
-  void* get_handle_ = nullptr;
-  void* get_util_ = nullptr;
-  void* get_mem_ = nullptr;
-  mutable std::mutex mu_;
-};
-
 /// One sample of the resource line.
 struct ResourceSample {
   double cpu_percent = 0;      ///< process CPU time / wall time since the previous sample, in percent of one CPU
@@ -205,9 +185,12 @@ struct ResourceSample {
 /// 300.00 MiB (peak 1.10 GiB, limit 2.00 GiB) | gpu n/a (cpu run)".
 class ResourceMonitor {
  public:
-  /// `gpu_index` >= 0: ask NVML for that GPU (NVML numbering, which equals CUDA's when one GPU is
-  /// visible, the usual case in a container); -1: no GPU. `root` as trainer/resources.h.
+  /// `gpu_index` >= 0: the CUDA device index of the run's GPU, whose identity is asked of NVML once here
+  /// (Nvml::identity: the visible-devices lists map it to NVML's GPU); -1: no GPU. `root` as
+  /// trainer/resources.h.
   explicit ResourceMonitor(int gpu_index = -1, std::string root = "/");
+  /// The GPU's identity (empty for a CPU run or without NVML; its `note` says why).
+  const GpuIdentity& gpu() const { return gpu_; }
   /// CPU use since the previous sample (or construction), RSS now, device memory of `backend` (may be
   /// null), GPU utilisation.
   ResourceSample sample(const MemoryBackend* backend = nullptr);
@@ -216,6 +199,7 @@ class ResourceMonitor {
 
  private:
   int gpu_index_;
+  GpuIdentity gpu_;
   std::string root_;
   double last_cpu_s_;
   std::chrono::steady_clock::time_point last_wall_;

@@ -201,6 +201,7 @@ void TrainingRun::setup_memory() {
   // the per-phase peaks the memory reports list.
   memory_ = std::make_unique<PhasePeakBackend>(make_memory_backend(device_));
   resources_ = std::make_unique<ResourceMonitor>(device_.is_cuda() ? std::max<int>(0, device_.index()) : -1);
+  telemetry_.set_gpu(resources_->gpu());  // UUID, GPU_I_ID: the labels of the DCGM exporter's series
   telemetry_.set_info("device", device_.str());
   telemetry_.set_info("model", cfg_.model.name);
   telemetry_.set_info("version", TRAINER_VERSION);
