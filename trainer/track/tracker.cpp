@@ -100,7 +100,8 @@ void MlflowTracker::close() {
     }
   }
   if (thread_.joinable()) thread_.join();
-  const TrackerStats s = stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  const TrackerStats& s = stats_;
   if (s.run_id.empty()) return;  // the warning said why
   std::string line = fmt::format("mlflow: run {} ({}): {} metrics sent", s.run_id, status_, s.sent);
   if (s.skipped > 0) line += fmt::format(", {} already there from before the resume", s.skipped);
