@@ -25,8 +25,10 @@ namespace fs = std::filesystem;
 namespace trainer {
 namespace {
 
-// A small file's text; "" when it cannot be read.
+// A small file's text; "" when it is not a regular file or cannot be read.
 std::string read_text(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return "";
   std::ifstream in(path);
   std::stringstream s;
   s << in.rdbuf();

@@ -30,6 +30,7 @@ void TrainingRun::setup() {
   setup_run_folder();
   setup_observers();
   setup_memory();
+  if (main_rank()) setup_tracking();  // after the GPU is named (its UUID is a tag)
   setup_data();
   setup_model();
   setup_sampling();
@@ -131,7 +132,6 @@ void TrainingRun::setup_observers() {
     std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
     out << to_yaml(cfg_);
   }
-  if (main_rank()) setup_tracking();
   spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
   if (!dist_) return;
   spdlog::info("distributed: rank {} of {} (local {} of {}), {} samples of each global batch of {}", env_.rank,
@@ -178,6 +178,9 @@ void TrainingRun::setup_tracking() {
   if (const char* user = std::getenv("USER"); user != nullptr) o.tags["mlflow.user"] = user;
   if (const std::string v = cuda_runtime_version(); !v.empty()) o.tags["trainer.cuda"] = v;
   if (const std::string v = cudnn_version(); !v.empty()) o.tags["trainer.cudnn"] = v;
+  const GpuIdentity& gpu = resources_->gpu();  // what the DCGM exporter's series are labelled with
+  if (!gpu.uuid.empty()) o.tags["trainer.gpu_uuid"] = gpu.uuid;
+  if (!gpu.mig_uuid.empty()) o.tags["trainer.mig_uuid"] = gpu.mig_uuid;
   tracker_ = std::make_unique<track::MlflowTracker>(std::move(o));
 }
 
