@@ -109,6 +109,14 @@ std::vector<Field> train_fields(Config& c) {  // the loop
       {"train.eval_batch", &c.train.eval_batch, false},
       {"train.eval_batches", &c.train.eval_batches, false},
       {"train.label_smoothing", &c.train.label_smoothing, false},
+      {"train.loss", &c.train.loss, false},
+      {"train.bce_target_threshold", &c.train.bce_target_threshold, false},
+      {"train.bce_sum_classes", &c.train.bce_sum_classes, false},
+      {"train.mixup_alpha", &c.train.mixup_alpha, false},
+      {"train.cutmix_alpha", &c.train.cutmix_alpha, false},
+      {"train.mix_prob", &c.train.mix_prob, false},
+      {"train.mix_switch_prob", &c.train.mix_switch_prob, false},
+      {"train.mix_mode", &c.train.mix_mode, false},
       {"train.fused_loss", &c.train.fused_loss, false},
       {"train.device", &c.train.device, false},
       {"train.threads", &c.train.threads, false},
@@ -488,6 +496,24 @@ struct Checks {
     if (c.schedule.name == "step" && c.schedule.milestones.empty()) bad("schedule.milestones", "the step schedule needs milestones");
   }
 
+  // The image recipes' losses and Mixup/CutMix (trainer/numerics/loss.h, trainer/mix/mixing.h).
+  void recipe_losses() const {
+    one_of("train.loss", c.train.loss, {"cross_entropy", "bce"});
+    if (!(c.train.bce_target_threshold >= 0 && c.train.bce_target_threshold < 1))
+      bad("train.bce_target_threshold", "must be in [0, 1) (0 = off)");
+    if (!(c.train.mixup_alpha >= 0)) bad("train.mixup_alpha", "must be >= 0 (0 = no Mixup)");
+    if (!(c.train.cutmix_alpha >= 0)) bad("train.cutmix_alpha", "must be >= 0 (0 = no CutMix)");
+    if (!(c.train.mix_prob >= 0 && c.train.mix_prob <= 1)) bad("train.mix_prob", "must be in [0, 1]");
+    if (!(c.train.mix_switch_prob >= 0 && c.train.mix_switch_prob <= 1)) bad("train.mix_switch_prob", "must be in [0, 1]");
+    one_of("train.mix_mode", c.train.mix_mode, {"batch", "elem"});
+    const bool language_model = models::registered_vocab_size(c.model.name) > 0;
+    if (language_model && (c.train.mixup_alpha > 0 || c.train.cutmix_alpha > 0))
+      bad(c.train.mixup_alpha > 0 ? "train.mixup_alpha" : "train.cutmix_alpha",
+          "mixes images; model '" + c.model.name + "' is a language model (set 0)");
+    if (language_model && c.train.loss != "cross_entropy")
+      bad("train.loss", "bce is for image classifiers; model '" + c.model.name + "' is a language model");
+  }
+
   void training() const {
     if (c.train.global_batch < 1) bad("train.global_batch", "must be at least 1");
     if (c.train.micro_batch < -1) bad("train.micro_batch", "must be a positive integer, 0 (= global_batch) or auto");
@@ -500,6 +526,7 @@ struct Checks {
     if (c.train.eval_batch < 1) bad("train.eval_batch", "must be at least 1");
     if (c.train.eval_batches < 0) bad("train.eval_batches", "must be >= 0 (0 = the whole split)");
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
+    recipe_losses();
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
     one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
     one_of("train.cuda_graph", c.train.cuda_graph, {"auto", "on", "off"});

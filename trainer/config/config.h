@@ -93,7 +93,18 @@ struct TrainConfig {
   int64_t eval_every = 0;       ///< evaluate every N steps (0 = once per epoch); always at the end
   int64_t eval_batch = 500;     ///< evaluation batch (its micro-batch backs off on OOM by itself)
   int64_t eval_batches = 0;     ///< evaluate on the first N batches of the split (0 = all of it)
-  double label_smoothing = 0.0; ///< cross-entropy label smoothing
+  /// Label smoothing s: targets (1 - s) one_hot + s / classes, as PyTorch's cross_entropy applies it; under
+  /// Mixup/CutMix folded into the mixed targets, with BCE into its one-hot targets (trainer/numerics/loss.h).
+  double label_smoothing = 0.0;
+  std::string loss = "cross_entropy";  ///< cross_entropy | bce (binary cross-entropy over the classes, as ResNet Strikes Back)
+  double bce_target_threshold = 0.0;   ///< bce: targets above it become 1, the rest 0 (0 = off; RSB: 0.2)
+  bool bce_sum_classes = false;        ///< bce: sum over the classes instead of their mean
+  /// Mixup and CutMix with timm's semantics (trainer/mix/mixing.h): each alpha > 0 turns one on.
+  double mixup_alpha = 0.0;            ///< Mixup's lam ~ Beta(alpha, alpha) (0 = off)
+  double cutmix_alpha = 0.0;           ///< CutMix's lam ~ Beta(alpha, alpha) (0 = off)
+  double mix_prob = 1.0;               ///< probability that a batch (or a sample, mix_mode elem) is mixed
+  double mix_switch_prob = 0.5;        ///< with both alphas: probability of CutMix rather than Mixup
+  std::string mix_mode = "batch";      ///< batch (one draw per step and rank) | elem (one per sample)
   bool fused_loss = true;       ///< the cross-entropy in one CUDA kernel each way (trainer/numerics/loss.h); CPU: plain
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)

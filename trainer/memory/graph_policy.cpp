@@ -37,6 +37,7 @@ std::string graph_ineligible_reason(const GraphJob& job) {
   if (!job.fused_optimizer)
     return "only the fused optimizer (optim.implementation: fused or auto) reads its learning rate and its skip "
            "from the device";
+  if (job.host_draws) return "Mixup and CutMix draw each step's mixing on the host (train.mixup_alpha, train.cutmix_alpha)";
   return "";
 }
 

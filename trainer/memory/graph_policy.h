@@ -45,10 +45,11 @@ struct GraphJob {
   bool single_process = true; ///< not data parallel (the gradient exchange runs eagerly)
   bool fused_optimizer = true;///< optim.implementation resolved to fused: the only update that reads its
                               ///< learning rate and its skip from the device
+  bool host_draws = false;    ///< Mixup/CutMix: each step's lambdas and boxes are drawn on the host
 };
 
 /// Why `job` cannot run its step as a graph ("" when it can): the first of no CUDA device, data parallel,
-/// an optimizer that is not fused.
+/// an optimizer that is not fused, Mixup or CutMix.
 std::string graph_ineligible_reason(const GraphJob& job);
 
 /// What a graph is captured for: it replays only for a step with the same key.

@@ -49,19 +49,29 @@ torch::Tensor images_to_float(const torch::Tensor& x, const ForwardOptions& o) {
   return y;
 }
 
-Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, const torch::Tensor& labels,
-                      const ForwardOptions& o) {
+torch::Tensor model_input(const torch::Tensor& inputs, const ForwardOptions& o) {
   auto x = inputs.to(o.device, /*non_blocking=*/true);
   if (x.scalar_type() == torch::kUInt8) x = images_to_float(x, o);
-  if (o.channels_last && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-  else if (x.dim() == 4) x = x.contiguous();  // NHWC batches of uint8 images, for a model that is not
-  auto y = labels.to(o.device, /*non_blocking=*/true).reshape({-1});  // (N) classes or (N*T) next tokens
+  if (o.channels_last && x.dim() == 4) return x.contiguous(at::MemoryFormat::ChannelsLast);
+  if (x.dim() == 4) return x.contiguous();  // NHWC batches of uint8 images, for a model that is not
+  return x;
+}
+
+Logits logits_of(models::ModelImpl& model, const torch::Tensor& x, const torch::Tensor& targets,
+                 const ForwardOptions& o) {
+  // Class ids: (N) classes or (N*T) next tokens; soft targets: (N, classes) as they are.
+  auto y = targets.is_floating_point() ? targets : targets.reshape({-1});
   models::ModelImpl::Padded out;
   {
     AutocastGuard autocast(o.device.type(), o.amp_dtype, o.amp);
     out = model.forward_padded(x);
   }
   return {out.logits.reshape({y.size(0), -1}), y, out.columns};
+}
+
+Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, const torch::Tensor& labels,
+                      const ForwardOptions& o) {
+  return logits_of(model, model_input(inputs, o), labels.to(o.device, /*non_blocking=*/true), o);
 }
 
 }  // namespace trainer

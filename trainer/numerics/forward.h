@@ -26,7 +26,7 @@ struct Logits {
   /// padded output (GPT's vocab_multiple) the rows are (N, padded V), of which the first `columns` are real:
   /// real() is what a score or a plain loss reads.
   torch::Tensor logits;
-  torch::Tensor targets;  ///< int64, on the device
+  torch::Tensor targets;  ///< int64 class ids (N), or float32 soft targets (N, columns); on the device
   int64_t columns = -1;   ///< the real columns (the classes, the vocabulary); -1: all of them
 
   torch::Tensor real() const {
@@ -42,6 +42,15 @@ torch::Tensor images_to_float(const torch::Tensor& x, const ForwardOptions& opti
 /// Whether images_to_float runs its one kernel for `x` (a CUDA build, a CUDA uint8 NHWC batch, float32
 /// statistics on its device).
 bool images_in_one_kernel(const torch::Tensor& x, const ForwardOptions& options);
+
+/// The model's input for `inputs`: on the device, uint8 images converted and normalized there
+/// (images_to_float), in the memory format the model takes (channels_last for 4-d inputs when asked).
+torch::Tensor model_input(const torch::Tensor& inputs, const ForwardOptions& options);
+
+/// Runs `model` on `x` (as model_input made it) against `targets` on the device: class ids (rows of
+/// N or N*T, reshaped to one per row of logits) or soft targets (N, classes).
+Logits logits_of(models::ModelImpl& model, const torch::Tensor& x, const torch::Tensor& targets,
+                 const ForwardOptions& options);
 
 /// Runs `model` on `inputs` with `labels` as targets. uint8 inputs are copied to the device as uint8 (a
 /// quarter of float32's bytes) and converted and normalized there (ForwardOptions::input_mean).

@@ -110,4 +110,35 @@ torch::Tensor summed_cross_entropy(const torch::Tensor& logits, const torch::Ten
                           F::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(options.label_smoothing));
 }
 
+torch::Tensor smoothed_one_hot(const torch::Tensor& labels, int64_t classes, double label_smoothing) {
+  const double off = label_smoothing / static_cast<double>(classes);
+  const double on = 1.0 - label_smoothing + off;
+  auto y = labels.to(torch::kLong).reshape({-1});
+  auto valid = y.ge(0).logical_and(y.lt(classes));
+  auto t = torch::full({y.size(0), classes}, off, torch::dtype(torch::kFloat).device(y.device()));
+  t.scatter_(1, torch::where(valid, y, torch::zeros_like(y)).unsqueeze(1), on);
+  return t.mul_(valid.unsqueeze(1).to(torch::kFloat));
+}
+
+torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targets, const LossOptions& options,
+                          int64_t columns) {
+  const bool soft = targets.is_floating_point();
+  if (options.kind == "cross_entropy" && !soft) return summed_cross_entropy(logits, targets, options, columns);
+  if (columns < 0) columns = logits.size(-1);
+  const auto x = (columns == logits.size(-1) ? logits : logits.narrow(-1, 0, columns)).to(torch::kFloat);
+  auto t = soft ? targets.to(torch::kFloat) : smoothed_one_hot(targets, columns, options.label_smoothing);
+  if (t.sizes() != x.sizes())
+    throw std::invalid_argument("summed_loss: soft targets of shape " + c10::str(t.sizes()) + " for logits " +
+                                c10::str(x.sizes()));
+  if (options.kind == "cross_entropy") return (-t * torch::log_softmax(x, -1)).sum();
+  if (options.kind != "bce") throw std::invalid_argument("summed_loss: unknown loss '" + options.kind + "'");
+  // Rows of an undecodable sample (all-zero targets from class ids) add nothing, as in cross-entropy.
+  const auto kept = soft ? torch::Tensor() : targets.reshape({-1}).ge(0).logical_and(targets.reshape({-1}).lt(columns));
+  if (options.bce_target_threshold > 0) t = t.gt(options.bce_target_threshold).to(torch::kFloat);
+  namespace F = torch::nn::functional;
+  auto each = F::binary_cross_entropy_with_logits(x, t, F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kNone));
+  if (kept.defined()) each = each * kept.unsqueeze(1).to(torch::kFloat);
+  return options.bce_sum_classes ? each.sum() : each.sum() / static_cast<double>(columns);
+}
+
 }  // namespace trainer

@@ -268,6 +268,15 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.forward.amp_dtype = cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
   o.loss.label_smoothing = cfg.train.label_smoothing;
   o.loss.fused = cfg.train.fused_loss;
+  o.loss.kind = cfg.train.loss;
+  o.loss.bce_target_threshold = cfg.train.bce_target_threshold;
+  o.loss.bce_sum_classes = cfg.train.bce_sum_classes;
+  o.mix.mixup_alpha = cfg.train.mixup_alpha;
+  o.mix.cutmix_alpha = cfg.train.cutmix_alpha;
+  o.mix.prob = cfg.train.mix_prob;
+  o.mix.switch_prob = cfg.train.mix_switch_prob;
+  o.mix.mode = cfg.train.mix_mode;
+  o.mix_seed = static_cast<uint64_t>(cfg.seed);
   o.grad_clip = cfg.optim.grad_clip;
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
@@ -292,7 +301,7 @@ EvalSettings eval_settings(const Config& cfg, const torch::Device& device, int64
   s.rank = rank;
   s.world_size = world_size;
   s.forward = step_options(cfg, device).forward;
-  s.loss.fused = cfg.train.fused_loss;  // scored without label smoothing
+  s.loss.fused = cfg.train.fused_loss;  // scored by cross-entropy over class ids, without label smoothing, whatever train.loss
   return s;
 }
 

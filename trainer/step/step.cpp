@@ -98,6 +98,7 @@ GraphJob graph_job(const StepParts& p, const StepOptions& o) {
 #endif
   job.single_process = p.dist == nullptr;
   job.fused_optimizer = p.optimizer && p.optimizer->skips_on_device() && o.skip_on_device;
+  job.host_draws = o.mix.enabled();
   return job;
 }
 
@@ -121,14 +122,29 @@ Step::Step(StepParts parts, StepOptions options, MicroBatchController controller
   if (p_.dist && !p_.grad_sync) throw std::invalid_argument("Step: a distributed step needs its GradientSync");
 }
 
+Logits Step::micro_batch_logits(const data::Batch& batch, int64_t offset, int64_t n) {
+  auto images = batch.images.narrow(0, offset, n);
+  auto labels = batch.labels.narrow(0, offset, n);
+  if (!mix_.any()) return forward_logits(*p_.model, images, labels, o_.forward);
+  // Rows [offset, offset + n) are mixed with their partners B - 1 - k: the mirrored slice, reversed.
+  const int64_t mirror = batch.size() - offset - n;
+  auto partner = model_input(batch.images.narrow(0, mirror, n), o_.forward).flip(0);
+  auto partner_labels = batch.labels.narrow(0, mirror, n).to(o_.forward.device, /*non_blocking=*/true).flip(0);
+  auto x = mix_images(model_input(images, o_.forward), partner, mix_, offset);
+  if (o_.forward.channels_last && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  Logits out = logits_of(*p_.model, x, labels.to(o_.forward.device, /*non_blocking=*/true), o_.forward);
+  const int64_t classes = out.columns < 0 ? out.logits.size(1) : out.columns;
+  out.targets = mix_targets(out.targets, partner_labels, mix_, offset, classes, o_.loss.label_smoothing);
+  return out;
+}
+
 torch::Tensor Step::forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                      PhasePeakRecorder& phases) {
   phases.enter("forward");
-  Logits out = forward_logits(*p_.model, batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n),
-                              o_.forward);
+  Logits out = micro_batch_logits(batch, offset, n);
   // Summed, then divided by the targets of the whole step: micro-batches of any sizes add up to the
   // mean over the global batch (no "mean of means").
-  torch::Tensor loss = summed_cross_entropy(out.logits, out.targets, o_.loss, out.columns) / normalizer;
+  torch::Tensor loss = summed_loss(out.logits, out.targets, o_.loss, out.columns) / normalizer;
   phases.enter("backward");
   p_.scaler->scale(loss).backward();
   return loss.detach();
@@ -264,6 +280,9 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
   PhasePeakRecorder phases(*p_.memory, *p_.reporter, step, controller_.micro_batch());
   p_.optimizer->zero_grad();
   const auto sizes = controller_.micro_batch_sizes();
+  if (o_.mix.enabled())  // from (seed, step, rank) alone: a retried step draws the same again
+    mix_ = draw_mix(o_.mix, batch.size(), batch.images.size(-2), batch.images.size(-1), o_.mix_seed, step,
+                    p_.dist ? p_.dist->rank() : 0);
   apply_step_cudnn(sizes, step, r);
   const Passes passes = run_micro_batches(batch, sizes, phases, r);
   // The one host sync per step: the metrics line wants the loss, the norm and the loss scale, and the
@@ -748,7 +767,7 @@ class Step::Probe {
   void one_pass(int64_t at, int64_t n) {
     Logits out = forward_logits(*s_.p_.model, batch_.images.narrow(0, at, n), batch_.labels.narrow(0, at, n),
                                 s_.o_.forward);
-    summed_cross_entropy(out.logits, out.targets, s_.o_.loss, out.columns).backward();
+    summed_loss(out.logits, out.targets, s_.o_.loss, out.columns).backward();
   }
 
   void stop_if_asked(const std::string& where) const {
@@ -882,7 +901,7 @@ Pretune Step::pretune(const data::Batch& batch, int64_t step) {
     apply_cudnn(CudnnAttempt::kPretune, {s}, step);
     try {
       Logits o = forward_logits(*p_.model, batch.images.narrow(0, 0, s), batch.labels.narrow(0, 0, s), o_.forward);
-      summed_cross_entropy(o.logits, o.targets, o_.loss, o.columns).backward();
+      summed_loss(o.logits, o.targets, o_.loss, o.columns).backward();
       p_.optimizer->zero_grad();
       out.tuned.push_back(s);
     } catch (const std::exception& e) {

@@ -32,6 +32,7 @@
 #include "trainer/memory/graph_policy.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
+#include "trainer/mix/mixing.h"
 #include "trainer/numerics/amp.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/numerics/loss.h"
@@ -189,7 +190,12 @@ struct Pretune {
 
 struct StepOptions {
   ForwardOptions forward;
-  LossOptions loss;            ///< train.label_smoothing, train.fused_loss
+  LossOptions loss;            ///< train.loss, train.label_smoothing, train.fused_loss, train.bce_*
+  /// Mixup and CutMix (train.mixup_alpha, ...): each step mixes the rank's whole batch, whatever its
+  /// micro-batches (trainer/mix/mixing.h), drawn from (mix_seed, step, rank). The search's probes and the
+  /// pretuning run unmixed.
+  MixOptions mix;
+  uint64_t mix_seed = 0;
   double grad_clip = 0;        ///< optim.grad_clip (0 = off)
   /// memory.activation_checkpointing: none | all | every_k | auto. `all` and the ladder's rung are the
   /// controller's flag; `every_k` checkpoints blocks 0, k, 2k, ...; `auto` leaves it to the ladder.
@@ -312,6 +318,9 @@ class Step {
   /// The graph and its pool dropped, and the pool's memory given back to the device.
   void release_graph();
   void log_graph_events(int64_t step);
+  /// The logits of samples [offset, offset + n) against their targets: class ids, or under Mixup/CutMix the
+  /// rows mixed with their partners (this step's mix_) and soft targets.
+  Logits micro_batch_logits(const data::Batch& batch, int64_t offset, int64_t n);
   /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
   torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                  PhasePeakRecorder& phases);
@@ -357,6 +366,7 @@ class Step {
   std::optional<StepSnapshot> snapshot_;  // run()'s, kept between steps (train.snapshot: batched reuses its copies)
   GraphPolicy graph_policy_;
   StepGraph graph_;
+  MixDraw mix_;  // this step's Mixup/CutMix draw (empty: nothing mixed)
 };
 
 }  // namespace trainer
