@@ -77,9 +77,11 @@ TEST(GraphPolicy, AutoRunsEagerlyWhereTheJobCannotCaptureAndOnRefusesIt) {
   ddp.single_process = false;
   GraphJob plain = cuda_job();
   plain.fused_optimizer = false;
+  GraphJob mixed = cuda_job();
+  mixed.host_draws = true;
   EXPECT_EQ(trainer::graph_ineligible_reason(cuda_job()), "");
   for (const auto& [job, fragment] : std::vector<std::pair<GraphJob, std::string>>{
-           {cpu, "CUDA device"}, {ddp, "data parallel"}, {plain, "fused optimizer"}}) {
+           {cpu, "CUDA device"}, {ddp, "data parallel"}, {plain, "fused optimizer"}, {mixed, "Mixup and CutMix"}}) {
     EXPECT_NE(trainer::graph_ineligible_reason(job).find(fragment), std::string::npos);
     GraphPolicy a = policy(GraphMode::kAuto, 1, job);
     EXPECT_FALSE(a.enabled());
