@@ -182,7 +182,10 @@ int eval_main(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value(""))(
       "split", "test (data.test), train (data.train) or a file", cxxopts::value<std::string>()->default_value("test"))(
       "out", "the JSON file (default: <run-dir>/eval.json, else ./eval.json)",
-      cxxopts::value<std::string>()->default_value(""))("h,help", "this help");
+      cxxopts::value<std::string>()->default_value(""))(
+      "weights", "ema (the checkpoint's averaged weights, train.ema_decay) | raw (the trained weights) | auto (ema "
+      "where the checkpoint has them, else raw)", cxxopts::value<std::string>()->default_value("auto"))(
+      "h,help", "this help");
   EvalCommand cmd;
   std::vector<char*> rest = take_sets(argc, argv, cmd.overrides);
   auto a = parse(o, static_cast<int>(rest.size()), rest.data(), "eval");
@@ -195,6 +198,7 @@ int eval_main(int argc, char** argv) {
   cmd.config_path = a["config"].as<std::string>();
   cmd.split = a["split"].as<std::string>();
   cmd.out = a["out"].as<std::string>();
+  cmd.weights = a["weights"].as<std::string>();
   try {
     std::cout << run_eval_command(cmd).second << std::endl;
   } catch (const std::exception& e) {
@@ -263,7 +267,9 @@ int export_main(int argc, char** argv) {
       "format", "pt (torch.save) | safetensors (default: safetensors for an --out ending in .safetensors, else pt)",
       cxxopts::value<std::string>()->default_value(""))(
       "layout", "ours | hf (GPT: transformers' GPT2LMHeadModel, with config.json beside the file) | timm (ResNet-18..152, ViT)",
-      cxxopts::value<std::string>()->default_value("ours"))("h,help", "this help");
+      cxxopts::value<std::string>()->default_value("ours"))(
+      "weights", "ema (the averaged weights, train.ema_decay) | raw (the trained weights) | auto (ema where the "
+      "checkpoint has them, else raw)", cxxopts::value<std::string>()->default_value("auto"))("h,help", "this help");
   auto a = o.parse(argc, argv);
   if (a.count("help") || !a.count("out") || (!a.count("run-dir") && a["checkpoint"].as<std::string>().empty())) {
     std::cout << o.help() << std::endl;
@@ -273,8 +279,10 @@ int export_main(int argc, char** argv) {
   ExportOptions options;
   options.format = a["format"].as<std::string>();
   options.layout = a["layout"].as<std::string>();
+  options.weights = a["weights"].as<std::string>();
   const ExportResult r = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>(), options);
-  std::cout << "wrote " << r.weights << (r.config.empty() ? "" : " and " + r.config) << " from " << r.checkpoint << "\n"
+  std::cout << "wrote " << r.weights << (r.config.empty() ? "" : " and " + r.config) << " from " << r.checkpoint
+            << (r.weight_set == "ema" ? " (averaged weights)" : "") << "\n"
             << "load it in Python with: " << r.how_to_load << std::endl;
   return kExitOk;
 }

@@ -101,7 +101,7 @@ DEFAULTS = {
               "sample_every": 0, "sample_tokens": 64, "sample_prompt": "",
               "loss": "cross_entropy", "bce_target_threshold": 0.0, "bce_sum_classes": False,
               "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "mix_prob": 1.0, "mix_switch_prob": 0.5,
-              "mix_mode": "batch"},
+              "mix_mode": "batch", "ema_decay": 0.0, "ema_warmup": False, "ema_every": 1},
     "amp": {"enabled": False, "dtype": "bf16", "scaler": "auto", "init_scale": 65536.0, "growth_factor": 2.0,
             "backoff_factor": 0.5, "growth_interval": 2000},
     "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,

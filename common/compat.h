@@ -13,7 +13,8 @@
 //   CUDA allocator stats       CUDACachingAllocator::getDeviceStats(int) and friends take an int device in
 //                              1.13 and a c10::DeviceIndex in 2.x; both accept a DeviceIndex argument.
 //   multi-tensor ops           _foreach_{add,mul,addcmul,addcdiv,      also _foreach_copy_ and _foreach_mul_ by
-//                              sqrt,div,norm} (scalar and list forms)  a 0-dim tensor (2.1+)
+//                              sqrt,div,norm} (scalar and list forms)  a 0-dim tensor (2.1+); _foreach_lerp_
+//                                                                      (2.0+)
 //   fused optimizers           _fused_adam_ (CUDA) only                 _fused_adamw_ and _fused_sgd_, CUDA and CPU
 //                                                                       kernels (2.4+; 2.11's headers checked),
 //                                                                       with found_inf: skipped on the device
@@ -168,6 +169,16 @@ inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
   at::_foreach_mul_(tensors, factor);
 #else
   for (const auto& t : tensors) t.mul_(factor.to(t.dtype()));
+#endif
+}
+
+/// dst[i].lerp_(end[i], weight) for every i, in one multi-tensor op where LibTorch has it; the same
+/// arithmetic either way (the CPU's foreach lerp is the per-tensor lerp).
+inline void foreach_lerp_(at::TensorList dst, at::TensorList end, double weight) {
+#if TRAINER_TORCH_AT_LEAST(2, 0)
+  at::_foreach_lerp_(dst, end, weight);
+#else
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].lerp_(end[i], weight);
 #endif
 }
 

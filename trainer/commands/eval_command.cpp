@@ -91,6 +91,19 @@ void open_encoded_split(EvalTarget& t) {
   t.input_stats = train ? train->meta() : t.split.images->meta();
 }
 
+}  // namespace
+
+std::string weights_file(const std::string& choice, bool has_ema, const std::string& what) {
+  if (choice != "auto" && choice != "ema" && choice != "raw")
+    throw ConfigError(what + ": --weights '" + choice + "' is not one of: ema, raw, auto");
+  if (choice == "ema" && !has_ema)
+    throw ConfigError(what + " has no averaged weights for --weights ema (ema.pt: a checkpoint of a run with "
+                      "train.ema_decay > 0); use --weights raw");
+  return choice == "raw" || !has_ema ? "model.pt" : "ema.pt";
+}
+
+namespace {
+
 void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck) {
   std::vector<int64_t> shape;
   if (t.tokens) {
@@ -102,7 +115,8 @@ void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck
   }
   torch::manual_seed(t.cfg.seed);
   t.model = build_model(t.cfg, shape, t.vocab_size);
-  if (ck) load_state_dict_bytes(*t.model, ck->file("model.pt"), /*strict=*/true, t.weights + "/model.pt");
+  const std::string file = t.weight_set == "ema" ? "ema.pt" : "model.pt";
+  if (ck) load_state_dict_bytes(*t.model, ck->file(file), /*strict=*/true, t.weights + "/" + file);
   else load_init_weights(*t.model, t.cfg, t.vocab_size);
   t.model->to(t.device);
   if (t.cfg.model.channels_last && !t.tokens) models::to_channels_last(*t.model);
@@ -119,6 +133,8 @@ EvalTarget prepare_eval(const EvalCommand& cmd) {
     throw ConfigError("eval: nothing to score; give --run-dir, --checkpoint, or weights as --set model.init_from=FILE");
   t.weights = ck ? ck->path : t.cfg.model.init_from;
   if (ck) t.step = ck->step;
+  const bool has_ema = ck && ck->files.count("ema.pt") > 0;
+  t.weight_set = weights_file(cmd.weights, has_ema, "eval: " + t.weights) == "ema.pt" ? "ema" : "raw";
   t.tokens = token_job(t.cfg);
   t.split_path = split_path(t.cfg, cmd.split);
   setup_device(t);
@@ -143,6 +159,7 @@ nlohmann::json score(EvalTarget& t) {
   const EvalResult r = evaluate_split(*t.model, t.split, settings, *t.memory, micro_batch, nullptr, hooks);
   nlohmann::json j = {{"schema", "trainer-eval/1"},
                       {"weights", t.weights},
+                      {"weight_set", t.weight_set},
                       {"step", t.step ? nlohmann::json(*t.step) : nlohmann::json(nullptr)},
                       {"model", t.cfg.model.name},
                       {"kind", t.tokens ? "tokens" : "images"},
@@ -183,7 +200,8 @@ std::string eval_line(const nlohmann::json& j, const std::string& out) {
   const std::string what = j["step"].is_null() ? j["weights"].get<std::string>()
                                                : "step " + std::to_string(j["step"].get<int64_t>()) + " (" +
                                                      j["weights"].get<std::string>() + ")";
-  return "eval " + what + " on " + j["split"].get<std::string>() + ": " + numbers + " -> " + out;
+  const std::string set = j.value("weight_set", "raw") == "ema" ? ", averaged weights" : "";
+  return "eval " + what + set + " on " + j["split"].get<std::string>() + ": " + numbers + " -> " + out;
 }
 
 namespace {

@@ -7,6 +7,9 @@
 //   the split        test (data.test), train (data.train), or a file (or, for image_folder, a folder) of
 //                    the kind the model reads; packed_images and image_folder splits are decoded with the
 //                    eval transform and normalized with the training split's mean and std
+//   which weights    --weights ema | raw | auto: a checkpoint of a run with train.ema_decay holds the trained
+//                    weights (model.pt) and their average (ema.pt); auto (the default) scores the average
+//                    where the checkpoint has one, else the trained weights
 //   the numbers      images: loss (nats per image), top-1, top-5; tokens: loss (nats per token), bits per
 //                    token (= bits per byte for byte tokens, vocabulary 256), top-1, top-5 of the next token
 #pragma once
@@ -35,7 +38,13 @@ struct EvalCommand {
   std::vector<std::string> overrides;  ///< --set assignments, on top of the config
   std::string split = "test";          ///< test | train | a file path
   std::string out;                     ///< the JSON file; "" = <run_dir>/eval.json, or eval.json here
+  std::string weights = "auto";        ///< ema | raw | auto (ema where the checkpoint has ema.pt, else raw)
 };
+
+/// The checkpoint file `--weights` names: "ema.pt" or "model.pt". `choice` is ema, raw or auto; `has_ema`
+/// whether the checkpoint holds ema.pt. Throws ConfigError with one line for another choice, or for ema
+/// where there is no average (`what` names the command and the checkpoint).
+std::string weights_file(const std::string& choice, bool has_ema, const std::string& what);
 
 /// What is scored, ready to run: the model carries its weights, on its device, in eval mode.
 struct EvalTarget {
@@ -48,6 +57,7 @@ struct EvalTarget {
   EvalSplit split;
   std::string split_path;
   std::string weights;                    ///< the checkpoint folder or the init_from file
+  std::string weight_set = "raw";         ///< "ema" (the checkpoint's ema.pt) or "raw" (model.pt, init_from)
   std::optional<int64_t> step;            ///< the checkpoint's step (none for init_from weights)
   std::optional<data::ImageMeta> input_stats;  ///< decoded images: the mean/std they are normalized with
 };

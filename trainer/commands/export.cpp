@@ -18,6 +18,7 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/checkpoint/weights.h"
+#include "trainer/commands/eval_command.h"
 #include "trainer/config/config.h"
 #include "trainer/hf/families.h"
 #include "trainer/run/from_config.h"
@@ -129,8 +130,8 @@ LoadedCheckpoint export_checkpoint(const std::string& run_dir, const std::string
 }
 
 // The checkpoint's weights in our layout, without a GPT's vocabulary padding when they go to the hf layout.
-NamedTensors our_weights(const LoadedCheckpoint& ck, Layout layout) {
-  NamedTensors ours = tensors_from_bytes(ck.file("model.pt"), ck.path + "/model.pt");
+NamedTensors our_weights(const LoadedCheckpoint& ck, const std::string& file, Layout layout) {
+  NamedTensors ours = tensors_from_bytes(ck.file(file), ck.path + "/" + file);
   // Transformers knows only the real vocabulary: a GPT padded by model.vocab_multiple loses its padding
   // rows (zeros, never a token) in the hf layout; in ours it keeps them, to resume or fine-tune as it was.
   if (layout == Layout::hf && ck.files.count("state.json")) {
@@ -182,19 +183,21 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
     file = (fs::path(out) / (format == "safetensors" ? "model.safetensors" : layout == Layout::hf ? "pytorch_model.bin" : "model.pt")).string();
 
   const LoadedCheckpoint ck = export_checkpoint(run_dir, checkpoint);
+  const std::string source = weights_file(options.weights, ck.files.count("ema.pt") > 0, "export: " + ck.path);
   ExportResult r;
   r.checkpoint = ck.path;
   r.weights = file;
+  r.weight_set = source == "ema.pt" ? "ema" : "raw";
   if (format == "pt" && layout == Layout::ours) {
-    // model.pt is already a state dict that torch.load reads, with our names: copied as it is.
-    write_file_atomically(file, ck.file("model.pt"), "export");
+    // model.pt (and ema.pt) is already a state dict that torch.load reads, with our names: copied as it is.
+    write_file_atomically(file, ck.file(source), "export");
     r.how_to_load = "torch.load(" + py_quote(file) + ")";
     return r;
   }
 
   Config cfg;
   if (ck.files.count("config.yaml")) apply_yaml_text(cfg, ck.files.at("config.yaml"), ck.path + "/config.yaml");
-  const NamedTensors ours = our_weights(ck, layout);
+  const NamedTensors ours = our_weights(ck, source, layout);
   const std::string& model = cfg.model.name;
   NamedTensors mapped;
   try {
@@ -210,7 +213,7 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
     // {"format": "pt"}: what transformers and timm write, and what transformers checks before it loads.
     write_safetensors(file, mapped,
                       {{"format", "pt"}, {"trainer.model", model}, {"trainer.layout", to_string(layout)},
-                       {"trainer.step", std::to_string(ck.step)}});
+                       {"trainer.step", std::to_string(ck.step)}, {"trainer.weights", r.weight_set}});
   } else {
     write_file_atomically(file, tensors_to_bytes(mapped), "export");
   }

@@ -7,6 +7,8 @@
 //                         config.json beside the file: GPT2LMHeadModel.from_pretrained(folder)
 //   --layout timm         ResNet-18/34/50/101/152 (the same names) and ViT (timm's names):
 //                         timm.create_model(name, ..., checkpoint_path=file)
+//   --weights auto        the averaged weights (ema.pt) where the checkpoint has them (train.ema_decay), else
+//                         the trained weights (model.pt); --weights ema or raw chooses
 #pragma once
 
 #include <string>
@@ -18,10 +20,13 @@ struct ExportOptions {
   std::string format;
   /// "ours" | "hf" | "timm" (trainer/checkpoint/weights.h).
   std::string layout = "ours";
+  /// "ema" | "raw" | "auto" (ema where the checkpoint has ema.pt, else raw): eval_command.h's weights_file.
+  std::string weights = "auto";
 };
 
 struct ExportResult {
   std::string checkpoint;   ///< the checkpoint folder read
+  std::string weight_set;   ///< "ema" (its ema.pt) or "raw" (its model.pt)
   std::string weights;      ///< the weights file written
   std::string config;       ///< the config.json written beside it (layout hf), else ""
   std::string how_to_load;  ///< one line of Python that loads the file

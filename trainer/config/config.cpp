@@ -126,6 +126,9 @@ std::vector<Field> train_fields(Config& c) {  // the loop
       {"train.sample_every", &c.train.sample_every, false},
       {"train.sample_tokens", &c.train.sample_tokens, false},
       {"train.sample_prompt", &c.train.sample_prompt, false},
+      {"train.ema_decay", &c.train.ema_decay, false},
+      {"train.ema_warmup", &c.train.ema_warmup, false},
+      {"train.ema_every", &c.train.ema_every, false},
   };
 }
 
@@ -533,6 +536,9 @@ struct Checks {
     if (c.train.sample_every < 0) bad("train.sample_every", "must be >= 0 (0 = off)");
     if (c.train.sample_every > 0 && models::registered_vocab_size(c.model.name) == 0)
       bad("train.sample_every", "model '" + c.model.name + "' is not a language model; only GPT models sample (set 0)");
+    if (c.train.ema_decay != 0 && !(c.train.ema_decay > 0 && c.train.ema_decay < 1))
+      bad("train.ema_decay", "must be in (0, 1), or 0 (off)");
+    if (c.train.ema_every < 1) bad("train.ema_every", "must be at least 1 (optimizer steps between updates)");
     if (c.train.sample_tokens < 1 || c.train.sample_tokens > kMaxContext)
       bad("train.sample_tokens", "must be in [1, " + std::to_string(kMaxContext) + "]");
     const std::string& d = c.train.device;

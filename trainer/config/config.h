@@ -124,6 +124,11 @@ struct TrainConfig {
   int64_t sample_tokens = 64;   ///< tokens per sample
   /// The text the samples continue; "" = `<|endoftext|>` where the tokenizer has it, else a newline.
   std::string sample_prompt;
+  /// An exponential moving average of the weights, timm's ModelEmaV3 (trainer/numerics/ema.h): its decay per
+  /// update, in (0, 1); 0 = off. Checkpoints hold it (ema.pt); evaluations score both weight sets.
+  double ema_decay = 0.0;
+  bool ema_warmup = false;  ///< ModelEmaV3's use_warmup: decay min(ema_decay, 1 - (1 + step - 1)^(-2/3))
+  int64_t ema_every = 1;    ///< update the average after every N-th optimizer step (torchvision's --model-ema-steps)
 };
 
 struct AmpConfig {

@@ -5,6 +5,7 @@
 //   rng.pt        every rank's generators: "cpu"/"cuda" for rank 0, "cpu.rank<r>"/"cuda.rank<r>" others
 //   state.json    the loop's position (step, epoch, position in samples), the ladder, the GradScaler
 //   config.yaml   the resolved config, to refuse a resume into a different experiment
+//   ema.pt        train.ema_decay: the averaged weights, a state dict of model.pt's names (rank 0's average)
 //
 // The store (trainer/checkpoint/store.h) writes them atomically; this file decides what goes in.
 #include <spdlog/spdlog.h>
@@ -60,6 +61,7 @@ nlohmann::json TrainingRun::state_json() const {
   j["eval_micro_batch"] = eval_micro_batch_;
   j["limit_spec"] = limit_spec_;
   j["world_size"] = env_.world_size;
+  if (ema_) j["ema"] = {{"decay", ema_->options().decay}, {"warmup", ema_->options().warmup}, {"every", ema_->options().every}};
   if (vocab_ > 0) j["vocab_size"] = vocab_;  // the real vocabulary: `trainer export --layout hf` drops wte's padding rows
   return j;
 }
@@ -86,6 +88,7 @@ std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
   }
   CheckpointFiles files;
   files["model.pt"] = state_dict_bytes(*model_);
+  if (ema_) files["ema.pt"] = tensors_to_bytes(ema_->state());
   files["optimizer.pt"] = tensors_to_bytes(optimizer_->state());
   files["rng.pt"] = tensors_to_bytes(rng);
   files["state.json"] = json_text(state_json(), 2);
@@ -185,6 +188,20 @@ void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
   }
 }
 
+void TrainingRun::restore_ema(const LoadedCheckpoint& ck) {
+  const bool saved = ck.files.count("ema.pt") > 0;
+  if (ema_ && saved) {
+    const LiftedCap lifted(*memory_);
+    ema_->load(tensors_from_bytes(ck.files.at("ema.pt"), ck.path + "/ema.pt"), ck.path + "/ema.pt");
+  } else if (ema_) {
+    ema_->set(*model_);
+    spdlog::info("resume: {} has no averaged weights (ema.pt); the average (train.ema_decay) starts from its "
+                 "weights at step {}", ck.path, ck.step);
+  } else if (saved) {
+    spdlog::info("resume: train.ema_decay is 0: the averaged weights of {} (ema.pt) are not kept", ck.path);
+  }
+}
+
 void TrainingRun::restore_loop(const nlohmann::json& st) {
   step_ = st.at("step");
   epoch_ = st.at("epoch");
@@ -215,6 +232,7 @@ bool TrainingRun::resume() {
   if (!ck) return false;
   check_same_experiment(*ck);
   restore_tensors(*ck);
+  restore_ema(*ck);
   restore_loop(nlohmann::json::parse(ck->files.at("state.json")));
   if (dist_) {
     // Every rank must have read the same checkpoint (the run folder is shared storage).

@@ -1,6 +1,6 @@
 // The training loop. It only sequences; each stage is a named call:
 //
-//   setup -> resume -> start -> [ fetch -> poll -> step -> record -> evaluate -> sample -> agree on save/stop ]* -> finish
+//   setup -> resume -> start -> [ fetch -> poll -> step -> record -> ema -> evaluate -> sample -> agree on save/stop ]* -> finish
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
@@ -64,6 +64,7 @@ int TrainingRun::run_stages() {
                                                                          warmup_steps_),
                                        agreed_limit_);
       record(r, *batch, seconds_since(t0));
+      update_ema();
       maybe_evaluate();
       maybe_sample();
       if (opts_.observer) opts_.observer->after_step(step_);
@@ -140,6 +141,18 @@ EvalResult TrainingRun::evaluate() {
   return evaluate_split(*model_, {test_images_, test_tokens_}, settings, *memory_, eval_micro_batch_, dist_.get(), hooks);
 }
 
+void TrainingRun::update_ema() {
+  // After every optimizer step, also one the GradScaler or the finite check skipped: timm's train.py calls
+  // ModelEmaV3.update(model, step=num_updates) after each optimizer.step() whatever the scaler did. Outside
+  // the backward's peak; in place, nothing allocated.
+  if (ema_) ema_->update(*model_, step_);
+}
+
+EvalResult TrainingRun::evaluate_ema() {
+  const EmaSwap swapped(*ema_, *model_);  // back to the trained weights when this returns or throws
+  return evaluate();
+}
+
 void TrainingRun::maybe_evaluate() {
   const bool epoch_end = step_ % steps_per_epoch_ == 0;
   const bool due = cfg_.train.eval_every > 0 ? step_ % cfg_.train.eval_every == 0 : epoch_end;
@@ -154,18 +167,26 @@ void TrainingRun::maybe_evaluate() {
 
 std::string TrainingRun::evaluate_and_log(bool final) {
   const auto t = std::chrono::steady_clock::now();
-  EvalResult e;
+  EvalResult e, ema;
   try {
     e = evaluate();
+    if (ema_) ema = evaluate_ema();
   } catch (const std::exception& err) {
     model_->train();
     if (dist_) throw;  // the ranks would no longer agree on their collectives
     return error_message(err);
   }
-  spdlog::info("{}eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}% ({:.1f}s)", final ? "final " : "", step_,
-               e.loss, 100 * e.top1, 100 * e.top5, seconds_since(t));
+  const std::string ema_text =
+      ema_ ? fmt::format("; ema: loss {:.4f} top1 {:.2f}% top5 {:.2f}%", ema.loss, 100 * ema.top1, 100 * ema.top5) : "";
+  spdlog::info("{}eval at step {}: loss {:.4f} top1 {:.2f}% top5 {:.2f}%{} ({:.1f}s)", final ? "final " : "", step_,
+               e.loss, 100 * e.top1, 100 * e.top5, ema_text, seconds_since(t));
   nlohmann::json j = {{"step", step_}, {"loss", e.loss}, {"top1", e.top1}, {"top5", e.top5},
                       {"samples", e.samples}, {"seconds", seconds_since(t)}};
+  if (ema_) {  // the averaged weights' figures beside the trained weights' (whose keys stay as they were)
+    j["ema_loss"] = ema.loss;
+    j["ema_top1"] = ema.top1;
+    j["ema_top5"] = ema.top5;
+  }
   if (final) j["final"] = true;
   metrics_.event("eval", j);
   return "";

@@ -41,6 +41,7 @@
 #include "trainer/memory/report.h"
 #include "trainer/memory/resources.h"
 #include "trainer/numerics/amp.h"
+#include "trainer/numerics/ema.h"
 #include "trainer/numerics/optim.h"
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
@@ -105,6 +106,7 @@ class TrainingRun {
   void check_test_split() const;
   void setup_model();
   void setup_step();
+  void setup_ema();  // train.ema_decay: the average, after setup_model() (resident before the search and step 1)
   void load_memory_curve();
 
   // run.cpp
@@ -112,6 +114,7 @@ class TrainingRun {
   std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
   void maybe_evaluate();
   std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
+  void update_ema();  // train.ema_decay: after each optimizer step (ModelEma::update decides if it is due)
   std::optional<int> agree_on_save_and_stop();
   int give_up(const OomGaveUp& e);
   int finish();
@@ -147,6 +150,7 @@ class TrainingRun {
   void poll_threads();
 
   EvalResult evaluate();  // the test split (evaluate.h)
+  EvalResult evaluate_ema();  // the same with the averaged weights swapped in (train.ema_decay)
 
   // resume.cpp
   bool resume();
@@ -154,6 +158,7 @@ class TrainingRun {
   std::string checkpoint_problem(const LoadedCheckpoint& ck) const;  // "" when this run can resume from it
   void check_same_experiment(const LoadedCheckpoint& ck) const;
   void restore_tensors(const LoadedCheckpoint& ck);
+  void restore_ema(const LoadedCheckpoint& ck);  // ema.pt, or the average started from the restored weights
   void restore_loop(const nlohmann::json& state);
   std::optional<CheckpointFiles> serialize_checkpoint();  // collective; the files on rank 0 only
   nlohmann::json state_json() const;
@@ -197,6 +202,7 @@ class TrainingRun {
   int64_t vocab_ = 0;                  // a language model's vocabulary (wte may have more rows: model.vocab_multiple)
   models::Model model_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<ModelEma> ema_;  // train.ema_decay > 0: the averaged weights, on device_
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MemoryBackend> memory_;
   std::unique_ptr<Step> step_runner_;

@@ -33,6 +33,7 @@ void TrainingRun::setup() {
   if (main_rank()) setup_tracking();  // after the GPU is named (its UUID is a tag)
   setup_data();
   setup_model();
+  setup_ema();
   setup_sampling();
   setup_step();
 }
@@ -371,6 +372,20 @@ void TrainingRun::setup_model() {
       .growth_interval(cfg_.amp.growth_interval);
   scaler_ = std::make_unique<GradScaler>(so);
   model_built_ = std::chrono::steady_clock::now();
+}
+
+void TrainingRun::setup_ema() {
+  if (cfg_.train.ema_decay == 0) return;
+  // Now, before the micro-batch search and the first step: the copy is resident device memory that the
+  // ladder's decisions must see. Under data parallel every rank starts from the broadcast weights and
+  // keeps its own average of identical weights (rank 0's is saved).
+  EmaOptions o;
+  o.decay = cfg_.train.ema_decay;
+  o.warmup = cfg_.train.ema_warmup;
+  o.every = cfg_.train.ema_every;
+  ema_ = std::make_unique<ModelEma>(*model_, o);
+  spdlog::info("ema: decay {}{}, updated every {} step(s); {} on {}", o.decay, o.warmup ? " with warmup" : "", o.every,
+               format_bytes(ema_->bytes()), device_.str());
 }
 
 void TrainingRun::setup_step() {

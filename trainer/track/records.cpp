@@ -73,6 +73,9 @@ std::vector<Metric> metrics_of_record(const nlohmann::json& record, int64_t time
     add("eval_loss", "loss");
     add("eval_top1", "top1");
     add("eval_top5", "top5");
+    add("eval_ema_loss", "ema_loss");  // train.ema_decay: the averaged weights' figures
+    add("eval_ema_top1", "ema_top1");
+    add("eval_ema_top5", "ema_top5");
   } else if (event == "resume") {
     add("resumed_at_step", "step");
   } else if (event == "end") {
