@@ -6,6 +6,7 @@
 //                                              mem_limit_bytes, rss_bytes, oom_retries, loss_scale,
 //                                              model_flops_per_s, epoch, samples_seen
 //   {"event": "eval", loss, top1, top5}        eval_loss, eval_top1, eval_top5
+//     (with EMA: ema_loss, ema_top1, ema_top5)  eval_ema_loss, eval_ema_top1, eval_ema_top5
 //   {"event": "resume", step}                  resumed_at_step (its value: the step resumed from)
 //   {"event": "end", seconds}                  wall_time_s
 // and the run's status from the process's exit code: 0 FINISHED, 128 + SIGINT or SIGTERM KILLED (the job
