@@ -19,6 +19,14 @@
 
 namespace trainer {
 
+torch::Tensor erase_boxes(torch::Tensor x, const torch::Tensor& boxes) {
+  const int64_t H = x.size(2), W = x.size(3);
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(x.device());
+  const auto ys = torch::arange(H, opts).view({1, H, 1}), xs = torch::arange(W, opts).view({1, 1, W});
+  auto col = [&](int64_t k) { return boxes.select(1, k).view({-1, 1, 1}); };  // (B, 1, 1)
+  const auto inside = (ys >= col(0)) & (ys < col(0) + col(2)) & (xs >= col(1)) & (xs < col(1) + col(3));  // (B, H, W)
+  return x.masked_fill_(inside.unsqueeze(1), 0.0);
+}
 
 // ---- the snapshot ------------------------------------------------------------------------------------
 
@@ -124,8 +132,15 @@ Step::Step(StepParts parts, StepOptions options, MicroBatchController controller
 torch::Tensor Step::forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                      PhasePeakRecorder& phases) {
   phases.enter("forward");
-  Logits out = forward_logits(*p_.model, batch.images.narrow(0, offset, n), batch.labels.narrow(0, offset, n),
-                              o_.forward);
+  torch::Tensor images = batch.images.narrow(0, offset, n);
+  if (batch.erase.defined()) {
+    // Random erasing follows normalization (torchvision's order): the uint8 images are converted here,
+    // erased, and reach the model as float.
+    const auto& dev = o_.forward.device;
+    images = erase_boxes(images_to_float(images.to(dev, /*non_blocking=*/true), o_.forward),
+                         batch.erase.narrow(0, offset, n).to(dev, /*non_blocking=*/true));
+  }
+  Logits out = forward_logits(*p_.model, images, batch.labels.narrow(0, offset, n), o_.forward);
   // Summed, then divided by the targets of the whole step: micro-batches of any sizes add up to the
   // mean over the global batch (no "mean of means").
   torch::Tensor loss = summed_cross_entropy(out.logits, out.targets, o_.loss, out.columns) / normalizer;

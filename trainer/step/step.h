@@ -40,6 +40,12 @@
 
 namespace trainer {
 
+/// RandomErasing on the device, after normalization: sets every channel of box b of image b to 0.
+/// x: (B, C, H, W) float, any memory format (NHWC from images_to_float); boxes: (B, 4) int64 rows (top,
+/// left, height, width) on x's device (data::Batch::erase), an empty box erasing nothing. A few
+/// element-wise kernels over (B, H, W) booleans and one masked fill; returns x.
+torch::Tensor erase_boxes(torch::Tensor x, const torch::Tensor& boxes);
+
 /// What one optimizer step did, for the metrics line.
 struct StepResult {
   double loss = 0;          ///< mean loss over the global batch
