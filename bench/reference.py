@@ -87,6 +87,8 @@ DEFAULTS = {
     "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
              "in_memory": True, "check_timeout_s": 30.0, "shape": [3, 224, 224], "synthetic_size": 10000,
              "workers": 0, "prefetch": 2, "crop_padding": 0, "hflip": False, "normalize": True,
+             # training-only augmentations; the reference runs none of them
+             "auto_augment": "none", "randaugment_ops": 2, "randaugment_magnitude": 9, "random_erasing": 0.0,
              # the JPEG kinds (packed_images, image_folder); the reference runs synthetic images only
              "size": 224, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "crop_pct": 0.875,
              "max_image_pixels": 100000000},

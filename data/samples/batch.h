@@ -33,6 +33,11 @@ struct Batch {
   int64_t position = 0;
   /// Samples in the whole global batch (over all ranks).
   int64_t global_size = 0;
+  /// Decoded images with random erasing (data.random_erasing): (B, 4) int64 rows (top, left, height,
+  /// width), an empty box (height or width 0) for a sample not erased. The step sets each box to 0 after
+  /// normalizing (data/pixels/augment.h's RandomErasing). Undefined: nothing to erase (stored pixels are
+  /// erased by the loader).
+  torch::Tensor erase;
   /// Samples of this rank's share that could not be decoded, in batch order (empty for stored pixels).
   std::vector<SampleFailure> failures;
 

@@ -25,7 +25,37 @@ void check_transform(const ImageTransform& t) {
   if (t.crop_padding < 0 || t.crop_padding > t.size)
     bad("crop_padding must be in [0, size], got " + std::to_string(t.crop_padding));
   if (t.limits.max_pixels < 1) bad("max_pixels must be >= 1, got " + std::to_string(t.limits.max_pixels));
+  try {
+    check_auto_augment(t.auto_augment);
+  } catch (const std::invalid_argument& e) {
+    bad(e.what());
+  }
 }
+
+namespace {
+
+// The crop (and flip) of a training sample, decoded into `out`.
+void decode_train_or_eval(const uint8_t* bytes, size_t size, int width, int height, int64_t index, int64_t epoch,
+                          const ImageTransform& t, uint8_t* out) {
+  if (t.train && t.crop_padding > 0) {
+    thread_local std::vector<uint8_t> view;
+    view.resize(static_cast<size_t>(t.size) * t.size * 3);
+    decode_crop_resize(bytes, size, eval_center_crop(width, height, t.size, t.crop_pct), t.size, t.size,
+                       /*hflip=*/false, view.data(), t.limits);
+    AugmentOptions a;
+    a.random_crop_padding = t.crop_padding;
+    a.hflip = t.hflip;
+    augment_image_hwc(view.data(), t.size, t.size, 3, draw_augment(t.seed, epoch, index, a), t.crop_padding, out);
+    return;
+  }
+  bool flip = false;
+  const CropBox box = t.train ? random_resized_crop(width, height, t.scale_lo, t.scale_hi, t.ratio_lo, t.ratio_hi,
+                                                    t.seed, epoch, index, &flip)
+                              : eval_center_crop(width, height, t.size, t.crop_pct);
+  decode_crop_resize(bytes, size, box, t.size, t.size, t.train && t.hflip && flip, out, t.limits);
+}
+
+}  // namespace
 
 std::string decode_sample(const uint8_t* bytes, size_t size, int width, int height, int64_t index, int64_t epoch,
                           const ImageTransform& t, uint8_t* out) {
@@ -35,22 +65,11 @@ std::string decode_sample(const uint8_t* bytes, size_t size, int width, int heig
       width = h.width;
       height = h.height;
     }
-    if (t.train && t.crop_padding > 0) {
-      thread_local std::vector<uint8_t> view;
-      view.resize(static_cast<size_t>(t.size) * t.size * 3);
-      decode_crop_resize(bytes, size, eval_center_crop(width, height, t.size, t.crop_pct), t.size, t.size,
-                         /*hflip=*/false, view.data(), t.limits);
-      AugmentOptions a;
-      a.random_crop_padding = t.crop_padding;
-      a.hflip = t.hflip;
-      augment_image_hwc(view.data(), t.size, t.size, 3, draw_augment(t.seed, epoch, index, a), t.crop_padding, out);
-      return "";
-    }
-    bool flip = false;
-    const CropBox box = t.train ? random_resized_crop(width, height, t.scale_lo, t.scale_hi, t.ratio_lo, t.ratio_hi,
-                                                      t.seed, epoch, index, &flip)
-                                : eval_center_crop(width, height, t.size, t.crop_pct);
-    decode_crop_resize(bytes, size, box, t.size, t.size, t.train && t.hflip && flip, out, t.limits);
+    decode_train_or_eval(bytes, size, width, height, index, epoch, t, out);
+    const AutoAugmentOptions& aa = t.auto_augment;
+    if (t.train && aa.kind != AutoAugmentKind::None)
+      auto_augment(ImageU8{out, 3, t.size, t.size, /*hwc=*/true}, aa,
+                   *cached_augment_space(aa.kind, aa.bins, t.size, t.size), t.seed, epoch, index);
     return "";
   } catch (const std::exception& e) {  // DecodeError, or a size the transforms refuse
     std::memset(out, 0, static_cast<size_t>(t.size) * t.size * 3);

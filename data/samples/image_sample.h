@@ -8,6 +8,8 @@
 //          or, with crop_padding > 0, the stored-pixel recipe (CIFAR's): the eval view below, padded
 //          with crop_padding zero pixels and cropped back at a random offset, then the flip, drawn by
 //          data/samples/loader.h's draw_augment from (seed, epoch, index) exactly as the HDF5 path draws it;
+//          then, with auto_augment, RandAugment or TrivialAugmentWide on the uint8 crop (data/pixels/augment.h,
+//          from (seed, epoch, index) as the HDF5 path draws it);
 //   eval:  resize the shorter side to round(size / crop_pct) (crop_pct 0.875: 256 for 224), center crop
 //          size x size.
 // A sample that cannot be decoded becomes a zero image with label kIgnoreLabel (data/samples/dataset.h): it keeps
@@ -15,6 +17,7 @@
 #pragma once
 
 #include "data/samples/batch.h"
+#include "data/pixels/augment.h"
 #include "data/pixels/jpeg.h"
 
 #include <cstdint>
@@ -39,6 +42,8 @@ struct ImageTransform {
   /// > 0: train with the stored-pixel recipe (pad, random crop, flip) on the eval view instead of
   /// RandomResizedCrop.
   int crop_padding = 0;
+  /// Train only: RandAugment or TrivialAugmentWide on the decoded uint8 crop (kind None: off).
+  AutoAugmentOptions auto_augment;
   /// Seeds the crop boxes and flips.
   uint64_t seed = 0;
   /// Largest width * height of an image accepted; bigger headers are refused before any allocation.
@@ -46,7 +51,7 @@ struct ImageTransform {
 };
 
 /// Checks the transform (size in [1, 65536], 0 < scale_lo <= scale_hi <= 1, 0 < ratio_lo <= ratio_hi,
-/// 0 < crop_pct <= 1, crop_padding in [0, size], max_pixels >= 1); throws std::invalid_argument naming
+/// 0 < crop_pct <= 1, crop_padding in [0, size], max_pixels >= 1, auto_augment's ranges); throws std::invalid_argument naming
 /// the field.
 void check_transform(const ImageTransform& t);
 

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <numeric>
 #include <stdexcept>
+#include <tuple>
 
 namespace data {
 
@@ -99,6 +101,25 @@ void augment_image_hwc(const uint8_t* src, int64_t H, int64_t W, int64_t C, cons
   }
 }
 
+std::shared_ptr<const AugmentSpace> cached_augment_space(AutoAugmentKind kind, int64_t bins, int64_t height,
+                                                         int64_t width) {
+  using Key = std::tuple<int, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static std::map<Key, std::shared_ptr<const AugmentSpace>> cache;
+  const Key key{static_cast<int>(kind), bins, height, width};
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[key];
+  if (!slot) {
+    // torch.linspace's CPU kernel, not its scalar formula: some entries come from vector arithmetic.
+    const Linspace torch_linspace = [](double start, double end, int64_t steps) {
+      const auto t = torch::linspace(start, end, steps, torch::kFloat32);
+      return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + steps);
+    };
+    slot = std::make_shared<const AugmentSpace>(augmentation_space(kind, bins, height, width, torch_linspace));
+  }
+  return slot;
+}
+
 // ---- loader ----------------------------------------------------------------------------------------
 
 struct Loader::Job {
@@ -125,6 +146,8 @@ Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions option
   validate();
   const auto& m = dataset_->meta();
   table_ = pixel_table(m.mean, m.std, opt_.augment.normalize);
+  const auto& aa = opt_.augment.auto_augment;
+  if (aa.kind != AutoAugmentKind::None) space_ = cached_augment_space(aa.kind, aa.bins, shape_[1], shape_[2]);
   pinned_ = opt_.pin_memory && torch::cuda::is_available();
   for (int64_t w = 0; w < opt_.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
 }
@@ -155,6 +178,17 @@ void Loader::validate() const {
     bad("random_crop_padding and hflip apply to stored pixels; a dataset that decodes images crops and flips "
         "with its own transform");
   }
+  if (decoded_ && opt_.augment.auto_augment.kind != AutoAugmentKind::None)
+    bad("auto_augment applies to stored pixels; a dataset that decodes images augments in its own transform");
+  try {
+    check_auto_augment(opt_.augment.auto_augment);
+  } catch (const std::invalid_argument& e) {
+    bad(e.what());
+  }
+  if (opt_.augment.auto_augment.kind != AutoAugmentKind::None && shape_[0] != 1 && shape_[0] != 3)
+    bad("auto_augment needs images of 1 or 3 channels, got " + std::to_string(shape_[0]));
+  if (!(opt_.augment.random_erasing >= 0 && opt_.augment.random_erasing <= 1))
+    bad("random_erasing must be a probability in [0, 1], got " + std::to_string(opt_.augment.random_erasing));
   const auto& m = dataset_->meta();
   if (static_cast<int64_t>(m.mean.size()) != shape_[0] || static_cast<int64_t>(m.std.size()) != shape_[0]) {
     bad("the dataset's mean/std do not have one value per channel (" + std::to_string(shape_[0]) + ")");
@@ -244,6 +278,8 @@ std::shared_ptr<Loader::Job> Loader::make_job(Batch batch) {
   const int64_t b = batch.size();
   batch.images = image_buffer(b);
   batch.labels = torch::empty({b}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned_));
+  if (decoded_ && opt_.augment.random_erasing > 0)
+    batch.erase = torch::empty({b, 4}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned_));
   job->batch = std::move(batch);
   return job;
 }
@@ -267,16 +303,47 @@ void Loader::fill(Job& job, int64_t begin, int64_t end) const {
         job.failures.emplace_back(row, std::move(f));
       }
     }
+    if (b.erase.defined()) {
+      // The boxes only: the step erases them once the images are normalized on the device.
+      EraseOptions eo;
+      eo.p = opt_.augment.random_erasing;
+      int64_t* box = b.erase.data_ptr<int64_t>() + begin * 4;
+      for (int64_t k = 0; k < end - begin; ++k, box += 4) {
+        const EraseBox e = draw_erase_box(eo, shape_[1], shape_[2], opt_.seed, b.epoch, indices[k]);
+        box[0] = e.top, box[1] = e.left, box[2] = e.height, box[3] = e.width;
+      }
+    }
     return;
   }
-  thread_local std::vector<uint8_t> raw;
+  fill_stored(job, begin, end, indices);
+}
+
+// Stored pixels: crop, flip, automatic augmentation (uint8), float and normalization, erasing.
+void Loader::fill_stored(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const {
+  Batch& b = job.batch;
+  const int64_t C = shape_[0], H = shape_[1], W = shape_[2], bytes = C * H * W;
+  thread_local std::vector<uint8_t> raw, crop;
   raw.resize(static_cast<size_t>((end - begin) * bytes));
   dataset_->read_epoch(indices, b.epoch, raw.data(), b.labels.data_ptr<int64_t>() + begin, nullptr);
   float* images = b.images.data_ptr<float>();
+  EraseOptions eo;
+  eo.p = opt_.augment.random_erasing;
   for (int64_t k = 0; k < end - begin; ++k) {
     const AugmentParams params = draw_augment(opt_.seed, b.epoch, indices[k], opt_.augment);
-    augment_image(raw.data() + k * bytes, shape_, params, opt_.augment.random_crop_padding, table_.data(),
-                  images + (begin + k) * bytes);
+    const int64_t padding = opt_.augment.random_crop_padding;
+    float* dst = images + (begin + k) * bytes;
+    if (space_) {
+      // The crop and flip stay uint8 (each channel plane as a one-channel HWC image), then the ops.
+      crop.resize(static_cast<size_t>(bytes));
+      for (int64_t c = 0; c < C; ++c)
+        augment_image_hwc(raw.data() + k * bytes + c * H * W, H, W, 1, params, padding, crop.data() + c * H * W);
+      auto_augment(ImageU8{crop.data(), C, H, W, /*hwc=*/false}, opt_.augment.auto_augment, *space_, opt_.seed,
+                   b.epoch, indices[k]);
+      augment_image(crop.data(), shape_, AugmentParams{}, 0, table_.data(), dst);
+    } else {
+      augment_image(raw.data() + k * bytes, shape_, params, padding, table_.data(), dst);
+    }
+    if (eo.p > 0) erase_chw(dst, C, H, W, draw_erase_box(eo, H, W, opt_.seed, b.epoch, indices[k]));
   }
 }
 

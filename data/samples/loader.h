@@ -9,8 +9,9 @@
 // of g samples (integer division), so the W slices are disjoint and together form the global batch every
 // rank agrees on (every rank must use the same seed and global batch).
 //
-// Augmentation. Sample i in epoch e gets its crop offset and flip from an RNG seeded by (seed, e, i)
-// alone: reading the same batch twice, with any number of workers, before or after a resume, gives
+// Augmentation. Sample i in epoch e gets its crop offset and flip, its automatic augmentation
+// (RandAugment, TrivialAugmentWide: data/pixels/augment.h) and its random-erasing box from RNGs seeded by
+// (seed, e, i) alone: reading the same batch twice, with any number of workers, before or after a resume, gives
 // bit-identical tensors. A dataset that decodes encoded images (PixelLayout::HWC: data/files/packed_images.h,
 // data/samples/image_folder.h) applies its own transform from (seed, e, i) in read_epoch(); its batches are
 // uint8 (B, C, H, W) in channels_last memory, and samples it could not decode are listed in
@@ -21,6 +22,7 @@
 // batch of an epoch the stream continues with the next epoch.
 #pragma once
 
+#include "data/pixels/augment.h"
 #include "data/samples/batch.h"
 #include "data/samples/dataset.h"
 
@@ -36,7 +38,8 @@
 
 namespace data {
 
-/// Per-sample augmentation, applied in this order: random crop, horizontal flip, conversion to float.
+/// Per-sample augmentation, applied in this order: random crop, horizontal flip, automatic augmentation
+/// (uint8), conversion to float (and normalization), random erasing.
 struct AugmentOptions {
   /// Pixels of zero padding on every side before a random (H, W) crop of the padded image; 0 = no crop.
   int64_t random_crop_padding = 0;
@@ -44,6 +47,12 @@ struct AugmentOptions {
   bool hflip = false;
   /// Output (x / 255 - mean[c]) / std[c] with the dataset's mean and std; false outputs x / 255.
   bool normalize = true;
+  /// RandAugment or TrivialAugmentWide on the uint8 crop (stored pixels only: a dataset that decodes
+  /// images applies it in its own transform, data/samples/image_sample.h's ImageTransform::auto_augment).
+  AutoAugmentOptions auto_augment;
+  /// RandomErasing's probability (0 = off) on the normalized float image, value 0. Stored pixels: erased
+  /// here; decoded images: the boxes go out in Batch::erase and the step erases after normalizing.
+  double random_erasing = 0;
 };
 
 struct LoaderOptions {
@@ -97,6 +106,11 @@ void augment_image(const uint8_t* src, const std::array<int64_t, 3>& shape, cons
 /// so a sample gets the very crop and flip the float path above gives it.
 void augment_image_hwc(const uint8_t* src, int64_t H, int64_t W, int64_t C, const AugmentParams& params,
                        int64_t padding, uint8_t* dst);
+
+/// augmentation_space(kind, bins, height, width) with LibTorch's own torch.linspace, so the magnitudes
+/// are torchvision's bit for bit; computed once per argument tuple and kept (thread-safe).
+std::shared_ptr<const AugmentSpace> cached_augment_space(AutoAugmentKind kind, int64_t bins, int64_t height,
+                                                         int64_t width);
 
 /// The training loader. Call its methods from one thread; the workers are internal.
 class Loader {
@@ -162,6 +176,7 @@ class Loader {
   std::shared_ptr<Job> make_job(Batch batch);
   torch::Tensor image_buffer(int64_t rows);
   void fill(Job& job, int64_t begin, int64_t end) const;
+  void fill_stored(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const;
   void run_parts(const std::shared_ptr<Job>& job);
   void top_up();
   void discard_in_flight();
@@ -171,6 +186,7 @@ class Loader {
   LoaderOptions opt_;
   std::array<int64_t, 3> shape_;
   bool decoded_ = false;  // the dataset decodes (layout HWC): uint8 NHWC batches, no augmentation here
+  std::shared_ptr<const AugmentSpace> space_;  // stored pixels with an automatic augmentation
   int64_t n_;
   std::vector<float> table_;
   bool pinned_ = false;

@@ -64,6 +64,10 @@ std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
       {"data.crop_padding", &c.data.crop_padding, false},
       {"data.hflip", &c.data.hflip, false},
       {"data.normalize", &c.data.normalize, false},
+      {"data.auto_augment", &c.data.auto_augment, false},
+      {"data.randaugment_ops", &c.data.randaugment_ops, false},
+      {"data.randaugment_magnitude", &c.data.randaugment_magnitude, false},
+      {"data.random_erasing", &c.data.random_erasing, false},
       {"data.size", &c.data.size, false},
       {"data.scale", &c.data.scale, false},
       {"data.ratio", &c.data.ratio, false},
@@ -436,6 +440,7 @@ struct Checks {
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
     if (!(c.data.check_timeout_s > 0)) bad("data.check_timeout_s", "must be > 0");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
+    augmentations(language_model);
     if (c.data.size < 1 || c.data.size > 4096) bad("data.size", "must be in [1, 4096]");
     if (c.data.scale.size() != 2 || !(c.data.scale[0] > 0 && c.data.scale[0] <= c.data.scale[1] && c.data.scale[1] <= 1))
       bad("data.scale", "must be two numbers [lo, hi] with 0 < lo <= hi <= 1");
@@ -445,6 +450,20 @@ struct Checks {
     if (!(c.data.crop_pct > 0 && c.data.crop_pct <= 1)) bad("data.crop_pct", "must be in (0, 1]");
     if (encoded_images && c.data.crop_padding > c.data.size)
       bad("data.crop_padding", "must be at most data.size (" + std::to_string(c.data.size) + ")");
+  }
+
+  // The training-only augmentations of images (data/pixels/augment.h).
+  void augmentations(bool language_model) const {
+    one_of("data.auto_augment", c.data.auto_augment, {"none", "randaugment", "trivialaugment"});
+    if (c.data.randaugment_ops < 0 || c.data.randaugment_ops > 64) bad("data.randaugment_ops", "must be in [0, 64]");
+    if (c.data.randaugment_magnitude < 0 || c.data.randaugment_magnitude > 30)
+      bad("data.randaugment_magnitude", "must be in [0, 30] (31 magnitude bins)");
+    if (!(c.data.random_erasing >= 0 && c.data.random_erasing <= 1))
+      bad("data.random_erasing", "must be a probability in [0, 1]");
+    if (language_model && c.data.auto_augment != "none")
+      bad("data.auto_augment", "augments images; the language model " + c.model.name + " reads tokens (set none)");
+    if (language_model && c.data.random_erasing > 0)
+      bad("data.random_erasing", "erases image boxes; the language model " + c.model.name + " reads tokens (set 0)");
   }
 
   // Sizes no job asks for, refused before anything is allocated: beyond these LibTorch fails inside an

@@ -52,6 +52,10 @@ struct DataConfig {
   int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off; packed_images, image_folder: instead of RandomResizedCrop)
   bool hflip = false;                                ///< random horizontal flip
   bool normalize = true;                             ///< subtract mean, divide by std
+  std::string auto_augment = "none";                 ///< none | randaugment | trivialaugment (torchvision's RandAugment, TrivialAugmentWide; training only)
+  int64_t randaugment_ops = 2;                       ///< randaugment: operations per sample (num_ops)
+  int64_t randaugment_magnitude = 9;                 ///< randaugment: magnitude bin in [0, 30] (of 31)
+  double random_erasing = 0;                         ///< RandomErasing's probability after normalization (0 = off; training only)
   int64_t size = 224;                                ///< packed_images, image_folder: side of a decoded sample
   std::vector<double> scale = {0.08, 1.0};           ///< packed_images, image_folder: RandomResizedCrop's area range
   std::vector<double> ratio = {3.0 / 4.0, 4.0 / 3.0};  ///< packed_images, image_folder: RandomResizedCrop's aspect range

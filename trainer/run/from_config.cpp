@@ -69,6 +69,19 @@ void log_data_check(const std::string& path, const data::H5CheckResult& r) {
   if (r.ran) spdlog::info("data: {} read cleanly by a separate process in {:.0f} ms", path, r.seconds * 1e3);
 }
 
+namespace {
+
+// data.auto_augment and its RandAugment keys (training only: the eval transform and loader ignore them).
+data::AutoAugmentOptions auto_augment_of(const Config& cfg) {
+  data::AutoAugmentOptions a;
+  a.kind = data::auto_augment_kind(cfg.data.auto_augment);
+  a.num_ops = cfg.data.randaugment_ops;
+  a.magnitude = cfg.data.randaugment_magnitude;
+  return a;
+}
+
+}  // namespace
+
 bool encoded_image_job(const Config& cfg) { return cfg.data.kind == "packed_images" || cfg.data.kind == "image_folder"; }
 
 std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
@@ -83,6 +96,7 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   t.hflip = cfg.data.hflip;
   t.crop_pct = cfg.data.crop_pct;
   t.crop_padding = static_cast<int>(cfg.data.crop_padding);
+  t.auto_augment = auto_augment_of(cfg);
   t.seed = cfg.seed;
   t.limits.max_pixels = cfg.data.max_image_pixels;
   if (cfg.data.kind == "packed_images") {
@@ -102,8 +116,10 @@ data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers) {
   if (!encoded_image_job(cfg)) {
     lo.augment.random_crop_padding = cfg.data.crop_padding;
     lo.augment.hflip = cfg.data.hflip;
+    lo.augment.auto_augment = auto_augment_of(cfg);
   }
   lo.augment.normalize = cfg.data.normalize;
+  lo.augment.random_erasing = cfg.data.random_erasing;
   return lo;
 }
 

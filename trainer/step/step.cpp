@@ -19,6 +19,14 @@
 
 namespace trainer {
 
+torch::Tensor erase_boxes(torch::Tensor x, const torch::Tensor& boxes) {
+  const int64_t H = x.size(2), W = x.size(3);
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(x.device());
+  const auto ys = torch::arange(H, opts).view({1, H, 1}), xs = torch::arange(W, opts).view({1, 1, W});
+  auto col = [&](int64_t k) { return boxes.select(1, k).view({-1, 1, 1}); };  // (B, 1, 1)
+  const auto inside = (ys >= col(0)) & (ys < col(0) + col(2)) & (xs >= col(1)) & (xs < col(1) + col(3));  // (B, H, W)
+  return x.masked_fill_(inside.unsqueeze(1), 0.0);
+}
 
 // ---- the snapshot ------------------------------------------------------------------------------------
 
@@ -122,15 +130,30 @@ Step::Step(StepParts parts, StepOptions options, MicroBatchController controller
   if (p_.dist && !p_.grad_sync) throw std::invalid_argument("Step: a distributed step needs its GradientSync");
 }
 
-Logits Step::micro_batch_logits(const data::Batch& batch, int64_t offset, int64_t n) {
+torch::Tensor Step::micro_batch_input(const data::Batch& batch, int64_t offset, int64_t n) {
   auto images = batch.images.narrow(0, offset, n);
+  if (!batch.erase.defined()) return model_input(images, o_.forward);
+  // Random erasing follows normalization (torchvision's order): the uint8 images are converted here,
+  // erased, and reach the model as float.
+  const auto& dev = o_.forward.device;
+  auto x = erase_boxes(images_to_float(images.to(dev, /*non_blocking=*/true), o_.forward),
+                       batch.erase.narrow(0, offset, n).to(dev, /*non_blocking=*/true));
+  return model_input(x, o_.forward);
+}
+
+Logits Step::micro_batch_logits(const data::Batch& batch, int64_t offset, int64_t n) {
   auto labels = batch.labels.narrow(0, offset, n);
-  if (!mix_.any()) return forward_logits(*p_.model, images, labels, o_.forward);
-  // Rows [offset, offset + n) are mixed with their partners B - 1 - k: the mirrored slice, reversed.
+  if (!mix_.any() && !batch.erase.defined())
+    return forward_logits(*p_.model, batch.images.narrow(0, offset, n), labels, o_.forward);
+  if (!mix_.any())
+    return logits_of(*p_.model, micro_batch_input(batch, offset, n), labels.to(o_.forward.device, /*non_blocking=*/true),
+                     o_.forward);
+  // Rows [offset, offset + n) are mixed with their partners B - 1 - k: the mirrored slice, reversed. Each
+  // side is erased first (timm erases in its loader, before Mixup).
   const int64_t mirror = batch.size() - offset - n;
-  auto partner = model_input(batch.images.narrow(0, mirror, n), o_.forward).flip(0);
+  auto partner = micro_batch_input(batch, mirror, n).flip(0);
   auto partner_labels = batch.labels.narrow(0, mirror, n).to(o_.forward.device, /*non_blocking=*/true).flip(0);
-  auto x = mix_images(model_input(images, o_.forward), partner, mix_, offset);
+  auto x = mix_images(micro_batch_input(batch, offset, n), partner, mix_, offset);
   if (o_.forward.channels_last && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   Logits out = logits_of(*p_.model, x, labels.to(o_.forward.device, /*non_blocking=*/true), o_.forward);
   const int64_t classes = out.columns < 0 ? out.logits.size(1) : out.columns;

@@ -41,6 +41,12 @@
 
 namespace trainer {
 
+/// RandomErasing on the device, after normalization: sets every channel of box b of image b to 0.
+/// x: (B, C, H, W) float, any memory format (NHWC from images_to_float); boxes: (B, 4) int64 rows (top,
+/// left, height, width) on x's device (data::Batch::erase), an empty box erasing nothing. A few
+/// element-wise kernels over (B, H, W) booleans and one masked fill; returns x.
+torch::Tensor erase_boxes(torch::Tensor x, const torch::Tensor& boxes);
+
 /// What one optimizer step did, for the metrics line.
 struct StepResult {
   double loss = 0;          ///< mean loss over the global batch
@@ -321,6 +327,9 @@ class Step {
   /// The logits of samples [offset, offset + n) against their targets: class ids, or under Mixup/CutMix the
   /// rows mixed with their partners (this step's mix_) and soft targets.
   Logits micro_batch_logits(const data::Batch& batch, int64_t offset, int64_t n);
+  /// The model's input for samples [offset, offset + n): model_input, with the batch's erase boxes
+  /// (decoded images: data::Batch::erase) applied after normalization.
+  torch::Tensor micro_batch_input(const data::Batch& batch, int64_t offset, int64_t n);
   /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
   torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                  PhasePeakRecorder& phases);

@@ -89,6 +89,7 @@ torch::Tensor StepGraph::capture(const data::Batch& batch, const c10::Device& de
   static_ = batch;
   static_.images = static_copy(batch.images, device);
   static_.labels = static_copy(batch.labels, device);
+  if (batch.erase.defined()) static_.erase = static_copy(batch.erase, device);
   // The capture runs on a side stream (never the default one) that first waits for what the current
   // stream has queued: the static copies and the step's scalars.
   const auto current = c10::cuda::getCurrentCUDAStream(device.index());
@@ -135,6 +136,7 @@ torch::Tensor StepGraph::replay(const data::Batch& batch) {
   if (!graph_) throw std::logic_error("StepGraph::replay: no graph captured");
   static_.images.copy_(batch.images, /*non_blocking=*/true);
   static_.labels.copy_(batch.labels, /*non_blocking=*/true);
+  if (static_.erase.defined()) static_.erase.copy_(batch.erase, /*non_blocking=*/true);
 #ifdef TRAINER_WITH_CUDA
   graph_->replay();
 #endif
