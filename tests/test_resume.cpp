@@ -139,6 +139,10 @@ TEST(Resume, ChangedModelIsRefusedNamingTheKey) {
   auto r = testutil::run(testutil::trainer_cmd(run_dir, resume_job(6, "--set model.name=resnet32")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("model.name"), std::string::npos) << r.output;
+  // The augmentation is part of the experiment, as the flip is.
+  r = testutil::run(testutil::trainer_cmd(run_dir, resume_job(6, "--set data.auto_augment=trivialaugment")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.auto_augment differs"), std::string::npos) << r.output;
   // A longer run (more steps) is allowed: that is what a resumed, resized job does.
   auto r2 = testutil::run(testutil::trainer_cmd(run_dir, resume_job(6)));
   EXPECT_EQ(r2.exit_code, 0) << r2.output;

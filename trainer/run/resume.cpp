@@ -167,6 +167,12 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
     same("data.crop_pct", cfg_.data.crop_pct, saved.data.crop_pct);
   }
   same("data.hflip", cfg_.data.hflip, saved.data.hflip);
+  same("data.auto_augment", cfg_.data.auto_augment, saved.data.auto_augment);
+  if (cfg_.data.auto_augment == "randaugment") {
+    same("data.randaugment_ops", cfg_.data.randaugment_ops, saved.data.randaugment_ops);
+    same("data.randaugment_magnitude", cfg_.data.randaugment_magnitude, saved.data.randaugment_magnitude);
+  }
+  same("data.random_erasing", cfg_.data.random_erasing, saved.data.random_erasing);
   same("data.normalize", cfg_.data.normalize, saved.data.normalize);
   same("train.global_batch", cfg_.train.global_batch, saved.train.global_batch);
   same("seed", cfg_.seed, saved.seed);
