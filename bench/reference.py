@@ -90,7 +90,7 @@ DEFAULTS = {
              # training-only augmentations; the reference runs none of them
              "auto_augment": "none", "randaugment_ops": 2, "randaugment_magnitude": 9, "random_erasing": 0.0,
              # the JPEG kinds (packed_images, image_folder); the reference runs synthetic images only
-             "size": 224, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "crop_pct": 0.875,
+             "size": 224, "eval_size": 0, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "crop_pct": 0.875,
              "max_image_pixels": 100000000},
     "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
               "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0,

@@ -491,7 +491,8 @@ TEST(ImageRecipe, DryRunsAndTrainsFromAFolderWithABadFileAndFromItsPackedFile) {
   EXPECT_NE(skipped.find("c/zero.jpg\tnot a regular file"), std::string::npos) << skipped;
   EXPECT_NE(skipped.find("b/img2.JPEG\t"), std::string::npos) << skipped;
   r = run(trainer_cmd((dir / "run_packed").string(),
-                      recipe_args(dir.path, "packed_images", (dir / "out/train.h5").string(), (dir / "out/val.h5").string())));
+                      recipe_args(dir.path, "packed_images", (dir / "out/train.h5").string(), (dir / "out/val.h5").string()) +
+                          " --set data.eval_size=48"));  // trained at 32, evaluated at 48 (as RSB: 160 and 224)
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(step_lines((dir / "run_packed").string()).size(), 2u);
 
@@ -534,6 +535,8 @@ TEST(ImageRecipe, NewKeysAreValidatedWithOneLine) {
            {"data.scale=[0.5,0.1]", "key 'data.scale': must be two numbers [lo, hi] with 0 < lo <= hi <= 1"},
            {"data.ratio=[1]", "key 'data.ratio': must be two numbers [lo, hi] with 0 < lo <= hi"},
            {"data.size=0", "key 'data.size': must be in [1, 4096]"},
+           {"data.eval_size=-1", "key 'data.eval_size': must be in [1, 4096], or 0 (= data.size)"},
+           {"data.eval_size=64 --set model.name=vit_tiny", "key 'data.eval_size': a ViT takes one image size"},
            {"data.max_image_pixels=0", "key 'data.max_image_pixels': must be at least 1"},
            {"data.crop_pct=0", "key 'data.crop_pct': must be in (0, 1]"},
            {"data.crop_pct=1.5", "key 'data.crop_pct': must be in (0, 1]"},

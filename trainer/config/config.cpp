@@ -69,6 +69,7 @@ std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
       {"data.randaugment_magnitude", &c.data.randaugment_magnitude, false},
       {"data.random_erasing", &c.data.random_erasing, false},
       {"data.size", &c.data.size, false},
+      {"data.eval_size", &c.data.eval_size, false},
       {"data.scale", &c.data.scale, false},
       {"data.ratio", &c.data.ratio, false},
       {"data.crop_pct", &c.data.crop_pct, false},
@@ -442,6 +443,9 @@ struct Checks {
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
     augmentations(language_model);
     if (c.data.size < 1 || c.data.size > 4096) bad("data.size", "must be in [1, 4096]");
+    if (c.data.eval_size < 0 || c.data.eval_size > 4096) bad("data.eval_size", "must be in [1, 4096], or 0 (= data.size)");
+    if (c.data.eval_size > 0 && c.data.eval_size != c.data.size && c.model.name.rfind("vit", 0) == 0)
+      bad("data.eval_size", "a ViT takes one image size (its position embeddings); leave it 0 or equal to data.size");
     if (c.data.scale.size() != 2 || !(c.data.scale[0] > 0 && c.data.scale[0] <= c.data.scale[1] && c.data.scale[1] <= 1))
       bad("data.scale", "must be two numbers [lo, hi] with 0 < lo <= hi <= 1");
     if (c.data.ratio.size() != 2 || !(c.data.ratio[0] > 0 && c.data.ratio[0] <= c.data.ratio[1]))

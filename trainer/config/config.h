@@ -57,6 +57,9 @@ struct DataConfig {
   int64_t randaugment_magnitude = 9;                 ///< randaugment: magnitude bin in [0, 30] (of 31)
   double random_erasing = 0;                         ///< RandomErasing's probability after normalization (0 = off; training only)
   int64_t size = 224;                                ///< packed_images, image_folder: side of a decoded sample
+  /// packed_images, image_folder: side of an evaluation sample (0 = data.size). The published recipes train
+  /// smaller than they test (RSB A3: 160 and 224; torchvision's: 176 and 224); a ResNet takes any size.
+  int64_t eval_size = 0;
   std::vector<double> scale = {0.08, 1.0};           ///< packed_images, image_folder: RandomResizedCrop's area range
   std::vector<double> ratio = {3.0 / 4.0, 4.0 / 3.0};  ///< packed_images, image_folder: RandomResizedCrop's aspect range
   double crop_pct = 0.875;                           ///< packed_images, image_folder: eval view = shorter side to size / crop_pct, center crop

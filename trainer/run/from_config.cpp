@@ -87,7 +87,7 @@ bool encoded_image_job(const Config& cfg) { return cfg.data.kind == "packed_imag
 std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
                                                           const data::ImageMeta* stats, int threads) {
   data::ImageTransform t;
-  t.size = static_cast<int>(cfg.data.size);
+  t.size = static_cast<int>(train || cfg.data.eval_size == 0 ? cfg.data.size : cfg.data.eval_size);
   t.train = train;
   t.scale_lo = cfg.data.scale.at(0);
   t.scale_hi = cfg.data.scale.at(1);
