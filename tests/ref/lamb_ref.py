@@ -6,8 +6,8 @@
                   "trust_clip": bool, "always_adapt": bool, "no_grad": [[tensor, step], ...]}
                DIR/init.bin (every tensor, in order, flattened) and DIR/grads.bin (per step, every tensor);
                a tensor listed in no_grad for a step has no gradient then (its bytes in grads.bin unused).
-               Two param groups as timm's param_groups_weight_decay makes them: the decaying tensors with
-               W, the others with 0. Runs the steps with timm.optim.Lamb(foreach=True) and again with
+               The param groups as timm's param_groups_weight_decay makes them: the tensors without
+               decay (0), then the decaying ones (W); one group when W is 0. Runs the steps with timm.optim.Lamb(foreach=True) and again with
                foreach=False; writes DIR/foreach.bin and DIR/single.bin (the parameters after the last step).
   modules      exits 0 when timm imports, else prints "timm" (the 1.13 leg has no timm)
 """
@@ -34,7 +34,10 @@ def run_timm(spec, init, grads, foreach):
         offset += n
     decay = [p for p, d in zip(params, spec["decay"]) if d]
     no_decay = [p for p, d in zip(params, spec["decay"]) if not d]
-    groups = [{"params": decay, "weight_decay": spec["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    # As timm's param_groups_weight_decay: the tensors without decay first; one group without weight decay.
+    groups = [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": spec["weight_decay"]}]
+    if not spec["weight_decay"]:
+        groups = [{"params": params, "weight_decay": 0.0}]
     mgn = spec["max_grad_norm"]
     opt = Lamb(groups, lr=spec["lr"][0], betas=tuple(spec["betas"]), eps=spec["eps"],
                max_grad_norm=mgn if mgn > 0 else None, trust_clip=spec["trust_clip"],

@@ -154,9 +154,15 @@ void norm_into(torch::Tensor out, const torch::Tensor& t) {
 
 torch::Tensor Optimizer::lamb_clip_divisor(const std::vector<size_t>& live) {
   // timm: global = vector_norm(stack(per-tensor norms)); divisor = (global / max_grad_norm).clamp_(min=1).
+  // The norms in the order of timm's param groups (param_groups_weight_decay: the tensors without decay,
+  // then those with; one group when weight_decay is 0), so that their sum rounds as timm's.
   const int64_t n = static_cast<int64_t>(params_.size()), k = static_cast<int64_t>(live.size());
   const torch::Tensor norms = lamb_work_.narrow(0, 0, n);
-  for (int64_t j = 0; j < k; ++j) norm_into(norms[j], params_[live[j]].param.grad());
+  std::vector<size_t> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i : live)
+      if (cfg_.weight_decay == 0 ? pass == 0 : params_[i].decay == (pass == 1)) order.push_back(i);
+  for (int64_t j = 0; j < k; ++j) norm_into(norms[j], params_[order[j]].param.grad());
   const torch::Tensor global = lamb_work_[4 * n], divisor = lamb_work_[4 * n + 1];
   norm_into(global, norms.narrow(0, 0, k));
   divisor.copy_(global).div_(cfg_.lamb_max_grad_norm).clamp_min_(1.0);
