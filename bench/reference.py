@@ -94,7 +94,7 @@ DEFAULTS = {
              "max_image_pixels": 100000000},
     "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
               "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0,
-              "implementation": "auto"},
+              "lamb_max_grad_norm": 1.0, "trust_clip": False, "always_adapt": False, "implementation": "auto"},
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0, "min_lr": 0.0, "milestones": [],
                  "gamma": 0.1},
     "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,

@@ -89,6 +89,9 @@ std::vector<Field> optim_fields(Config& c) {  // the optimizer
       {"optim.beta2", &c.optim.beta2, false},
       {"optim.eps", &c.optim.eps, false},
       {"optim.grad_clip", &c.optim.grad_clip, false},
+      {"optim.lamb_max_grad_norm", &c.optim.lamb_max_grad_norm, false},
+      {"optim.trust_clip", &c.optim.trust_clip, false},
+      {"optim.always_adapt", &c.optim.always_adapt, false},
       {"optim.implementation", &c.optim.implementation, false},
   };
 }
@@ -493,12 +496,13 @@ struct Checks {
     // LibTorch refuses them at the first step ("cannot be converted to type float without overflow").
     for (const auto& [key, v] : {std::pair<const char*, double>{"optim.lr", c.optim.lr}, {"optim.weight_decay", c.optim.weight_decay},
                                  {"optim.eps", c.optim.eps}, {"optim.grad_clip", c.optim.grad_clip},
+                                 {"optim.lamb_max_grad_norm", c.optim.lamb_max_grad_norm},
                                  {"amp.init_scale", c.amp.init_scale}, {"amp.growth_factor", c.amp.growth_factor}})
       if (std::fabs(v) > std::numeric_limits<float>::max()) bad(key, "must fit in float32 (at most 3.4e38)");
   }
 
   void optimizer_and_schedule() const {
-    one_of("optim.name", c.optim.name, {"sgd", "adamw"});
+    one_of("optim.name", c.optim.name, {"sgd", "adamw", "lamb"});
     if (!(c.optim.lr > 0)) bad("optim.lr", "must be > 0");
     if (c.optim.momentum < 0 || c.optim.momentum >= 1) bad("optim.momentum", "must be in [0, 1)");
     if (c.optim.nesterov && c.optim.name == "sgd" && c.optim.momentum == 0) bad("optim.nesterov", "needs optim.momentum > 0");
@@ -507,10 +511,16 @@ struct Checks {
     if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
     if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
     if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
+    if (!(c.optim.lamb_max_grad_norm >= 0)) bad("optim.lamb_max_grad_norm", "must be >= 0 (0 = off)");
     one_of("optim.implementation", c.optim.implementation, {"auto", "plain", "foreach", "fused"});
+    if (c.optim.name == "lamb" && c.optim.implementation != "auto" && c.optim.implementation != "plain")
+      bad("optim.implementation", c.optim.implementation + " has no lamb version (lamb runs plain); use auto or plain");
     if (c.optim.implementation == "fused" && !compat::kHasFusedOptimizers)
       bad("optim.implementation", "fused needs LibTorch 2.4 or later (this is " + compat::torch_version() +
                                       "); use auto, plain or foreach");
+    // A captured step needs the fused update, which reads its rate and its skip on the device.
+    if (c.optim.name == "lamb" && c.train.cuda_graph == "on")
+      bad("train.cuda_graph", "on needs the fused SGD/AdamW update; lamb has none (use auto or off)");
     one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
     if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
     if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");

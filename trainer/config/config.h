@@ -67,19 +67,26 @@ struct DataConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";     ///< sgd | adamw
+  std::string name = "sgd";     ///< sgd | adamw | lamb (timm's Lamb: trainer/numerics/optim.h)
   double lr = 0.1;              ///< peak learning rate (after warmup)
   double momentum = 0.9;        ///< sgd
   bool nesterov = true;         ///< sgd
-  double weight_decay = 5e-4;   ///< L2 (sgd) or decoupled (adamw)
+  double weight_decay = 5e-4;   ///< L2 (sgd), decoupled (adamw), or added to the update before the trust ratio (lamb)
   bool decay_norm_and_bias = false;  ///< false: no weight decay on BatchNorm/LayerNorm weights and biases
-  double beta1 = 0.9;           ///< adamw
-  double beta2 = 0.999;         ///< adamw
-  double eps = 1e-8;            ///< adamw
+  double beta1 = 0.9;           ///< adamw, lamb
+  double beta2 = 0.999;         ///< adamw, lamb
+  double eps = 1e-8;            ///< adamw, lamb (timm's Lamb defaults to 1e-6: the LAMB recipes set it)
   double grad_clip = 0.0;       ///< max global gradient norm (0 = off)
+  /// lamb: the optimizer's own global gradient-norm clip (timm Lamb's max_grad_norm), applied after
+  /// train's grad_clip: the gradients are divided by max(1, norm / this). 0 = off.
+  double lamb_max_grad_norm = 1.0;
+  bool trust_clip = false;      ///< lamb: the trust ratio at most 1 (LAMBC; timm Lamb's trust_clip)
+  /// lamb: the trust ratio also for tensors without weight decay (timm Lamb's always_adapt); otherwise
+  /// those take the plain Adam step.
+  bool always_adapt = false;
   /// How the update runs (trainer/numerics/optim.h): auto (fused on CUDA with LibTorch 2.4+, foreach on CUDA
-  /// before, plain on the CPU), plain (tensor by tensor), foreach (multi-tensor ops), fused (one fused
-  /// kernel per group: LibTorch 2.4+).
+  /// before, plain on the CPU; lamb: plain), plain (tensor by tensor), foreach (multi-tensor ops), fused (one
+  /// fused kernel per group: LibTorch 2.4+). lamb runs plain only.
   std::string implementation = "auto";
 };
 

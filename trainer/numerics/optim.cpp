@@ -27,8 +27,17 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 
 Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
     : params_(std::move(params)), cfg_(cfg) {
-  TORCH_CHECK(cfg_.name == "sgd" || cfg_.name == "adamw", "optim.name: unknown optimizer '", cfg_.name, "'");
+  TORCH_CHECK(cfg_.name == "sgd" || cfg_.name == "adamw" || cfg_.name == "lamb", "optim.name: unknown optimizer '",
+              cfg_.name, "'");
   const std::string& impl = cfg_.implementation;
+  if (cfg_.name == "lamb") {
+    // No fused LAMB kernel in LibTorch; the multi-tensor ops would allocate their results mid-step.
+    if (foreach.value_or(false) || (!foreach && impl != "auto" && impl != "plain"))
+      throw std::invalid_argument("optim.implementation: " + (foreach ? std::string("foreach") : impl) +
+                                  " has no lamb version (lamb runs plain); use auto or plain");
+    impl_ = Impl::plain;
+    return;
+  }
   if (foreach) impl_ = *foreach ? Impl::foreach : Impl::plain;
   // auto: the fused kernels on CUDA where LibTorch has them (1.035x GPT-2's step on an H200, 1.014x
   // ResNet-50's: docs/BENCHMARKS.md), else the multi-tensor ops; on the CPU the plain loop.
@@ -46,6 +55,11 @@ Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std:
 
 std::string Optimizer::implementation() const {
   return impl_ == Impl::fused ? "fused" : impl_ == Impl::foreach ? "foreach" : "plain";
+}
+
+const char* Optimizer::scope_name() const {
+  return cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : cfg_.name == "lamb" ? "Optimizer.step#Lamb.step"
+                                                                             : "Optimizer.step#AdamW.step";
 }
 
 void Optimizer::zero_grad() {
@@ -68,13 +82,24 @@ void Optimizer::allocate_state() {
     for (auto& s : params_) b.push_back(torch::zeros_like(s.param, at::MemoryFormat::Preserve));
     buf2_ = std::move(b);
   }
+  const int64_t n = static_cast<int64_t>(params_.size());
+  if (cfg_.name == "lamb" && (!lamb_work_.defined() || lamb_work_.numel() != 4 * n + 2)) {
+    const auto device = params_.empty() ? torch::Device(torch::kCPU) : params_.front().param.device();
+    lamb_work_ = torch::zeros({4 * n + 2}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    lamb_mask_ = torch::zeros({n}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  }
 }
 
 void Optimizer::step(double lr) {
   // The scope torch.optim records its steps under: bench/profile_table.py classes the kernels in it.
-  RECORD_USER_SCOPE(cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : "Optimizer.step#AdamW.step");
+  RECORD_USER_SCOPE(scope_name());
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
+  if (cfg_.name == "lamb") {
+    step_lamb(lr);
+    ++steps_;
+    return;
+  }
   if (impl_ != Impl::plain) {
     if (impl_ == Impl::fused) step_fused(lr);
     else step_foreach(lr);
@@ -117,9 +142,88 @@ void Optimizer::step(double lr) {
   ++steps_;
 }
 
+namespace {
+
+// The L2 norm of `t` into the 0-dim float32 `out` (no allocation: the out= variant), as torch.linalg.vector_norm.
+void norm_into(torch::Tensor out, const torch::Tensor& t) {
+  const auto dtype = t.scalar_type() == torch::kFloat ? c10::optional<at::ScalarType>() : torch::kFloat;
+  at::linalg_vector_norm_out(out, t, 2, at::OptionalIntArrayRef(), false, dtype);
+}
+
+}  // namespace
+
+torch::Tensor Optimizer::lamb_clip_divisor(const std::vector<size_t>& live) {
+  // timm: global = vector_norm(stack(per-tensor norms)); divisor = (global / max_grad_norm).clamp_(min=1).
+  // The norms in the order of timm's param groups (param_groups_weight_decay: the tensors without decay,
+  // then those with; one group when weight_decay is 0), so that their sum rounds as timm's.
+  const int64_t n = static_cast<int64_t>(params_.size()), k = static_cast<int64_t>(live.size());
+  const torch::Tensor norms = lamb_work_.narrow(0, 0, n);
+  std::vector<size_t> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i : live)
+      if (cfg_.weight_decay == 0 ? pass == 0 : params_[i].decay == (pass == 1)) order.push_back(i);
+  for (int64_t j = 0; j < k; ++j) norm_into(norms[j], params_[order[j]].param.grad());
+  const torch::Tensor global = lamb_work_[4 * n], divisor = lamb_work_[4 * n + 1];
+  norm_into(global, norms.narrow(0, 0, k));
+  divisor.copy_(global).div_(cfg_.lamb_max_grad_norm).clamp_min_(1.0);
+  return divisor;
+}
+
+// timm's _multi_tensor_lamb op for op, one tensor at a time, in place: the gradient becomes the denominator,
+// then the update; the norms and trust ratios go to the workspace. Nothing is allocated (see optim.h).
+void Optimizer::step_lamb(double lr) {
+  std::vector<size_t> live;  // the tensors that have a gradient
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].param.grad().defined()) live.push_back(i);
+  if (live.empty()) return;
+  const int64_t n = static_cast<int64_t>(params_.size()), k = static_cast<int64_t>(live.size());
+  const torch::Tensor divisor = cfg_.lamb_max_grad_norm > 0 ? lamb_clip_divisor(live) : torch::Tensor();
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2, wd = cfg_.weight_decay;
+  const double t = static_cast<double>(steps_ + 1);
+  const double bc1 = 1 - std::pow(b1, t);
+  const double bc2_sqrt = std::pow(1 - std::pow(b2, t), 0.5);  // Python's `bc2 ** 0.5`: the same libm call
+  const double scale = bc2_sqrt / bc1;  // the bias corrections, folded into scalars as timm does
+  torch::Tensor w_norm = lamb_work_.narrow(0, n, k), u_norm = lamb_work_.narrow(0, 2 * n, k);
+  torch::Tensor ratio = lamb_work_.narrow(0, 3 * n, k), mask = lamb_mask_.narrow(0, 0, k);
+  std::vector<bool> adapt(k);
+  for (int64_t j = 0; j < k; ++j) {
+    const ParamSlot& s = params_[live[j]];
+    torch::Tensor g = s.param.grad();
+    auto& m = buf1_[live[j]];
+    auto& v = buf2_[live[j]];
+    if (divisor.defined()) g.div_(divisor);
+    m.lerp_(g, 1 - b1);
+    v.mul_(b2).addcmul_(g, g, 1 - b2);
+    g.copy_(v).sqrt_().add_(cfg_.eps * bc2_sqrt);
+    at::div_out(g, m, g);  // the update, unscaled: m / (sqrt(v) + eps sqrt(bc2))
+    const bool decays = s.decay && wd != 0;
+    if (decays) g.add_(s.param, wd / scale);
+    adapt[j] = decays || cfg_.always_adapt;
+    if (adapt[j]) {
+      norm_into(w_norm[j], s.param);
+      norm_into(u_norm[j], g);
+    }
+  }
+  // The trust ratios of all tensors at once (timm: _lamb_trust_ratio(w, u * scale) * (-lr * scale)); the
+  // entries of tensors that do not adapt are computed too, and not read.
+  u_norm.mul_(scale);
+  at::div_out(ratio, w_norm, u_norm);
+  at::gt_out(mask, u_norm, 0).logical_not_();
+  ratio.masked_fill_(mask, 1.0);
+  at::gt_out(mask, w_norm, 0).logical_not_();
+  ratio.masked_fill_(mask, 1.0);
+  if (cfg_.trust_clip) ratio.clamp_max_(1.0);
+  ratio.mul_(-lr * scale);
+  for (int64_t j = 0; j < k; ++j) {
+    auto& p = params_[live[j]].param;
+    if (adapt[j]) p.addcmul_(p.grad(), ratio[j]);
+    else p.add_(p.grad(), -lr * scale);
+  }
+}
+
 void Optimizer::step_unless(double lr, const torch::Tensor& skip) {
   if (impl_ != Impl::fused) throw std::logic_error("Optimizer::step_unless: needs optim.implementation fused");
-  RECORD_USER_SCOPE(cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : "Optimizer.step#AdamW.step");
+  RECORD_USER_SCOPE(scope_name());
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
   step_fused(lr, skip);
@@ -184,7 +288,7 @@ void Optimizer::set_device_scalars(double lr) {
 void Optimizer::step_unless_device(const torch::Tensor& skip) {
   if (impl_ != Impl::fused || !device_lr_.defined())
     throw std::logic_error("Optimizer::step_unless_device: needs optim.implementation fused and set_device_scalars()");
-  RECORD_USER_SCOPE(cfg_.name == "sgd" ? "Optimizer.step#SGD.step" : "Optimizer.step#AdamW.step");
+  RECORD_USER_SCOPE(scope_name());
   allocate_state();
   torch::NoGradGuard no_grad;
   step_fused(0.0, skip, /*from_device=*/true);
@@ -240,7 +344,7 @@ void Optimizer::step_fused(double lr, const torch::Tensor& skip, bool from_devic
 
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  const char* n1 = cfg_.name == "sgd" ? "momentum_buffer." : "exp_avg.";
+  const char* n1 = cfg_.name == "sgd" ? "momentum_buffer." : "exp_avg.";  // adamw, lamb
   for (size_t i = 0; i < buf1_.size(); ++i) out.emplace_back(n1 + params_[i].name, buf1_[i]);
   for (size_t i = 0; i < buf2_.size(); ++i) out.emplace_back("exp_avg_sq." + params_[i].name, buf2_[i]);
   out.emplace_back("step", torch::tensor(steps_, torch::kInt64));

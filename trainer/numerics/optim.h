@@ -23,6 +23,20 @@
 // step need not read its non-finite check on the host before the update (Step::update_then_read).
 // The default for CUDA parameters (auto) is fused where LibTorch has it (2.4+: 1.035x GPT-2 small's step
 // on an H200, docs/BENCHMARKS.md), foreach before.
+//
+// LAMB (optim.name: lamb) is timm's `Lamb` (timm/optim/lamb.py; NVIDIA's FusedLAMB, "NvLamb") with its
+// defaults bias_correction and grad_averaging on, caution and decoupled_decay off: the gradients divided
+// by max(1, global norm / optim.lamb_max_grad_norm); exp_avg.lerp_(g, 1 - beta1); exp_avg_sq = beta2 *
+// exp_avg_sq + (1 - beta2) g^2; the update u = exp_avg / (sqrt(exp_avg_sq) + eps sqrt(bc2)) + wd / s * p
+// with s = sqrt(bc2) / bc1; where the tensor decays (or optim.always_adapt), the trust ratio r =
+// |p| / (s |u|), 1 where either norm is 0, at most 1 with optim.trust_clip; then p -= lr s r u (p -= lr s u
+// without adaptation). These are the ops of timm's multi-tensor step (its default on CUDA), one tensor at a
+// time: on the CPU the parameters are bitwise those of timm's Lamb(foreach=True) (tests/test_lamb.cpp). It
+// runs plain only (no fused LibTorch kernel; the multi-tensor ops would allocate), so no CUDA graph. Its
+// state is AdamW's (exp_avg, exp_avg_sq, step) plus a workspace of 4 floats per tensor that allocate_state()
+// also allocates: the norms and trust ratios, written in place by the step. (On CUDA a norm over a large
+// tensor takes a small staging block from the allocator's cache for its cross-block reduction: the one
+// allocation left in the step.)
 #pragma once
 
 #include <torch/torch.h>
@@ -52,7 +66,7 @@ class Optimizer {
   /// How step() applies the update: cfg.implementation, with auto = fused for CUDA parameters where
   /// LibTorch has the kernels (foreach where it does not), plain otherwise. `foreach`, when given,
   /// overrides it: true = foreach, false = plain. Throws std::invalid_argument for fused where LibTorch
-  /// lacks the kernels (compat::kHasFusedOptimizers).
+  /// lacks the kernels (compat::kHasFusedOptimizers), and for lamb with anything but plain or auto.
   Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach = std::nullopt);
 
   /// Drops every gradient (sets it to an undefined tensor, freeing its memory).
@@ -81,7 +95,7 @@ class Optimizer {
   /// Allocates the state step() needs (zero-filled) if not yet there. step() calls it; the trainer calls it
   /// early so that memory measurements include the optimizer state.
   void allocate_state();
-  /// Completed steps (AdamW's bias correction counts these).
+  /// Completed steps (AdamW's and LAMB's bias corrections count these).
   int64_t steps() const { return steps_; }
   bool foreach() const { return impl_ == Impl::foreach; }
   /// "plain", "foreach" or "fused": what step() runs.
@@ -89,7 +103,7 @@ class Optimizer {
 
   const std::vector<ParamSlot>& params() const { return params_; }
   /// Every state tensor by name ("momentum_buffer.<param>", "exp_avg.<param>", "exp_avg_sq.<param>",
-  /// plus "step"), for checkpoints.
+  /// plus "step"), for checkpoints. LAMB's are AdamW's names; its workspace is not state.
   std::vector<std::pair<std::string, torch::Tensor>> state() const;
   /// Restores what state() returned. Throws std::runtime_error naming a missing or mis-shaped entry.
   void load_state(const std::map<std::string, torch::Tensor>& state);
@@ -97,6 +111,13 @@ class Optimizer {
  private:
   enum class Impl { plain, foreach, fused };
   void step_foreach(double lr);
+  /// LAMB's update (plain: one tensor at a time), in the workspace lamb_work_ and the gradients.
+  void step_lamb(double lr);
+  /// LAMB's gradient clip: writes max(1, global gradient norm / lamb_max_grad_norm) into lamb_work_.
+  /// `live`: the indices of the tensors that have a gradient.
+  torch::Tensor lamb_clip_divisor(const std::vector<size_t>& live);
+  /// The profiler scope torch.optim / timm record their steps under.
+  const char* scope_name() const;
   /// The fused kernels with the rate `lr`, or with the tensors of set_device_scalars() when `from_device`.
   void step_fused(double lr, const torch::Tensor& skip = {}, bool from_device = false);
 
@@ -106,8 +127,12 @@ class Optimizer {
   Impl impl_ = Impl::plain;
   torch::Tensor fused_step_;  // fused AdamW: the step count as a float32 scalar on the parameters' device
   torch::Tensor device_lr_;   // set_device_scalars(): the rate as a float32 one-element tensor there
-  std::vector<torch::Tensor> buf1_;  // sgd: momentum buffer; adamw: exp_avg
-  std::vector<torch::Tensor> buf2_;  // adamw: exp_avg_sq
+  std::vector<torch::Tensor> buf1_;  // sgd: momentum buffer; adamw, lamb: exp_avg
+  std::vector<torch::Tensor> buf2_;  // adamw, lamb: exp_avg_sq
+  // lamb: float32 (4 N + 2) on the parameters' device: N gradient norms, N weight norms, N update norms,
+  // N trust ratios, the global gradient norm, the clip divisor; and a bool (N) for the ratios' masks.
+  torch::Tensor lamb_work_;
+  torch::Tensor lamb_mask_;
 };
 
 /// Global L2 norm of the gradients (as PyTorch's clip_grad_norm_ computes it); if `max_norm` > 0 and the
