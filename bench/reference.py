@@ -297,6 +297,24 @@ def check_mirrored(cfg):
                           "benchmark with none")
     if kind == "synthetic" and not is_language_model(cfg) and len(cfg["data"]["shape"]) != 3:
         raise ConfigError("config: key 'data.shape': expected (C, H, W), got %r" % cfg["data"]["shape"])
+    check_recipe_mirrored(cfg)
+
+
+def check_recipe_mirrored(cfg):
+    """The image recipes' keys (docs/RECIPES.md) that this reference does not run: refused, so that a
+    comparison is never of two different jobs."""
+    t, d, o = cfg["train"], cfg["data"], cfg["optim"]
+    unmirrored = [("optim.name", o["name"] not in ("sgd", "adamw"), "lamb"),
+                  ("train.loss", t["loss"] != "cross_entropy", "bce"),
+                  ("train.mixup_alpha", t["mixup_alpha"] > 0, "Mixup"),
+                  ("train.cutmix_alpha", t["cutmix_alpha"] > 0, "CutMix"),
+                  ("train.ema_decay", t["ema_decay"] > 0, "the EMA of the weights"),
+                  ("data.auto_augment", d["auto_augment"] != "none", d["auto_augment"]),
+                  ("data.random_erasing", d["random_erasing"] > 0, "random erasing")]
+    for key, on, what in unmirrored:
+        if on:
+            raise ConfigError("config: key '%s': %s is not mirrored by the Python reference; benchmark without it"
+                              % (key, what))
 
 
 # ---- synthetic tokens: data/files/token_h5.h's SyntheticTokens and TokenLoader, repeated ----------------------
