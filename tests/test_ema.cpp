@@ -265,22 +265,22 @@ void write_images(const std::string& path, int64_t n, std::vector<int64_t> shape
 }  // namespace
 
 // (c) SIGKILL mid-run, then the same command: the losses and both weight sets are bitwise those of the
-// uninterrupted run.
-TEST(EmaRun, SigkillThenRestartIsBitwiseInBothWeightSets) {
+// uninterrupted run. `extra`: more keys for both runs.
+void sigkill_then_restart_is_bitwise(const std::string& extra) {
   TempDir dir;
   const int64_t steps = 30;
   auto whole = (dir / "whole").string(), killed = (dir / "killed").string();
-  auto r = testutil::run(testutil::trainer_cmd(whole, ema_job(steps)));
+  auto r = testutil::run(testutil::trainer_cmd(whole, ema_job(steps, extra)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("ema: decay 0.9 with warmup, updated every 2 step(s)"), std::string::npos) << r.output;
-  pid_t pid = testutil::spawn(testutil::trainer_cmd(killed, ema_job(steps)), (dir / "killed.log").string());
+  pid_t pid = testutil::spawn(testutil::trainer_cmd(killed, ema_job(steps, extra)), (dir / "killed.log").string());
   const bool reached = testutil::wait_for_metrics(killed, [](auto& l) { return testutil::last_step(l) >= 11; });
   std::mt19937 rng(std::random_device{}());
   std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
   kill(pid, SIGKILL);
   ASSERT_EQ(testutil::wait_exit(pid), 128 + SIGKILL) << "the run finished before the kill; make it longer";
   ASSERT_TRUE(reached) << testutil::read_file(dir / "killed.log");
-  r = testutil::run(testutil::trainer_cmd(killed, ema_job(steps)));
+  r = testutil::run(testutil::trainer_cmd(killed, ema_job(steps, extra)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto resumes = testutil::events(killed, "resume");
   ASSERT_EQ(resumes.size(), 1u);
@@ -300,6 +300,17 @@ TEST(EmaRun, SigkillThenRestartIsBitwiseInBothWeightSets) {
   ASSERT_TRUE(ck);
   EXPECT_EQ(nlohmann::json::parse(ck->file("state.json"))["ema"],
             (nlohmann::json{{"decay", 0.9}, {"warmup", true}, {"every", 2}}));
+}
+
+TEST(EmaRun, SigkillThenRestartIsBitwiseInBothWeightSets) { sigkill_then_restart_is_bitwise(""); }
+
+// The image recipes all at once (docs/RECIPES.md): RandAugment and random erasing in the loader, Mixup and
+// CutMix per sample with label smoothing in the step, the average after it. Their draws come from the seed
+// and (epoch, index) or (step, rank), so the killed run resumes to the same losses and both weight sets.
+TEST(EmaRun, SigkillWithTheWholeRecipeIsBitwise) {
+  sigkill_then_restart_is_bitwise(
+      "--set data.auto_augment=randaugment --set data.random_erasing=0.5 --set train.mixup_alpha=0.2"
+      " --set train.cutmix_alpha=1.0 --set train.mix_mode=elem --set train.label_smoothing=0.1");
 }
 
 // A checkpoint without the average, resumed with it on: one line, and the average starts from the

@@ -325,7 +325,9 @@ void TrainingRun::check_test_split() const {
                         " (data.test) has " + std::to_string(test_images_->num_classes()) + " classes");
     const auto sh = test_images_->sample_shape();
     const std::vector<int64_t> test_shape(sh.begin(), sh.end());
-    if (test_shape != sample_shape_)
+    std::vector<int64_t> expected = sample_shape_;  // decoded images: evaluated at data.eval_size when set
+    if (encoded_image_job(cfg_) && cfg_.data.eval_size > 0) expected = {3, cfg_.data.eval_size, cfg_.data.eval_size};
+    if (test_shape != expected)
       throw ConfigError("data.test: " + cfg_.data.test + " holds samples of shape " + shape_str(test_shape) +
                         ", the training split " + shape_str(sample_shape_));
   }
