@@ -342,9 +342,11 @@ TEST_F(MlflowServer, ARunsParamsMetricsAndArtifactsReadBackThroughMlflowsClient)
 TEST_F(MlflowServer, SigkillAndResumeIsOneRunWithEveryStepOnce) {
   TempDir dir;
   const std::string run = (dir / "run").string();
-  const std::string args = job(dir, 160, 60, "--set log.mlflow=" + server_->uri() + " --set log.mlflow_experiment=resume");
+  // 600 steps: on an idle machine the job trains about 50 steps a second while the tracker sends a batch a
+  // second, so a shorter job (160) had trained to its end, with steps still queued, before MLflow had 70.
+  const std::string args = job(dir, 600, 60, "--set log.mlflow=" + server_->uri() + " --set log.mlflow_experiment=resume");
   pid_t pid = testutil::spawn(testutil::trainer_cmd(run, args), (dir / "killed.log").string());
-  // Killed once MLflow has steps past the checkpoint at 60: the resumed process retrains them.
+  // Killed once MLflow has steps past the checkpoint at 60, mid-run: the resumed process retrains them.
   int64_t logged = 0;
   for (int i = 0; i < 1200 && logged < 70; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -254,10 +254,23 @@ bool TrainingRun::resume() {
   const auto& ladder = step_runner_->controller();
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
                position_, ladder.micro_batch(), ladder.accum_steps());
+  if (tracker_) backfill_tracker(step_);
   metrics_.event("resume", {{"step", step_}, {"path", ck->path}, {"epoch", epoch_}, {"position", position_},
                             {"micro_batch", ladder.micro_batch()},
                             {"checkpoint_created_unix", ck->manifest.value("created_unix", int64_t{0})}});
   return true;
+}
+
+void TrainingRun::backfill_tracker(int64_t upto) {
+  std::ifstream in((fs::path(rank_dir_) / "metrics.jsonl").string());
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() > upto)
+      continue;
+    if (j.contains("event") && j["event"] != "eval") continue;  // step lines and evaluations only
+    tracker_->observe(j);
+  }
 }
 
 }  // namespace trainer

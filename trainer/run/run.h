@@ -99,7 +99,11 @@ class TrainingRun {
   void setup_run_folder();
   void take_run_folder();  // the lock: rank 0 takes it, or every rank gives up together
   void setup_observers();
-  void setup_tracking();  // log.mlflow: the MLflow tracker (rank 0)
+  void setup_tracking();
+  /// On a resume: the step lines and evaluations of metrics.jsonl up to step `upto` handed to the tracker
+  /// again. A killed process may have trained and checkpointed steps whose metrics were still queued for
+  /// MLflow (its tracker sends a batch a second); the tracker sends only what MLflow lacks (StepFilter).
+  void backfill_tracker(int64_t upto);  // log.mlflow: the MLflow tracker (rank 0)
   void setup_memory();
   void setup_data();
   int64_t steps_of_epochs(double epochs, const char* key) const;  // after setup_data(): steps per epoch known
