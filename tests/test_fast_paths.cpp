@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "common/compat.h"
 #include "models/gpt.h"
@@ -369,30 +371,62 @@ torch::Tensor targets_for(int64_t rows, int64_t vocab, const torch::Device& devi
   return t.to(device);
 }
 
+// Mixed soft targets as Mixup makes them: smoothed one-hot rows of two permutations, lam and 1 - lam, with a
+// row of zeros (an undecodable sample) in the middle.
+torch::Tensor soft_targets_for(int64_t rows, int64_t vocab, const torch::Device& device) {
+  auto a = trainer::smoothed_one_hot(torch::randint(vocab, {rows}, torch::kLong), vocab, 0.1);
+  auto b = trainer::smoothed_one_hot(torch::randint(vocab, {rows}, torch::kLong), vocab, 0.1);
+  auto t = a * 0.7 + b * 0.3;
+  t[rows / 2].zero_();
+  return t.to(device);
+}
+
+// -sum t log_softmax(x) and its gradient in float64 on the logits as they are (timm's SoftTargetCrossEntropy,
+// summed over the rows; a weight of 0 adds nothing, also beside a masked logit).
+std::pair<torch::Tensor, torch::Tensor> reference_soft_loss(const torch::Tensor& logits, const torch::Tensor& soft,
+                                                            double scale) {
+  auto x = logits.detach().to(torch::kDouble).contiguous().requires_grad_(true);
+  auto t = soft.to(torch::kDouble);
+  auto l = torch::where(t.eq(0), torch::zeros_like(x), -t * torch::log_softmax(x, -1)).sum();  // 0 * -inf: 0
+  (l * scale).backward();
+  return {l.detach(), x.grad()};
+}
+
+// The loss `loss_of` computes from a copy of the logits, and the copy's gradient.
+std::pair<torch::Tensor, torch::Tensor> loss_and_grad(const torch::Tensor& logits,
+                                                      const std::function<torch::Tensor(const torch::Tensor&)>& loss_of) {
+  auto x = logits.detach().clone().requires_grad_(true);
+  auto l = loss_of(x);
+  l.backward();
+  return {l.detach(), x.grad()};
+}
+
 }  // namespace
 
 TEST(FusedLoss, OffCudaTheKeyChangesNothingBitForBit) {
   torch::manual_seed(3);
-  auto logits = (torch::randn({12, 37}) * 3).requires_grad_(true);
+  auto logits = torch::randn({12, 37}) * 3;
   auto targets = targets_for(12, 37, torch::kCPU);
   for (double smoothing : {0.0, 0.1}) {
     trainer::LossOptions fused{smoothing, true}, plain{smoothing, false};
     EXPECT_FALSE(trainer::fused_loss_runs(logits, fused)) << "a CPU tensor takes the plain loss";
-    auto a = trainer::summed_cross_entropy(logits, targets, fused);
-    a.backward();
-    auto ga = logits.grad().clone();
-    logits.mutable_grad().zero_();
-    auto b = trainer::summed_cross_entropy(logits, targets, plain);
-    b.backward();
+    const auto [a, ga] = loss_and_grad(logits, [&](auto& x) { return trainer::summed_cross_entropy(x, targets, fused); });
+    const auto [b, gb] = loss_and_grad(logits, [&](auto& x) { return trainer::summed_cross_entropy(x, targets, plain); });
     EXPECT_TRUE(a.equal(b)) << smoothing;
-    EXPECT_TRUE(ga.equal(logits.grad())) << smoothing;
-    logits.mutable_grad().zero_();
+    EXPECT_TRUE(ga.equal(gb)) << smoothing;
     auto r = reference_loss(logits, targets, smoothing, 1.0);
     EXPECT_NEAR(a.item<double>(), r.first.item<double>(), 1e-5 * r.first.item<double>()) << "PyTorch's loss";
-    // Padded rows with their real width: the plain loss slices them first.
-    auto padded = torch::cat({logits.detach(), torch::full({12, 5}, 50.0)}, 1);
-    EXPECT_TRUE(trainer::summed_cross_entropy(padded, targets, fused, 37).equal(a.detach())) << smoothing;
+    // Padded rows with their real width: the plain loss slices them off first.
+    auto padded = torch::cat({logits, torch::full({12, 5}, 50.0)}, 1);
+    EXPECT_TRUE(trainer::summed_cross_entropy(padded, targets, fused, 37).equal(a)) << smoothing;
   }
+  // Soft targets (Mixup's), through summed_loss: the same.
+  auto soft = soft_targets_for(12, 37, torch::kCPU);
+  const auto [a, ga] = loss_and_grad(logits, [&](auto& x) { return trainer::summed_loss(x, soft, {0.0, true}); });
+  const auto [b, gb] = loss_and_grad(logits, [&](auto& x) { return trainer::summed_loss(x, soft, {0.0, false}); });
+  EXPECT_TRUE(a.equal(b));
+  EXPECT_TRUE(ga.equal(gb));
+  EXPECT_NEAR(a.item<double>(), reference_soft_loss(logits, soft, 1.0).first.item<double>(), 1e-5 * a.item<double>());
 }
 
 // Every type, contiguous rows with and without 16-byte vectors, rows narrowed from a padded vocabulary (read
@@ -446,6 +480,56 @@ TEST(FusedLossCuda, LossAndGradientOfPyTorchForEveryTypeAndLayout) {
   auto x = torch::randn({4, 10}, torch::dtype(torch::kBFloat16).device(cuda));
   auto bad = torch::tensor({1, 2, 10, 3}, torch::kLong).to(cuda);
   EXPECT_TRUE(std::isnan(trainer::summed_cross_entropy(x, bad, {}).item<double>()));
+}
+
+// The fused kernel's soft-target pass: every type, vectorized rows and not, rows narrowed from a padded
+// output and whole padded rows with their real width, a row of zeros, a masked logit (-inf) of weight 0, and
+// a gradient that is not 1: loss and gradient against float64.
+TEST(FusedLossCuda, SoftTargetsGiveTimmsSoftTargetCrossEntropy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!trainer::fused_loss_built()) GTEST_SKIP() << "not a CUDA build";
+  const torch::Device cuda(torch::kCUDA);
+  struct Layout { int64_t rows, vocab, stored; };
+  const std::vector<Layout> layouts{{64, 1000, 1000}, {16, 1000, 1024}, {9, 10, 10}, {5, 7, 7}, {3, 10, 16}};
+  torch::manual_seed(13);
+  for (auto type : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    const double rtol = type == torch::kFloat ? 1e-5 : type == torch::kHalf ? 1.0 / 1024 : 1.0 / 128;
+    const double atol = type == torch::kHalf ? 1e-7 : 1e-12;
+    for (const auto& l : layouts) {
+      for (bool whole_rows : {false, true}) {
+        if (whole_rows && l.stored == l.vocab) continue;
+        const std::string what = std::string(c10::toString(type)) + " " + std::to_string(l.rows) + "x" +
+                                 std::to_string(l.vocab) + " stored " + std::to_string(l.stored) +
+                                 (whole_rows ? " whole rows" : " a view");
+        auto values = torch::randn({l.rows, l.stored}) * 3;
+        auto soft = soft_targets_for(l.rows, l.vocab, cuda);
+        values.index_put_({0, 1}, -std::numeric_limits<float>::infinity());  // masked, of weight 0
+        soft.index_put_({0, 1}, 0.0);
+        auto base = values.to(cuda, type).requires_grad_(true);
+        auto logits = base.narrow(1, 0, l.vocab);
+        trainer::LossOptions o{0.0, true};
+        ASSERT_TRUE(trainer::fused_loss_runs(logits, o)) << what;
+        auto loss = whole_rows ? trainer::summed_loss(base, soft, o, l.vocab) : trainer::summed_loss(logits, soft, o);
+        EXPECT_EQ(loss.scalar_type(), torch::kFloat) << what;
+        ASSERT_TRUE(std::isfinite(loss.item<double>())) << what;
+        (loss * 3.0).backward();
+        const auto [ref_loss, ref_grad] = reference_soft_loss(logits, soft, 3.0);
+        EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 2e-6 * std::abs(ref_loss.item<double>()) + 1e-6)
+            << what;
+        // dx = g (p w - t): relative to both terms, which cancel where p w is near t.
+        auto grad = base.grad().narrow(1, 0, l.vocab).to(torch::kDouble);
+        auto terms = 3.0 * soft.to(torch::kDouble) + (ref_grad + 3.0 * soft.to(torch::kDouble)).abs();
+        const double worst = ((grad - ref_grad).abs() - rtol * (ref_grad.abs() + terms)).max().item<double>();
+        EXPECT_LE(worst, atol) << what << ": the gradient differs from the float64 one beyond one rounding";
+        EXPECT_EQ(base.grad()[l.rows / 2].abs().max().item<float>(), 0.0f) << what << ": a row of zeros";
+        if (l.stored > l.vocab)
+          EXPECT_EQ(base.grad().narrow(1, l.vocab, l.stored - l.vocab).abs().max().item<float>(), 0.0f) << what;
+      }
+    }
+  }
+  auto x = torch::randn({4, 10}, torch::dtype(torch::kBFloat16).device(cuda));
+  EXPECT_THROW(trainer::summed_loss(x, torch::zeros({4, 9}, torch::kFloat).to(cuda), {}), std::invalid_argument)
+      << "targets of another width";
 }
 
 // A GPT step on CUDA under bf16 autocast, its vocabulary padded (the logits a narrowed view): the fused loss

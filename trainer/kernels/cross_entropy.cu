@@ -40,47 +40,55 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-// A running log-sum-exp: the largest logit m seen, the sum s of exp(x - m), and the plain sum of x (for
-// label smoothing's mean). Two partial states merge exactly (up to float rounding), in any order.
+// A running log-sum-exp: the largest logit m seen, the sum s of exp(x - m), and `sum`: of x with class ids
+// (label smoothing's mean), of t x with soft targets, whose weights t add up in w. Two partial states merge
+// exactly (up to float rounding), in any order.
 struct Lse {
-  float m, s, sum;
+  float m, s, sum, w;
 };
 
 __device__ __forceinline__ Lse merge(Lse a, Lse b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.f, a.sum + b.sum};  // nothing but -inf yet: exp(-inf - -inf) is NaN
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m), a.sum + b.sum};
+  if (m == -INFINITY) return {m, 0.f, a.sum + b.sum, a.w + b.w};  // nothing but -inf yet: exp(-inf - -inf) is NaN
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m), a.sum + b.sum, a.w + b.w};
 }
 
-__device__ __forceinline__ void add(Lse& a, float x) {
+__device__ __forceinline__ void add_exp(Lse& a, float x) {
   if (x > a.m) {
     a.s = a.s * expf(a.m - x) + 1.f;
     a.m = x;
   } else if (x != -INFINITY) {  // exp(-inf) adds nothing; with m still -inf it would be exp(NaN)
     a.s += expf(x - a.m);
   }
+}
+
+__device__ __forceinline__ void add(Lse& a, float x) {
+  add_exp(a, x);
   a.sum += x;
+}
+
+__device__ __forceinline__ void add_soft(Lse& a, float x, float t) {
+  add_exp(a, x);
+  a.w += t;
+  if (t != 0.f) a.sum += t * x;  // a masked logit (-inf) of weight 0 adds nothing
+}
+
+__device__ __forceinline__ Lse shuffle(Lse a, int offset) {
+  return {__shfl_xor_sync(0xffffffffu, a.m, offset), __shfl_xor_sync(0xffffffffu, a.s, offset),
+          __shfl_xor_sync(0xffffffffu, a.sum, offset), __shfl_xor_sync(0xffffffffu, a.w, offset)};
 }
 
 // The whole block's state, in every thread.
 __device__ Lse block_reduce(Lse a) {
   __shared__ Lse warp_states[kWarps];
   __shared__ Lse total;
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    Lse b{__shfl_xor_sync(0xffffffffu, a.m, offset), __shfl_xor_sync(0xffffffffu, a.s, offset),
-          __shfl_xor_sync(0xffffffffu, a.sum, offset)};
-    a = merge(a, b);
-  }
+  for (int offset = 16; offset > 0; offset >>= 1) a = merge(a, shuffle(a, offset));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_states[warp] = a;
   __syncthreads();
   if (warp == 0) {
-    a = lane < kWarps ? warp_states[lane] : Lse{-INFINITY, 0.f, 0.f};
-    for (int offset = kWarps / 2; offset > 0; offset >>= 1) {
-      Lse b{__shfl_xor_sync(0xffffffffu, a.m, offset), __shfl_xor_sync(0xffffffffu, a.s, offset),
-            __shfl_xor_sync(0xffffffffu, a.sum, offset)};
-      a = merge(a, b);
-    }
+    a = lane < kWarps ? warp_states[lane] : Lse{-INFINITY, 0.f, 0.f, 0.f};
+    for (int offset = kWarps / 2; offset > 0; offset >>= 1) a = merge(a, shuffle(a, offset));
     if (lane == 0) total = a;
   }
   __syncthreads();
@@ -89,26 +97,37 @@ __device__ Lse block_reduce(Lse a) {
   return a;
 }
 
-template <typename T, int VEC>
+// SOFT: `soft` holds the targets (rows x vocab weights) and `weight` receives each row's w; else `targets`
+// holds class ids.
+template <typename T, int VEC, bool SOFT>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const T* __restrict__ logits, int64_t stride, const int64_t* __restrict__ targets, int64_t rows,
-                   int64_t vocab, int64_t ignore_index, float smoothing, float* __restrict__ loss,
-                   float* __restrict__ lse) {
+    forward_kernel(const T* __restrict__ logits, int64_t stride, const int64_t* __restrict__ targets,
+                   const float* __restrict__ soft, int64_t rows, int64_t vocab, int64_t ignore_index, float smoothing,
+                   float* __restrict__ loss, float* __restrict__ lse, float* __restrict__ weight) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x = logits + row * stride;
-    Lse a{-INFINITY, 0.f, 0.f};
+    const float* tw = SOFT ? soft + row * vocab : nullptr;
+    auto take = [&](Lse& a, float xj, int64_t j) {
+      if constexpr (SOFT) add_soft(a, xj, tw[j]);
+      else add(a, xj);
+    };
+    Lse a{-INFINITY, 0.f, 0.f, 0.f};
     const int64_t body = vocab / VEC * VEC;  // VEC at a time, then the last vocab % VEC one by one
     for (int64_t j = static_cast<int64_t>(threadIdx.x) * VEC; j < body; j += kThreads * VEC) {
       const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(x + j);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) add(a, to_float(p.v[k]));
+      for (int k = 0; k < VEC; ++k) take(a, to_float(p.v[k]), j + k);
     }
-    for (int64_t j = body + threadIdx.x; j < vocab; j += kThreads) add(a, to_float(x[j]));
+    for (int64_t j = body + threadIdx.x; j < vocab; j += kThreads) take(a, to_float(x[j]), j);
     a = block_reduce(a);
-    if (threadIdx.x == 0) {
+    if (threadIdx.x != 0) continue;
+    const float l = a.m + logf(a.s);
+    lse[row] = l;
+    if constexpr (SOFT) {
+      weight[row] = a.w;
+      loss[row] = a.w == 0.f ? 0.f : a.w * l - a.sum;  // a row of zeros: nothing, also where l is not finite
+    } else {
       const int64_t t = targets[row];
-      const float l = a.m + logf(a.s);
-      lse[row] = l;
       if (t == ignore_index) {
         loss[row] = 0.f;
       } else if (t < 0 || t >= vocab) {
@@ -122,22 +141,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool SOFT>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const T* __restrict__ logits, int64_t stride, const int64_t* __restrict__ targets,
-                    const float* __restrict__ lse, const float* __restrict__ grad_sum, int64_t rows, int64_t vocab,
-                    int64_t width, int64_t ignore_index, float smoothing, T* __restrict__ grad) {
+                    const float* __restrict__ soft, const float* __restrict__ weight, const float* __restrict__ lse,
+                    const float* __restrict__ grad_sum, int64_t rows, int64_t vocab, int64_t width,
+                    int64_t ignore_index, float smoothing, T* __restrict__ grad) {
   const float g = *grad_sum;
   const float uniform = smoothing / static_cast<float>(vocab);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x = logits + row * stride;
     T* dx = grad + row * stride;
-    const int64_t t = targets[row];
-    const bool ignored = t == ignore_index;
+    const int64_t t = SOFT ? 0 : targets[row];
+    const bool ignored = !SOFT && t == ignore_index;
+    const float* tw = SOFT ? soft + row * vocab : nullptr;
+    const float w = SOFT ? weight[row] : 0.f;
     const float l = lse[row];
     auto grad_of = [&](float xj, int64_t j) {
-      const float hit = j == t ? 1.f - smoothing : 0.f;
-      return from_float<T>(ignored ? 0.f : g * (expf(xj - l) - uniform - hit));
+      if constexpr (SOFT) {
+        return from_float<T>(g * (expf(xj - l) * w - tw[j]));
+      } else {
+        const float hit = j == t ? 1.f - smoothing : 0.f;
+        return from_float<T>(ignored ? 0.f : g * (expf(xj - l) - uniform - hit));
+      }
     };
     const int64_t body = vocab / VEC * VEC;
     for (int64_t j = static_cast<int64_t>(threadIdx.x) * VEC; j < body; j += kThreads * VEC) {
@@ -167,32 +193,89 @@ const char* launched() {
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-template <typename T>
-const char* forward_as(const void* logits, int64_t stride, const int64_t* targets, int64_t rows, int64_t vocab,
-                       int64_t ignore_index, float smoothing, float* loss, float* lse, cudaStream_t stream) {
-  const T* x = static_cast<const T*>(logits);
-  if (vectorizable<T>(stride, logits, logits))
-    forward_kernel<T, 16 / sizeof(T)><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, targets, rows, vocab,
-                                                                               ignore_index, smoothing, loss, lse);
+// The targets of one launch: class ids (soft == nullptr) or soft targets and their row weights.
+struct Targets {
+  const int64_t* ids;
+  const float* soft;
+  float* weight;  // written by the forward pass, read by the backward pass (soft only)
+  int64_t ignore_index;
+  float smoothing;
+};
+
+template <typename T, int VEC>
+void launch_forward(const T* x, int64_t stride, const Targets& t, int64_t rows, int64_t vocab, float* loss,
+                    float* lse, cudaStream_t stream) {
+  if (t.soft)
+    forward_kernel<T, VEC, true><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, nullptr, t.soft, rows, vocab, 0,
+                                                                          0.f, loss, lse, t.weight);
   else
-    forward_kernel<T, 1><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, targets, rows, vocab, ignore_index,
-                                                                  smoothing, loss, lse);
-  return launched();
+    forward_kernel<T, VEC, false><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, t.ids, nullptr, rows, vocab,
+                                                                           t.ignore_index, t.smoothing, loss, lse,
+                                                                           nullptr);
 }
 
 template <typename T>
-const char* backward_as(const void* logits, int64_t stride, const int64_t* targets, const float* lse,
-                        const float* grad_sum, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
-                        float smoothing, void* grad, cudaStream_t stream) {
+const char* forward_as(const void* logits, int64_t stride, const Targets& t, int64_t rows, int64_t vocab, float* loss,
+                       float* lse, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(logits);
+  if (vectorizable<T>(stride, logits, logits))
+    launch_forward<T, 16 / sizeof(T)>(x, stride, t, rows, vocab, loss, lse, stream);
+  else
+    launch_forward<T, 1>(x, stride, t, rows, vocab, loss, lse, stream);
+  return launched();
+}
+
+template <typename T, int VEC>
+void launch_backward(const T* x, int64_t stride, const Targets& t, const float* lse, const float* grad_sum,
+                     int64_t rows, int64_t vocab, int64_t width, T* dx, cudaStream_t stream) {
+  if (t.soft)
+    backward_kernel<T, VEC, true><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, nullptr, t.soft, t.weight, lse,
+                                                                           grad_sum, rows, vocab, width, 0, 0.f, dx);
+  else
+    backward_kernel<T, VEC, false><<<grid_for(rows), kThreads, 0, stream>>>(
+        x, stride, t.ids, nullptr, nullptr, lse, grad_sum, rows, vocab, width, t.ignore_index, t.smoothing, dx);
+}
+
+template <typename T>
+const char* backward_as(const void* logits, int64_t stride, const Targets& t, const float* lse, const float* grad_sum,
+                        int64_t rows, int64_t vocab, int64_t width, void* grad, cudaStream_t stream) {
   const T* x = static_cast<const T*>(logits);
   T* dx = static_cast<T*>(grad);
   if (vectorizable<T>(stride, logits, grad))
-    backward_kernel<T, 16 / sizeof(T)><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, targets, lse, grad_sum, rows,
-                                                                                vocab, width, ignore_index, smoothing, dx);
+    launch_backward<T, 16 / sizeof(T)>(x, stride, t, lse, grad_sum, rows, vocab, width, dx, stream);
   else
-    backward_kernel<T, 1><<<grid_for(rows), kThreads, 0, stream>>>(x, stride, targets, lse, grad_sum, rows, vocab,
-                                                                   width, ignore_index, smoothing, dx);
+    launch_backward<T, 1>(x, stride, t, lse, grad_sum, rows, vocab, width, dx, stream);
   return launched();
+}
+
+const char* forward(const void* logits, LogitsType type, int64_t row_stride, const Targets& t, int64_t rows,
+                    int64_t vocab, float* loss, float* lse, void* stream) {
+  if (rows == 0) return nullptr;
+  if (vocab <= 0 || row_stride < vocab) return "cross_entropy_forward: rows of no logits, or overlapping rows";
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (type) {
+    case LogitsType::kFloat32: return forward_as<float>(logits, row_stride, t, rows, vocab, loss, lse, s);
+    case LogitsType::kFloat16: return forward_as<__half>(logits, row_stride, t, rows, vocab, loss, lse, s);
+    case LogitsType::kBFloat16: return forward_as<__nv_bfloat16>(logits, row_stride, t, rows, vocab, loss, lse, s);
+  }
+  return "cross_entropy_forward: unknown logits type";
+}
+
+const char* backward(const void* logits, LogitsType type, int64_t row_stride, const Targets& t, const float* lse,
+                     const float* grad_sum, int64_t rows, int64_t vocab, int64_t width, void* grad, void* stream) {
+  if (rows == 0) return nullptr;
+  if (vocab <= 0 || width < vocab || row_stride < width)
+    return "cross_entropy_backward: rows of no logits, or overlapping rows";
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (type) {
+    case LogitsType::kFloat32:
+      return backward_as<float>(logits, row_stride, t, lse, grad_sum, rows, vocab, width, grad, s);
+    case LogitsType::kFloat16:
+      return backward_as<__half>(logits, row_stride, t, lse, grad_sum, rows, vocab, width, grad, s);
+    case LogitsType::kBFloat16:
+      return backward_as<__nv_bfloat16>(logits, row_stride, t, lse, grad_sum, rows, vocab, width, grad, s);
+  }
+  return "cross_entropy_backward: unknown logits type";
 }
 
 }  // namespace
@@ -200,38 +283,31 @@ const char* backward_as(const void* logits, int64_t stride, const int64_t* targe
 const char* cross_entropy_forward(const void* logits, LogitsType type, int64_t row_stride, const int64_t* targets,
                                   int64_t rows, int64_t vocab, int64_t ignore_index, float label_smoothing,
                                   float* loss, float* lse, void* stream) {
-  if (rows == 0) return nullptr;
-  if (vocab <= 0 || row_stride < vocab) return "cross_entropy_forward: rows of no logits, or overlapping rows";
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case LogitsType::kFloat32:
-      return forward_as<float>(logits, row_stride, targets, rows, vocab, ignore_index, label_smoothing, loss, lse, s);
-    case LogitsType::kFloat16:
-      return forward_as<__half>(logits, row_stride, targets, rows, vocab, ignore_index, label_smoothing, loss, lse, s);
-    case LogitsType::kBFloat16:
-      return forward_as<__nv_bfloat16>(logits, row_stride, targets, rows, vocab, ignore_index, label_smoothing, loss, lse, s);
-  }
-  return "cross_entropy_forward: unknown logits type";
+  return forward(logits, type, row_stride, Targets{targets, nullptr, nullptr, ignore_index, label_smoothing}, rows,
+                 vocab, loss, lse, stream);
 }
 
 const char* cross_entropy_backward(const void* logits, LogitsType type, int64_t row_stride, const int64_t* targets,
                                    const float* lse, const float* grad_sum, int64_t rows, int64_t vocab,
                                    int64_t width, int64_t ignore_index, float label_smoothing, void* grad,
                                    void* stream) {
-  if (rows == 0) return nullptr;
-  if (vocab <= 0 || width < vocab || row_stride < width)
-    return "cross_entropy_backward: rows of no logits, or overlapping rows";
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case LogitsType::kFloat32:
-      return backward_as<float>(logits, row_stride, targets, lse, grad_sum, rows, vocab, width, ignore_index, label_smoothing, grad, s);
-    case LogitsType::kFloat16:
-      return backward_as<__half>(logits, row_stride, targets, lse, grad_sum, rows, vocab, width, ignore_index, label_smoothing, grad, s);
-    case LogitsType::kBFloat16:
-      return backward_as<__nv_bfloat16>(logits, row_stride, targets, lse, grad_sum, rows, vocab, width, ignore_index,
-                                        label_smoothing, grad, s);
-  }
-  return "cross_entropy_backward: unknown logits type";
+  return backward(logits, type, row_stride, Targets{targets, nullptr, nullptr, ignore_index, label_smoothing}, lse,
+                  grad_sum, rows, vocab, width, grad, stream);
+}
+
+const char* soft_cross_entropy_forward(const void* logits, LogitsType type, int64_t row_stride, const float* soft,
+                                       int64_t rows, int64_t vocab, float* loss, float* lse, float* weight,
+                                       void* stream) {
+  if (!soft || !weight) return "soft_cross_entropy_forward: no targets";
+  return forward(logits, type, row_stride, Targets{nullptr, soft, weight, 0, 0.f}, rows, vocab, loss, lse, stream);
+}
+
+const char* soft_cross_entropy_backward(const void* logits, LogitsType type, int64_t row_stride, const float* soft,
+                                        const float* lse, const float* weight, const float* grad_sum, int64_t rows,
+                                        int64_t vocab, int64_t width, void* grad, void* stream) {
+  if (!soft || !weight) return "soft_cross_entropy_backward: no targets";
+  return backward(logits, type, row_stride, Targets{nullptr, soft, const_cast<float*>(weight), 0, 0.f}, lse,
+                  grad_sum, rows, vocab, width, grad, stream);
 }
 
 }  // namespace trainer::kernels

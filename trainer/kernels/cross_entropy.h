@@ -10,6 +10,14 @@
 // which is PyTorch's cross_entropy with label_smoothing and reduction 'sum', computed in float32 from the
 // logits as they are: no float32 copy of the logits, no log-probabilities kept for the backward pass, and
 // the gradient written once, in the logits' own type.
+//
+// Soft targets (Mixup's and CutMix's rows of class weights, label smoothing folded in): N rows of V float32
+// weights t, contiguous, in place of the class ids:
+//   w_i    = sum_j t_ij
+//   loss_i = w_i lse_i - sum_j t_ij x_ij                           (= -sum_j t_ij log_softmax(x_i)_j)
+//   dx_ij  = g (exp(x_ij - lse_i) w_i - t_ij)
+// which is timm's SoftTargetCrossEntropy summed over the rows. A row of zeros (an undecodable sample) adds
+// nothing and gets a zero gradient; a logit of -inf with a weight of 0 adds nothing (0 * -inf is not NaN here).
 #pragma once
 
 #include <cstdint>
@@ -32,5 +40,16 @@ const char* cross_entropy_backward(const void* logits, LogitsType type, int64_t 
                                    const float* lse, const float* grad_sum, int64_t rows, int64_t vocab,
                                    int64_t width, int64_t ignore_index, float label_smoothing, void* grad,
                                    void* stream);
+
+/// The forward pass over soft targets `soft` (rows x vocab float32, contiguous): loss[i], lse[i] and
+/// weight[i] = w_i (float32, N each; the backward pass reads lse and weight).
+const char* soft_cross_entropy_forward(const void* logits, LogitsType type, int64_t row_stride, const float* soft,
+                                       int64_t rows, int64_t vocab, float* loss, float* lse, float* weight,
+                                       void* stream);
+
+/// The backward pass over soft targets, laid out as cross_entropy_backward's (zeros in the padding columns).
+const char* soft_cross_entropy_backward(const void* logits, LogitsType type, int64_t row_stride, const float* soft,
+                                        const float* lse, const float* weight, const float* grad_sum, int64_t rows,
+                                        int64_t vocab, int64_t width, void* grad, void* stream);
 
 }  // namespace trainer::kernels

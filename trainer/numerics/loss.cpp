@@ -77,6 +77,44 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+
+// The same over soft targets (N, vocab) float32: the summed -t log_softmax(x) of trainer/kernels/cross_entropy.h,
+// keeping the logits, the targets, each row's log-sum-exp and its weight sum.
+class FusedSoftCrossEntropy : public torch::autograd::Function<FusedSoftCrossEntropy> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& soft, int64_t vocab) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    auto x = in_place_rows(logits) ? logits : logits.contiguous();
+    auto t = soft.to(x.device(), torch::kFloat).contiguous();
+    const int64_t rows = x.size(0);
+    if (t.dim() != 2 || t.size(0) != rows || t.size(1) != vocab)
+      throw std::invalid_argument("fused cross-entropy: soft targets of shape " + c10::str(t.sizes()) + " for " +
+                                  std::to_string(rows) + " rows of " + std::to_string(vocab) + " classes");
+    auto f32 = x.options().dtype(torch::kFloat);
+    auto loss = torch::empty({rows}, f32), lse = torch::empty({rows}, f32), weight = torch::empty({rows}, f32);
+    check_launch(kernels::soft_cross_entropy_forward(x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<float>(),
+                                                     rows, vocab, loss.data_ptr<float>(), lse.data_ptr<float>(),
+                                                     weight.data_ptr<float>(), current_stream(x)));
+    ctx->save_for_backward({x, t, lse, weight});
+    return loss.sum();
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &t = saved[1], &lse = saved[2], &weight = saved[3];
+    const c10::cuda::CUDAGuard guard(x.device());
+    auto g = grads[0].to(torch::kFloat).contiguous();
+    const int64_t width = x.size(1);
+    auto dx = torch::empty({x.size(0), row_stride(x)}, x.options()).narrow(1, 0, width);
+    check_launch(kernels::soft_cross_entropy_backward(x.data_ptr(), logits_type(x), row_stride(x), t.data_ptr<float>(),
+                                                      lse.data_ptr<float>(), weight.data_ptr<float>(),
+                                                      g.data_ptr<float>(), x.size(0), t.size(1), width, dx.data_ptr(),
+                                                      current_stream(x)));
+    return {dx, torch::Tensor(), torch::Tensor()};
+  }
+};
 #endif
 
 }  // namespace
@@ -125,6 +163,14 @@ torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targ
   const bool soft = targets.is_floating_point();
   if (options.kind == "cross_entropy" && !soft) return summed_cross_entropy(logits, targets, options, columns);
   if (columns < 0) columns = logits.size(-1);
+#ifdef TRAINER_WITH_CUDA
+  if (options.kind == "cross_entropy" && fused_loss_runs(logits, options)) {
+    if (columns > logits.size(-1))
+      throw std::invalid_argument("summed_loss: " + std::to_string(columns) + " real columns of " +
+                                  std::to_string(logits.size(-1)));
+    return FusedSoftCrossEntropy::apply(logits, targets, columns);
+  }
+#endif
   const auto x = (columns == logits.size(-1) ? logits : logits.narrow(-1, 0, columns)).to(torch::kFloat);
   auto t = soft ? targets.to(torch::kFloat) : smoothed_one_hot(targets, columns, options.label_smoothing);
   if (t.sizes() != x.sizes())

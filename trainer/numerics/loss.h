@@ -20,8 +20,8 @@
 //                              (1 - s) one_hot(y) + s / C, and with bce_target_threshold > 0,
 //                              t <- (t > threshold) (RSB's binarized targets)
 //
-// Soft targets and BCE always run the plain computation (their logits are an image model's (N, classes):
-// the fused kernel is for a language model's vocabulary-wide rows).
+// Cross-entropy over soft targets runs the fused kernel where it runs (fused_loss_runs: trainer/kernels/
+// cross_entropy.h, its soft-target pass), else the plain computation above; BCE always runs the plain one.
 #pragma once
 
 #include <torch/torch.h>
@@ -59,7 +59,8 @@ torch::Tensor smoothed_one_hot(const torch::Tensor& labels, int64_t classes, dou
 
 /// The training loss of `options.kind` summed over the rows (see the table above): `targets` are class
 /// ids (int64, N) or soft targets (float32, (N, columns)). Cross-entropy over class ids is
-/// summed_cross_entropy (fused where it runs); everything else is the plain float32 computation.
+/// summed_cross_entropy; over soft targets the fused soft-target kernel where it runs; both plain elsewhere,
+/// and BCE always the plain float32 computation.
 torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targets, const LossOptions& options,
                           int64_t columns = -1);
 
