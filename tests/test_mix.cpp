@@ -249,26 +249,8 @@ TEST(MixLoss, SoftTargetsAndBceEqualTorch) {
 
 // ---- through the executable ---------------------------------------------------------------------------
 
-namespace {
-
-// plain_cnn on synthetic 1x16x16, 3 steps of 12 samples, no augmentation (as tests/test_train.cpp's exact job).
-std::string job(const std::string& extra) {
-  return "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,16,16]"
-         " --set data.synthetic_size=120 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
-         " --set train.global_batch=12 --set train.epochs=0 --set train.steps=3 --set optim.lr=0.05"
-         " --set schedule.warmup_steps=0 --set schedule.name=constant"
-         " --set checkpoint.every_seconds=0 --set seed=3 --set train.threads=1 --set data.workers=1 " +
-         extra;
-}
-
-std::map<std::string, torch::Tensor> run_and_export(const TempDir& dir, const std::string& name, const std::string& args) {
-  auto run_dir = (dir / name).string();
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, args));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return testutil::final_weights(run_dir);
-}
-
-}  // namespace
+using testutil::exact_job;
+using testutil::run_and_export;
 
 // The step mixes the rank's whole batch whatever its micro-batches: micro-batches of 12, 5 + 5 + 2 and 3 x 4
 // end at the same weights, per batch and per element. And mixing did change the training: the weights differ
@@ -278,17 +260,17 @@ TEST(MixRun, MicroBatchesMixAsOneBatch) {
   const std::string mix = "--set train.mixup_alpha=0.4 --set train.cutmix_alpha=1.0 --set train.label_smoothing=0.1 ";
   for (const std::string mode : {"batch", "elem"}) {
     const std::string m = mix + "--set train.mix_mode=" + mode + " ";
-    auto one = run_and_export(dir, mode + "one", job(m + "--set train.micro_batch=12"));
-    auto uneven = run_and_export(dir, mode + "uneven", job(m + "--set train.micro_batch=5"));
-    auto four = run_and_export(dir, mode + "four", job(m + "--set train.micro_batch=3"));
+    auto one = run_and_export(dir, mode + "one", exact_job(m + "--set train.micro_batch=12"));
+    auto uneven = run_and_export(dir, mode + "uneven", exact_job(m + "--set train.micro_batch=5"));
+    auto four = run_and_export(dir, mode + "four", exact_job(m + "--set train.micro_batch=3"));
     EXPECT_LT(testutil::max_abs_diff(one, uneven), 1e-5) << mode;
     EXPECT_LT(testutil::max_abs_diff(one, four), 1e-5) << mode;
-    auto plain = run_and_export(dir, mode + "plain", job("--set train.label_smoothing=0.1 --set train.micro_batch=12"));
+    auto plain = run_and_export(dir, mode + "plain", exact_job("--set train.label_smoothing=0.1 --set train.micro_batch=12"));
     EXPECT_GT(testutil::max_abs_diff(one, plain), 1e-4) << mode;
   }
   // BCE trains, and is another loss than cross-entropy.
-  auto bce = run_and_export(dir, "bce", job("--set train.loss=bce --set train.bce_target_threshold=0.2"));
-  auto ce = run_and_export(dir, "ce", job(""));
+  auto bce = run_and_export(dir, "bce", exact_job("--set train.loss=bce --set train.bce_target_threshold=0.2"));
+  auto ce = run_and_export(dir, "ce", exact_job(""));
   EXPECT_GT(testutil::max_abs_diff(bce, ce), 1e-4);
 }
 
@@ -306,7 +288,7 @@ TEST(MixRun, BadKeysExitTwo) {
       {"--set model.name=gpt_tiny --set train.mixup_alpha=0.2", "train.mixup_alpha"},
   };
   for (const auto& [args, key] : cases) {
-    auto r = testutil::run(testutil::trainer_cmd((dir / "bad").string(), job(args)));
+    auto r = testutil::run(testutil::trainer_cmd((dir / "bad").string(), exact_job(args)));
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(key), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << "\n" << r.output;

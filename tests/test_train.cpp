@@ -255,27 +255,8 @@ TEST(TrainSchedule, WarmupCosineAndStepByHand) {
 
 // ---- through the executable ---------------------------------------------------------------------------
 
-namespace {
-
-// plain_cnn (no batch statistics) on synthetic 1x16x16, 3 steps of 12 samples, no augmentation.
-std::string exact_job(const std::string& extra) {
-  return "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,16,16]"
-         " --set data.synthetic_size=120 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
-         " --set train.global_batch=12 --set train.epochs=0 --set train.steps=3 --set optim.lr=0.05"
-         " --set schedule.warmup_steps=0 --set schedule.name=constant"
-         " --set checkpoint.every_seconds=0 --set seed=3"
-         " --set train.threads=1 --set data.workers=1 " +
-         extra;
-}
-
-std::map<std::string, torch::Tensor> run_and_export(const TempDir& dir, const std::string& name, const std::string& args) {
-  auto run_dir = (dir / name).string();
-  auto r = testutil::run(testutil::trainer_cmd(run_dir, args));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return testutil::final_weights(run_dir);
-}
-
-}  // namespace
+using testutil::exact_job;
+using testutil::run_and_export;
 
 TEST(TrainStep, MicroBatchesEqualOneBatch) {
   TempDir dir;

@@ -69,6 +69,28 @@ inline std::map<std::string, torch::Tensor> final_weights(const std::string& run
   return m;
 }
 
+/// plain_cnn (no batch statistics) on synthetic 1x16x16, 3 steps of 12 samples, no augmentation, one
+/// thread: a job whose final weights two ways of running it can be compared on (micro-batches, activation
+/// checkpointing, mixing). `extra`: more --set arguments.
+inline std::string exact_job(const std::string& extra) {
+  return "--set model.name=plain_cnn --set data.kind=synthetic --set data.shape=[1,16,16]"
+         " --set data.synthetic_size=120 --set data.test= --set data.crop_padding=0 --set data.hflip=false"
+         " --set train.global_batch=12 --set train.epochs=0 --set train.steps=3 --set optim.lr=0.05"
+         " --set schedule.warmup_steps=0 --set schedule.name=constant"
+         " --set checkpoint.every_seconds=0 --set seed=3"
+         " --set train.threads=1 --set data.workers=1 " +
+         extra;
+}
+
+/// Trains `args` in dir/name (a test failure if it does not exit 0) and returns its final weights.
+inline std::map<std::string, torch::Tensor> run_and_export(const TempDir& dir, const std::string& name,
+                                                           const std::string& args) {
+  auto run_dir = (dir / name).string();
+  auto r = run(trainer_cmd(run_dir, args));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return final_weights(run_dir);
+}
+
 /// Largest |a - b| over all tensors (both maps must have the same keys).
 inline double max_abs_diff(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
   double worst = 0;
