@@ -12,8 +12,11 @@
 #
 # COSTS_FILE (tests/costs.txt) holds each suite's measured seconds; CTest starts the most costly first so
 # that the long suites do not end up alone on one core at the end. A suite missing from it costs 0.
+# ONE_TOOLCHAIN_FILE (tests/one_toolchain.txt) names the suites labelled `one_toolchain`, which
+# scripts/test.sh leaves out of the 2.11 leg when the 1.13 leg runs them (`ctest -LE one_toolchain`).
 #
-#   cmake -D TEST_EXECUTABLE=... -D CTEST_FILE=... -D RESULTS_DIR=... -D COSTS_FILE=... -P add_suites.cmake
+#   cmake -D TEST_EXECUTABLE=... -D CTEST_FILE=... -D RESULTS_DIR=... -D COSTS_FILE=... \
+#         -D ONE_TOOLCHAIN_FILE=... -P add_suites.cmake
 cmake_minimum_required(VERSION 3.18)
 
 execute_process(COMMAND "${TEST_EXECUTABLE}" --gtest_list_tests
@@ -25,6 +28,14 @@ endif()
 set(costs "")
 if(EXISTS "${COSTS_FILE}")
   file(STRINGS "${COSTS_FILE}" costs REGEX "^[^#]")
+endif()
+set(one_toolchain "")
+if(EXISTS "${ONE_TOOLCHAIN_FILE}")
+  file(STRINGS "${ONE_TOOLCHAIN_FILE}" entries REGEX "^[^# ]")
+  foreach(entry IN LISTS entries)
+    string(REGEX REPLACE " .*" "" entry "${entry}")
+    list(APPEND one_toolchain "${entry}")
+  endforeach()
 endif()
 
 # The listing: "Suite." lines (a typed or parametrized one followed by "  # TypeParam = ..."), then
@@ -67,13 +78,22 @@ foreach(suite IN LISTS suites)
   else()
     set(filters "${suite}.*")
   endif()
+  set(labels "")
+  if("${suite}" IN_LIST one_toolchain)
+    set(labels " LABELS one_toolchain")
+  endif()
   foreach(filter IN LISTS filters)
     string(REGEX REPLACE "\\.\\*$" "" name "${filter}")
     string(REPLACE "/" "_" xml "${name}")
     string(APPEND script
       "add_test([==[${name}]==] \"${TEST_EXECUTABLE}\" [==[--gtest_filter=${filter}]==] "
       "[==[--gtest_output=xml:${RESULTS_DIR}/${xml}.xml]==])\n"
-      "set_tests_properties([==[${name}]==] PROPERTIES TIMEOUT 1800 COST ${cost})\n")
+      "set_tests_properties([==[${name}]==] PROPERTIES TIMEOUT 1800 COST ${cost}${labels})\n")
   endforeach()
+endforeach()
+foreach(entry IN LISTS one_toolchain)
+  if(NOT "${entry}" IN_LIST suites)
+    message(FATAL_ERROR "${ONE_TOOLCHAIN_FILE}: no suite '${entry}' in ${TEST_EXECUTABLE}")
+  endif()
 endforeach()
 file(WRITE "${CTEST_FILE}" "${script}")
