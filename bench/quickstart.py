@@ -75,13 +75,14 @@ def summary(run_dir):
     }
 
 
-def machine(clone):
-    log = open(os.path.join(clone, RUN, "train.log")).read()
+def machine(run_dir, binary):
+    """What decides the arithmetic and the speed of the run in `run_dir`, trained by `binary`."""
+    log = open(os.path.join(run_dir, "train.log")).read()
     threads = re.search(r"cpu: (\d+) threads", log)
     info = open("/proc/cpuinfo").read()
     cpu = re.search(r"^model name\s*:\s*(.*)$", info, re.M)
     flags = re.search(r"^flags\s*:\s*(.*)$", info, re.M)
-    ldd = subprocess.run(["ldd", os.path.join(clone, "build/trainer")], capture_output=True, text=True).stdout
+    ldd = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
     blas = re.search(r"libblas\.so\.3 => (\S+)", ldd)
     return {
         "cpu": cpu.group(1) if cpu else "unknown",
@@ -130,7 +131,7 @@ def record(args):
         "cold_compiler_cache": args.cold,
         "whole_command_s": round(whole_s, 1),
         "before_first_step_s": round(first_step_time(clone) - t0, 1),
-        "machine": machine(clone),
+        "machine": machine(os.path.join(clone, RUN), os.path.join(clone, "build/trainer")),
         **summary(os.path.join(clone, RUN)),
     }
     if args.repeat:

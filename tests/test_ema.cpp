@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <random>
 
 #include "data/files/image_h5.h"
@@ -262,6 +263,15 @@ void write_images(const std::string& path, int64_t n, std::vector<int64_t> shape
   data::write_image_h5(path, images, labels, meta);
 }
 
+// Random 1x12x12 images of 4 classes in dir (64 to train, 21 to test), and the keys that train on them.
+std::string image_data(const TempDir& dir) {
+  const auto train = (dir / "train.h5").string(), test = (dir / "test.h5").string();
+  write_images(train, 64, {1, 12, 12}, 4, 1);
+  write_images(test, 21, {1, 12, 12}, 4, 2);
+  return "--set data.train=" + train + " --set data.test=" + test +
+         " --set model.num_classes=4 --set train.eval_batch=8 --set train.threads=1";
+}
+
 }  // namespace
 
 // (c) SIGKILL mid-run, then the same command: the losses and both weight sets are bitwise those of the
@@ -351,11 +361,8 @@ TEST(EmaRun, CheckpointWithoutTheAverageStartsItFromItsWeights) {
 // evaluation of that set, and the average scores the same as its exported file given as model.init_from.
 TEST(EmaRun, EvalAndExportOfEitherWeightSet) {
   TempDir dir;
-  const auto train = (dir / "train.h5").string(), test = (dir / "test.h5").string(), run = (dir / "run").string();
-  write_images(train, 64, {1, 12, 12}, 4, 1);
-  write_images(test, 21, {1, 12, 12}, 4, 2);
-  const std::string data = "--set data.train=" + train + " --set data.test=" + test +
-                           " --set model.num_classes=4 --set train.eval_batch=8 --set train.threads=1";
+  const auto run = (dir / "run").string();
+  const std::string data = image_data(dir);
   auto r = testutil::run(testutil::trainer_cmd(run, data + " --set train.global_batch=16 --set train.steps=6 --set "
                                                            "train.epochs=0 --set schedule.warmup_steps=0 --set "
                                                            "log.every=1000 --set train.ema_decay=0.8"));
@@ -426,6 +433,59 @@ TEST(EmaRun, EvalAndExportOfEitherWeightSet) {
   r = testutil::run(testutil::trainer_bin() + " export --run-dir " + plain + " --weights bogus --out " + file);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "error: export: " + plain + "/checkpoints/step-00000001: --weights 'bogus' is not one of: ema, raw, auto\n");
+}
+
+// bench/fmnist_strong.py --record (docs/RESULTS.md's record of the strong Fashion-MNIST recipe) on a finished
+// run with the average: both sets' final figures and every evaluation's, the run's own training time, and
+// the gain over a baseline record by hand. A run without the average, or one that has not finished, exit 2.
+TEST(EmaRun, TheRecipeRecordHoldsBothWeightSetsAgainstTheBaseline) {
+  TempDir dir;
+  const auto run = (dir / "run").string();
+  const std::string job = image_data(dir) + " --set train.global_batch=16 --set train.steps=6 --set train.epochs=0"
+                                            " --set schedule.warmup_steps=0 --set log.every=1000 ";
+  auto r = testutil::run(testutil::trainer_cmd(run, job + "--set train.ema_decay=0.8"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto evals = testutil::events(run, "eval");
+  ASSERT_EQ(evals.size(), 2u);
+  const auto& last = evals.back();
+  const double base_top1 = 0.125;  // hand-picked: the record's gains are (top1 - 0.125) in points
+  const auto base = (dir / "base.json").string(), out = (dir / "rec.json").string();
+  std::ofstream(base) << R"({"final": {"top1": 0.125}})";
+  const std::string script = testutil::python() + " " + testutil::source_dir() + "/bench/fmnist_strong.py --record" +
+                             " --trainer " + testutil::trainer_bin() + " --baseline " + base;
+  r = testutil::run(script + " --run-dir " + run + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(out);
+  for (const char* k : {"top1", "top5", "loss", "ema_top1", "ema_top5", "ema_loss", "step"})
+    EXPECT_EQ(j["final"][k], last[k]) << k;
+  EXPECT_EQ(j["epochs_top1"], nlohmann::json({evals[0]["top1"], last["top1"]}));
+  EXPECT_EQ(j["epochs_ema_top1"], nlohmann::json({evals[0]["ema_top1"], last["ema_top1"]}));
+  EXPECT_EQ(j["steps"], 6);
+  EXPECT_EQ(j["processes"], 1);
+  EXPECT_EQ(j["training_s"], testutil::events(run, "end").at(0)["seconds"]);
+  EXPECT_NEAR(j["samples_per_s"].get<double>(), 96 / j["training_s"].get<double>(), 0.1);
+  const double ema_gain = std::round(10000 * (last["ema_top1"].get<double>() - base_top1)) / 100;
+  const double raw_gain = std::round(10000 * (last["top1"].get<double>() - base_top1)) / 100;
+  EXPECT_NEAR(j["gain_points"]["ema"].get<double>(), ema_gain, 1e-9);
+  EXPECT_NEAR(j["gain_points"]["raw"].get<double>(), raw_gain, 1e-9);
+  EXPECT_EQ(j["target_met"].get<bool>(), std::max(ema_gain, raw_gain) >= 1.0);
+  EXPECT_EQ(j["machine"]["threads"], 1);
+
+  // Without the average, and a folder whose run never finished: exit 2, no record.
+  const auto plain = (dir / "plain").string(), bad_out = (dir / "bad.json").string();
+  r = testutil::run(testutil::trainer_cmd(plain, job));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testutil::run(script + " --run-dir " + plain + " --out " + bad_out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no evaluation of the average"), std::string::npos) << r.output;
+  const auto unfinished = (dir / "unfinished").string();
+  testutil::fs::create_directories(unfinished);
+  const std::string metrics = testutil::read_file(run + "/metrics.jsonl");
+  std::ofstream(unfinished + "/metrics.jsonl") << metrics.substr(0, metrics.find('\n') + 1);  // the start event only
+  r = testutil::run(script + " --run-dir " + unfinished + " --out " + bad_out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds no finished run"), std::string::npos) << r.output;
+  EXPECT_FALSE(testutil::fs::exists(bad_out));
 }
 
 // (e) Bad values: one line naming the key, exit 2.
