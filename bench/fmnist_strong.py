@@ -13,8 +13,11 @@
    was never stopped and resumed; a resumed run's time is its last process's only, and is not recorded).
 3. The baseline: the built-in job's top-1 from the quickstart record (--baseline), and the gain of each
    set of weights over it in points (`gain_points.ema`, `gain_points.raw`); `target_met` when the better of
-   the two beats the baseline by at least 1 point (the recipe's goal).
-`machine` says what decides the arithmetic and the speed (bench/quickstart.py's). Exit 0 when the record is
+   the two beats the baseline by at least 1 point (the recipe's goal). `baseline.same_isa` says whether the
+   baseline ran on a CPU with the same vector extensions (false: another machine's kernels, whose numbers
+   differ from the second step on; compare with the built-in job trained on this machine instead).
+`machine` says what decides the arithmetic and the speed (bench/quickstart.py's). `commit` is the repository's
+HEAD when the record is written (with --record, the build that trained the run may be older). Exit 0 when the record is
 written (whatever the accuracy), 2 when the run fails or the folder holds no finished run.
 """
 import argparse
@@ -93,6 +96,8 @@ def main():
     s = summary(args.run_dir)
     gain = {"ema": round(100 * (s["final"]["ema_top1"] - base["final"]["top1"]), 2),
             "raw": round(100 * (s["final"]["top1"] - base["final"]["top1"]), 2)}
+    mach = quickstart.machine(args.run_dir, args.trainer)
+    base_isa = base.get("machine", {}).get("isa")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     out = {
         "mode": "fmnist_strong",
@@ -100,10 +105,11 @@ def main():
         "commit": commit,
         "command": command,
         "config": CONFIG,
-        "machine": quickstart.machine(args.run_dir, args.trainer),
+        "machine": mach,
         **s,
         "baseline": {"config": "configs/resnet20_fmnist.yaml", "top1": base["final"]["top1"],
-                     "record": os.path.relpath(os.path.abspath(args.baseline), ROOT)},
+                     "record": os.path.relpath(os.path.abspath(args.baseline), ROOT),
+                     "isa": base_isa, "same_isa": None if base_isa is None else base_isa == mach["isa"]},
         "gain_points": gain,
         "target_points": 1.0,
         "target_met": max(gain.values()) >= 1.0,

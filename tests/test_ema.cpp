@@ -470,6 +470,7 @@ TEST(EmaRun, TheRecipeRecordHoldsBothWeightSetsAgainstTheBaseline) {
   EXPECT_NEAR(j["gain_points"]["raw"].get<double>(), raw_gain, 1e-9);
   EXPECT_EQ(j["target_met"].get<bool>(), std::max(ema_gain, raw_gain) >= 1.0);
   EXPECT_EQ(j["machine"]["threads"], 1);
+  EXPECT_TRUE(j["baseline"]["same_isa"].is_null()) << "a baseline record without its machine";
 
   // Without the average, and a folder whose run never finished: exit 2, no record.
   const auto plain = (dir / "plain").string(), bad_out = (dir / "bad.json").string();
