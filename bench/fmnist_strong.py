@@ -2,20 +2,25 @@
 """The strong Fashion-MNIST recipe against the built-in job, written as JSON (docs/RESULTS.md).
 
   /usr/bin/python3 bench/fmnist_strong.py --out bench/results/fmnist-strong-DATE/fmnist_strong.json \
-      [--trainer build/trainer] [--run-dir runs/r20_strong] [--record]
+      [--trainer build/trainer] [--run-dir runs/r20_strong] [--record] [--baseline-run RUN_DIR]
 
-1. Trains configs/resnet20_fmnist_strong.yaml (ResNet-20, 20 epochs, RandAugment, random erasing, label
+1. Trains configs/resnet20_fmnist_strong.yaml (ResNet-20, 30 epochs, RandAugment, random erasing, label
    smoothing, an EMA of the weights) into --run-dir with --no-resume, timed; --record instead reads a run
    folder that has finished (its `end` event), trained by the same command by hand.
 2. From its metrics.jsonl: the final evaluation of both sets of weights (`final.top1`, `final.ema_top1`, ...),
    each epoch's top-1 of both, the training time of the process that finished it (`training_s`, the end
-   event's: evaluations and checkpoints included) and the processes the run took (`processes`: 1 when it
-   was never stopped and resumed; a resumed run's time is its last process's only, and is not recorded).
+   event's: evaluations and checkpoints included) and the processes the run took (`processes`: its start
+   and resume events; 1 when it was never stopped and resumed: a resumed run's end event times its last
+   process only, so its time is not recorded). `recipe`: the knobs that tell one recipe from another, as
+   the run resolved them (its resolved_config.yaml), so that a record of a run with --set overrides says so.
 3. The baseline: the built-in job's top-1 from the quickstart record (--baseline), and the gain of each
    set of weights over it in points (`gain_points.ema`, `gain_points.raw`); `target_met` when the better of
    the two beats the baseline by at least 1 point (the recipe's goal). `baseline.same_isa` says whether the
    baseline ran on a CPU with the same vector extensions (false: another machine's kernels, whose numbers
-   differ from the second step on; compare with the built-in job trained on this machine instead).
+   differ from the second step on). --baseline-run instead compares with the built-in job trained on this
+   machine: a finished run folder of configs/resnet20_fmnist.yaml (the runs/resnet20_fmnist that `bash
+   scripts/quickstart.sh` leaves); the record keeps its fingerprint (`bench/quickstart.py --fingerprint`
+   checks another run against it) and `baseline.same_machine`: true, which is the caller's word.
 `machine` says what decides the arithmetic and the speed (bench/quickstart.py's). `commit` is the repository's
 HEAD when the record is written (with --record, the build that trained the run may be older). Exit 0 when the record is
 written (whatever the accuracy), 2 when the run fails or the folder holds no finished run.
@@ -28,13 +33,34 @@ import subprocess
 import sys
 import time
 
+import yaml
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import quickstart  # noqa: E402  (its machine record and fingerprint)
 
 CONFIG = "configs/resnet20_fmnist_strong.yaml"
+BASELINE_CONFIG = "configs/resnet20_fmnist.yaml"
 BASELINE = "bench/results/quickstart-2026-11-27/quickstart.json"
+# What tells one recipe from another (section, keys) in a run's resolved_config.yaml.
+RECIPE = {
+    "data": ("auto_augment", "randaugment_ops", "randaugment_magnitude", "random_erasing", "crop_padding", "hflip"),
+    "optim": ("name", "lr", "momentum", "nesterov", "weight_decay"),
+    "schedule": ("name", "warmup_steps"),
+    "train": ("epochs", "global_batch", "label_smoothing", "loss", "mixup_alpha", "cutmix_alpha", "ema_decay",
+              "ema_warmup"),
+}
+
+
+def recipe(run_dir):
+    try:
+        with open(os.path.join(run_dir, "resolved_config.yaml")) as f:
+            cfg = yaml.safe_load(f)
+        return {f"{sec}.{k}": cfg[sec][k] for sec, keys in RECIPE.items() for k in keys}
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        print(f"fmnist_strong: {run_dir}: cannot read the recipe from resolved_config.yaml ({e})", file=sys.stderr)
+        sys.exit(2)
 
 
 def summary(run_dir):
@@ -44,6 +70,7 @@ def summary(run_dir):
         print(f"fmnist_strong: {run_dir}: cannot read metrics.jsonl ({e})", file=sys.stderr)
         sys.exit(2)
     starts = [j for j in lines if j.get("event") == "start"]
+    resumes = [j for j in lines if j.get("event") == "resume"]
     ends = [j for j in lines if j.get("event") == "end"]
     if not ends:
         print(f"fmnist_strong: {run_dir} holds no finished run (no end event)", file=sys.stderr)
@@ -62,14 +89,40 @@ def summary(run_dir):
         "eval_steps": [e["step"] for e in evals],
         "steps": steps,
         "global_batch": batch,
-        "processes": len(starts),
+        "processes": len(starts) + len(resumes),
         "torch": starts[-1].get("torch"),
         "fingerprint": digest,
     }
-    if len(starts) == 1:
+    if out["processes"] == 1:
         out["training_s"] = ends[-1]["seconds"]
         out["samples_per_s"] = round(steps * batch / ends[-1]["seconds"], 1)
     return out
+
+
+def baseline_of_record(path, mach):
+    """The built-in job's figures from bench/quickstart.py's record, made on this machine or another."""
+    with open(path) as f:
+        base = json.load(f)
+    isa = base.get("machine", {}).get("isa")
+    return {"config": BASELINE_CONFIG, "top1": base["final"]["top1"], "record": os.path.relpath(os.path.abspath(path), ROOT),
+            "isa": isa, "same_isa": None if isa is None else isa == mach["isa"]}
+
+
+def baseline_of_run(run_dir):
+    """The built-in job's figures from a finished run folder that the caller trained on this machine."""
+    try:
+        lines = quickstart.run_lines(run_dir)
+    except (OSError, ValueError) as e:
+        print(f"fmnist_strong: {run_dir}: cannot read metrics.jsonl ({e})", file=sys.stderr)
+        sys.exit(2)
+    evals = [j for j in lines if j.get("event") == "eval"]
+    if not any(j.get("event") == "end" for j in lines) or not evals:
+        print(f"fmnist_strong: {run_dir} holds no finished run (no end event)", file=sys.stderr)
+        sys.exit(2)
+    digest, steps = quickstart.fingerprint(lines)
+    return {"config": BASELINE_CONFIG, "top1": evals[-1]["top1"], "run_dir": os.path.abspath(run_dir),
+            "recipe": recipe(run_dir), "epochs_top1": [e["top1"] for e in evals], "steps": steps, "fingerprint": digest,
+            "same_machine": True}
 
 
 def main():
@@ -79,6 +132,8 @@ def main():
     p.add_argument("--run-dir", default=os.path.join(ROOT, "runs/r20_strong"))
     p.add_argument("--record", action="store_true", help="record a finished run folder instead of training")
     p.add_argument("--baseline", default=os.path.join(ROOT, BASELINE), help="the built-in job's quickstart record")
+    p.add_argument("--baseline-run", metavar="RUN_DIR",
+                   help="instead, a finished run folder of the built-in job trained on this machine")
     args = p.parse_args()
     args.run_dir, args.trainer = os.path.abspath(args.run_dir), os.path.abspath(args.trainer)
     command = f"trainer --config {CONFIG} --run-dir RUN" + ("" if args.record else " --no-resume")
@@ -91,13 +146,11 @@ def main():
             print(f"fmnist_strong: the run failed with exit {r.returncode}", file=sys.stderr)
             return 2
         whole = time.time() - t0
-    with open(args.baseline) as f:
-        base = json.load(f)
     s = summary(args.run_dir)
-    gain = {"ema": round(100 * (s["final"]["ema_top1"] - base["final"]["top1"]), 2),
-            "raw": round(100 * (s["final"]["top1"] - base["final"]["top1"]), 2)}
     mach = quickstart.machine(args.run_dir, args.trainer)
-    base_isa = base.get("machine", {}).get("isa")
+    baseline = baseline_of_run(args.baseline_run) if args.baseline_run else baseline_of_record(args.baseline, mach)
+    gain = {"ema": round(100 * (s["final"]["ema_top1"] - baseline["top1"]), 2),
+            "raw": round(100 * (s["final"]["top1"] - baseline["top1"]), 2)}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     out = {
         "mode": "fmnist_strong",
@@ -106,10 +159,9 @@ def main():
         "command": command,
         "config": CONFIG,
         "machine": mach,
+        "recipe": recipe(args.run_dir),
         **s,
-        "baseline": {"config": "configs/resnet20_fmnist.yaml", "top1": base["final"]["top1"],
-                     "record": os.path.relpath(os.path.abspath(args.baseline), ROOT),
-                     "isa": base_isa, "same_isa": None if base_isa is None else base_isa == mach["isa"]},
+        "baseline": baseline,
         "gain_points": gain,
         "target_points": 1.0,
         "target_met": max(gain.values()) >= 1.0,

@@ -436,8 +436,9 @@ TEST(EmaRun, EvalAndExportOfEitherWeightSet) {
 }
 
 // bench/fmnist_strong.py --record (docs/RESULTS.md's record of the strong Fashion-MNIST recipe) on a finished
-// run with the average: both sets' final figures and every evaluation's, the run's own training time, and
-// the gain over a baseline record by hand. A run without the average, or one that has not finished, exit 2.
+// run with the average: both sets' final figures and every evaluation's, the run's own training time, its
+// recipe, and the gain over a baseline record by hand or over a baseline run folder; a resumed run's record
+// has no training time. A run without the average, or one that has not finished, exit 2.
 TEST(EmaRun, TheRecipeRecordHoldsBothWeightSetsAgainstTheBaseline) {
   TempDir dir;
   const auto run = (dir / "run").string();
@@ -471,6 +472,30 @@ TEST(EmaRun, TheRecipeRecordHoldsBothWeightSetsAgainstTheBaseline) {
   EXPECT_EQ(j["target_met"].get<bool>(), std::max(ema_gain, raw_gain) >= 1.0);
   EXPECT_EQ(j["machine"]["threads"], 1);
   EXPECT_TRUE(j["baseline"]["same_isa"].is_null()) << "a baseline record without its machine";
+  // The recipe as the run resolved it, --set overrides included.
+  EXPECT_EQ(j["recipe"]["train.ema_decay"], 0.8);
+  EXPECT_EQ(j["recipe"]["train.global_batch"], 16);
+  EXPECT_EQ(j["recipe"]["train.label_smoothing"], 0.0);
+
+  // A run that was stopped and resumed: two processes, and no training time (the end event's is the last
+  // process's only).
+  const auto resumed = (dir / "resumed").string();
+  testutil::fs::create_directories(resumed);
+  for (const char* f : {"resolved_config.yaml", "train.log"}) testutil::fs::copy_file(run + "/" + f, resumed + "/" + f);
+  {
+    const std::string metrics = testutil::read_file(run + "/metrics.jsonl");
+    const auto first = metrics.find('\n') + 1;
+    std::ofstream(resumed + "/metrics.jsonl")
+        << metrics.substr(0, first) << R"({"event":"stop","signal":"SIGTERM","step":3})" << "\n"
+        << R"({"event":"resume","step":3})" << "\n" << metrics.substr(first);
+  }
+  r = testutil::run(script + " --run-dir " + resumed + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto k = read_json(out);
+  EXPECT_EQ(k["processes"], 2);
+  EXPECT_FALSE(k.contains("training_s"));
+  EXPECT_FALSE(k.contains("samples_per_s"));
+  EXPECT_EQ(k["final"], j["final"]);
 
   // Without the average, and a folder whose run never finished: exit 2, no record.
   const auto plain = (dir / "plain").string(), bad_out = (dir / "bad.json").string();
@@ -479,11 +504,30 @@ TEST(EmaRun, TheRecipeRecordHoldsBothWeightSetsAgainstTheBaseline) {
   r = testutil::run(script + " --run-dir " + plain + " --out " + bad_out);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("no evaluation of the average"), std::string::npos) << r.output;
+  // Against the built-in job trained here (a run folder): the gain over its final top-1, its fingerprint and
+  // recipe kept.
+  const std::string against_run = testutil::python() + " " + testutil::source_dir() + "/bench/fmnist_strong.py --record" +
+                                   " --trainer " + testutil::trainer_bin() + " --run-dir " + run + " --out " + out;
+  r = testutil::run(against_run + " --baseline-run " + plain);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto b = read_json(out);
+  const double plain_top1 = testutil::events(plain, "eval").back()["top1"].get<double>();
+  EXPECT_EQ(b["baseline"]["top1"].get<double>(), plain_top1);
+  EXPECT_NEAR(b["gain_points"]["ema"].get<double>(), std::round(10000 * (last["ema_top1"].get<double>() - plain_top1)) / 100, 1e-9);
+  EXPECT_EQ(b["baseline"]["steps"], 6);
+  EXPECT_EQ(b["baseline"]["fingerprint"].get<std::string>().size(), 64u);
+  // The average changes no step: the baseline, the same job without it, trained the same numbers.
+  EXPECT_EQ(b["baseline"]["fingerprint"], j["fingerprint"]);
+  EXPECT_EQ(b["baseline"]["recipe"]["train.ema_decay"], 0.0);  // the baseline folder's own recipe
+  EXPECT_TRUE(b["baseline"]["same_machine"].get<bool>());
   const auto unfinished = (dir / "unfinished").string();
   testutil::fs::create_directories(unfinished);
   const std::string metrics = testutil::read_file(run + "/metrics.jsonl");
   std::ofstream(unfinished + "/metrics.jsonl") << metrics.substr(0, metrics.find('\n') + 1);  // the start event only
   r = testutil::run(script + " --run-dir " + unfinished + " --out " + bad_out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds no finished run"), std::string::npos) << r.output;
+  r = testutil::run(against_run + " --baseline-run " + unfinished);  // a baseline that never finished
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("holds no finished run"), std::string::npos) << r.output;
   EXPECT_FALSE(testutil::fs::exists(bad_out));
