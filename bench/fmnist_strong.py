@@ -63,18 +63,24 @@ def recipe(run_dir):
         sys.exit(2)
 
 
-def summary(run_dir):
+def finished_run(run_dir):
+    """A run folder's metrics.jsonl lines; exit 2 when it cannot be read or the run has not finished."""
     try:
         lines = quickstart.run_lines(run_dir)
     except (OSError, ValueError) as e:
         print(f"fmnist_strong: {run_dir}: cannot read metrics.jsonl ({e})", file=sys.stderr)
         sys.exit(2)
+    if not any(j.get("event") == "end" for j in lines):
+        print(f"fmnist_strong: {run_dir} holds no finished run (no end event)", file=sys.stderr)
+        sys.exit(2)
+    return lines
+
+
+def summary(run_dir):
+    lines = finished_run(run_dir)
     starts = [j for j in lines if j.get("event") == "start"]
     resumes = [j for j in lines if j.get("event") == "resume"]
     ends = [j for j in lines if j.get("event") == "end"]
-    if not ends:
-        print(f"fmnist_strong: {run_dir} holds no finished run (no end event)", file=sys.stderr)
-        sys.exit(2)
     evals = [j for j in lines if j.get("event") == "eval"]
     if not evals or "ema_top1" not in evals[-1]:
         print(f"fmnist_strong: {run_dir}: no evaluation of the average (train.ema_decay off?)", file=sys.stderr)
@@ -110,14 +116,10 @@ def baseline_of_record(path, mach):
 
 def baseline_of_run(run_dir):
     """The built-in job's figures from a finished run folder that the caller trained on this machine."""
-    try:
-        lines = quickstart.run_lines(run_dir)
-    except (OSError, ValueError) as e:
-        print(f"fmnist_strong: {run_dir}: cannot read metrics.jsonl ({e})", file=sys.stderr)
-        sys.exit(2)
+    lines = finished_run(run_dir)
     evals = [j for j in lines if j.get("event") == "eval"]
-    if not any(j.get("event") == "end" for j in lines) or not evals:
-        print(f"fmnist_strong: {run_dir} holds no finished run (no end event)", file=sys.stderr)
+    if not evals:
+        print(f"fmnist_strong: {run_dir}: no evaluation", file=sys.stderr)
         sys.exit(2)
     digest, steps = quickstart.fingerprint(lines)
     return {"config": BASELINE_CONFIG, "top1": evals[-1]["top1"], "run_dir": os.path.abspath(run_dir),
