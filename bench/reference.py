@@ -89,6 +89,11 @@ DEFAULTS = {
              "workers": 0, "prefetch": 2, "crop_padding": 0, "hflip": False, "normalize": True,
              # training-only augmentations; the reference runs none of them
              "auto_augment": "none", "randaugment_ops": 2, "randaugment_magnitude": 9, "random_erasing": 0.0,
+             # stored pixels as uint8 batches, normalized on the device; the reference sends float32 batches
+             "uint8_batches": "auto",
+             # the next step's batch fetched and copied on a side stream during this step; the reference
+             # copies each batch on the compute stream at its step, as a plain PyTorch loop does
+             "fetch_ahead": "auto",
              # the JPEG kinds (packed_images, image_folder); the reference runs synthetic images only
              "size": 224, "eval_size": 0, "scale": [0.08, 1.0], "ratio": [3.0 / 4.0, 4.0 / 3.0], "crop_pct": 0.875,
              "max_image_pixels": 100000000},

@@ -116,6 +116,30 @@ TEST(Resume, SigtermSavesExitsAndResumesExactly) {
   expect_same_losses(whole, stopped);
 }
 
+// data.fetch_ahead: on, the order a CUDA job runs in by default, here on the CPU: each step fetches the next
+// step's batch before it reads its own values. The same samples, losses and weights as the run that fetches
+// each batch at its step; and a checkpoint written while the next batch is already fetched records where that
+// batch starts, so a SIGTERM and a restart without fetch-ahead end bitwise where the uninterrupted run ends.
+TEST(Resume, FetchAheadIsTheSameRunAndItsCheckpointsResumeExactly) {
+  TempDir dir;
+  const int64_t steps = 30;  // 12 steps an epoch: the fetch ahead crosses two epoch boundaries
+  const std::string ahead = " --set data.fetch_ahead=on";
+  auto whole = (dir / "whole").string(), fetched = (dir / "ahead").string(), stopped = (dir / "stopped").string();
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(whole, resume_job(steps))).exit_code, 0);
+  ASSERT_EQ(testutil::run(testutil::trainer_cmd(fetched, resume_job(steps, ahead))).exit_code, 0);
+  expect_same_losses(whole, fetched);
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(fetched)));
+  int code = interrupt(dir, stopped, resume_job(steps, ahead), 6, SIGTERM);
+  ASSERT_EQ(code, 143) << testutil::read_file(dir / "interrupted.log");
+  auto r = testutil::run(testutil::trainer_cmd(stopped, resume_job(steps)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resumes = testutil::events(stopped, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["step"].get<int64_t>(), testutil::events(stopped, "stop")[0]["step"].get<int64_t>());
+  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(stopped)));
+  expect_same_losses(whole, stopped);
+}
+
 TEST(Resume, WithAnotherMicroBatch) {
   TempDir dir;
   // plain_cnn: no batch statistics, so a different micro-batch gives the same steps up to rounding.

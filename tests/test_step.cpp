@@ -6,7 +6,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
 
 #include "common/compat.h"
 #include "models/registry.h"
@@ -174,6 +177,67 @@ TEST(StepInProcess, BacksOffUnderARealCapAndEqualsACleanRunAtTheSmallerSize) {
   const auto reference = run_steps(clean, 2, 4, 0);
   for (size_t i = 0; i < results.size(); ++i) EXPECT_EQ(results[i].loss, reference[i].loss) << "step " << i + 2;
   EXPECT_TRUE(bitwise_equal(capped.weights(), clean.weights()));
+}
+
+// Step::run's while_device_runs (the run's fetch-ahead of the next batch): called exactly once per
+// completed step, after the step's work is queued (the fused path: after the update; the read-first path:
+// before the values are read and the update runs), also when an attempt ran out of memory first and the
+// step was retried; never by the search. The results are those of the same steps without it.
+TEST(StepInProcess, TheNextBatchIsFetchedOnceAStepWhileTheDeviceRuns) {
+  const int64_t cap = (steady_peak(8) + steady_peak(4)) / 2;
+  struct Outcome {
+    std::vector<trainer::StepResult> results;
+    std::vector<int> calls;
+    std::vector<bool> updated_when_called;
+    std::vector<float> state;  // every weight and moment, outside the capped allocator (it counts every live tensor)
+  };
+  // One rig at a time: the cap counts every live tensor of the process.
+  const auto run = [&](bool fused_skip, bool with_hook) {
+    Outcome o;
+    Rig rig(8, 1000, true, 1, trainer::GradScalerOptions().enabled(false), fused_skip ? "fused" : "auto", fused_skip);
+    // The first value of every parameter, read in place: the hook allocates nothing under the cap (an
+    // allocation there that failed would be the step's OOM).
+    const auto firsts = [&] {
+      std::vector<float> v;
+      for (const auto& p : rig.model->parameters()) v.push_back(p.data_ptr<float>()[0]);
+      return v;
+    };
+    std::vector<float> before;
+    int calls = 0;
+    bool updated = false;
+    const std::function<void()> hook = [&] {
+      ++calls;
+      updated = firsts() != before;
+    };
+    for (int64_t s = 1; s <= 3; ++s) {
+      const int64_t limit = s == 1 ? 0 : cap;  // step 2 runs out of memory at 8 and is retried at 4
+      auto b = batch(s);
+      before = firsts();
+      calls = 0;
+      trainer::ScopedCpuCap scoped(limit);
+      o.results.push_back(with_hook ? rig.step->run(b, s, 1e-2, limit, hook) : rig.step->run(b, s, 1e-2, limit));
+      o.calls.push_back(calls);
+      o.updated_when_called.push_back(updated);
+    }
+    for (const auto& [k, t] : rig.state()) {
+      const auto f = t.to(torch::kFloat).contiguous();
+      o.state.insert(o.state.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+    }
+    return o;
+  };
+  for (const bool fused_skip : {true, false}) {
+    if (fused_skip && !trainer::compat::kHasFusedOptimizers) continue;  // LibTorch 1.13: the read-first path only
+    SCOPED_TRACE(fused_skip ? "the update queued with its skip flag" : "the values read before the update");
+    const Outcome with = run(fused_skip, true), without = run(fused_skip, false);
+    for (size_t i = 0; i < with.results.size(); ++i) {
+      EXPECT_EQ(with.calls[i], 1) << "step " << i + 1;
+      EXPECT_EQ(with.updated_when_called[i], fused_skip) << "step " << i + 1;
+      EXPECT_EQ(with.results[i].oom_retries, i == 1 ? 1 : 0) << "step " << i + 1;
+      EXPECT_EQ(with.results[i].loss, without.results[i].loss) << "step " << i + 1;
+    }
+    ASSERT_EQ(with.state.size(), without.state.size());
+    EXPECT_EQ(std::memcmp(with.state.data(), without.state.data(), with.state.size() * sizeof(float)), 0);
+  }
 }
 
 // What the host reads of a step comes back in one copy (Step::read_step_values): the loss, the norm,

@@ -19,8 +19,9 @@ struct SampleFailure {
 };
 
 /// One rank's share of one global batch. Images: images (B, C, H, W) float32, or for datasets that decode
-/// encoded images (layout HWC) uint8 (B, C, H, W) in channels_last memory (NHWC, not normalized: the step
-/// converts and normalizes on the device); labels (B) int64; indices = dataset indices. Tokens: images = inputs (B, T) int64, labels = targets (B, T) int64 (the
+/// encoded images (layout HWC), and for stored pixels with LoaderOptions::uint8_batches, uint8 (B, C, H, W)
+/// in channels_last memory (NHWC, not normalized: the step converts and normalizes on the device); labels
+/// (B) int64; indices = dataset indices. Tokens: images = inputs (B, T) int64, labels = targets (B, T) int64 (the
 /// inputs shifted by one token), indices = each window's first token offset in the split.
 struct Batch {
   torch::Tensor images;
@@ -33,10 +34,10 @@ struct Batch {
   int64_t position = 0;
   /// Samples in the whole global batch (over all ranks).
   int64_t global_size = 0;
-  /// Decoded images with random erasing (data.random_erasing): (B, 4) int64 rows (top, left, height,
+  /// uint8 images with random erasing (data.random_erasing): (B, 4) int64 rows (top, left, height,
   /// width), an empty box (height or width 0) for a sample not erased. The step sets each box to 0 after
-  /// normalizing (data/pixels/augment.h's RandomErasing). Undefined: nothing to erase (stored pixels are
-  /// erased by the loader).
+  /// normalizing (data/pixels/augment.h's RandomErasing). Undefined: nothing to erase (float batches of
+  /// stored pixels are erased by the loader).
   torch::Tensor erase;
   /// Samples of this rank's share that could not be decoded, in batch order (empty for stored pixels).
   std::vector<SampleFailure> failures;

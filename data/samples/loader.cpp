@@ -143,6 +143,7 @@ Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions option
   n_ = dataset_->size();
   shape_ = dataset_->sample_shape();
   decoded_ = dataset_->layout() == PixelLayout::HWC;
+  uint8_ = decoded_ || opt_.uint8_batches;
   validate();
   const auto& m = dataset_->meta();
   table_ = pixel_table(m.mean, m.std, opt_.augment.normalize);
@@ -246,11 +247,11 @@ bool Loader::plan(LoaderState at, Batch& out) {
 // the caller has dropped the batch and every view of it. Pinned tensors are not pooled: the CUDA caching
 // host allocator recycles them already and knows when an asynchronous copy still reads one.
 torch::Tensor Loader::image_buffer(int64_t rows) {
-  // Decoded images stay uint8 and leave as NHWC: (B, C, H, W) sizes in channels_last memory.
+  // uint8 images (decoded, or stored with uint8_batches) leave as NHWC: (B, C, H, W) sizes in channels_last memory.
   const auto options = torch::TensorOptions()
-                           .dtype(decoded_ ? torch::kUInt8 : torch::kFloat32)
+                           .dtype(uint8_ ? torch::kUInt8 : torch::kFloat32)
                            .pinned_memory(pinned_)
-                           .memory_format(decoded_ ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+                           .memory_format(uint8_ ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
   const std::vector<int64_t> sizes = {rows, shape_[0], shape_[1], shape_[2]};
   if (pinned_) return torch::empty(sizes, options);
   auto is_free = [](const torch::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; };
@@ -278,7 +279,7 @@ std::shared_ptr<Loader::Job> Loader::make_job(Batch batch) {
   const int64_t b = batch.size();
   batch.images = image_buffer(b);
   batch.labels = torch::empty({b}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned_));
-  if (decoded_ && opt_.augment.random_erasing > 0)
+  if (uint8_ && opt_.augment.random_erasing > 0)
     batch.erase = torch::empty({b, 4}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned_));
   job->batch = std::move(batch);
   return job;
@@ -303,19 +304,23 @@ void Loader::fill(Job& job, int64_t begin, int64_t end) const {
         job.failures.emplace_back(row, std::move(f));
       }
     }
-    if (b.erase.defined()) {
-      // The boxes only: the step erases them once the images are normalized on the device.
-      EraseOptions eo;
-      eo.p = opt_.augment.random_erasing;
-      int64_t* box = b.erase.data_ptr<int64_t>() + begin * 4;
-      for (int64_t k = 0; k < end - begin; ++k, box += 4) {
-        const EraseBox e = draw_erase_box(eo, shape_[1], shape_[2], opt_.seed, b.epoch, indices[k]);
-        box[0] = e.top, box[1] = e.left, box[2] = e.height, box[3] = e.width;
-      }
-    }
+    if (b.erase.defined()) draw_erase_boxes(b, begin, indices);
     return;
   }
-  fill_stored(job, begin, end, indices);
+  if (opt_.uint8_batches) fill_stored_uint8(job, begin, end, indices);
+  else fill_stored(job, begin, end, indices);
+}
+
+// The boxes only, for rows [begin, begin + indices.size()): the step erases them once the images are
+// normalized on the device. The same boxes fill_stored erases in float batches.
+void Loader::draw_erase_boxes(Batch& b, int64_t begin, const std::vector<int64_t>& indices) const {
+  EraseOptions eo;
+  eo.p = opt_.augment.random_erasing;
+  int64_t* box = b.erase.data_ptr<int64_t>() + begin * 4;
+  for (size_t k = 0; k < indices.size(); ++k, box += 4) {
+    const EraseBox e = draw_erase_box(eo, shape_[1], shape_[2], opt_.seed, b.epoch, indices[k]);
+    box[0] = e.top, box[1] = e.left, box[2] = e.height, box[3] = e.width;
+  }
 }
 
 // Stored pixels: crop, flip, automatic augmentation (uint8), float and normalization, erasing.
@@ -345,6 +350,34 @@ void Loader::fill_stored(Job& job, int64_t begin, int64_t end, const std::vector
     }
     if (eo.p > 0) erase_chw(dst, C, H, W, draw_erase_box(eo, H, W, opt_.seed, b.epoch, indices[k]));
   }
+}
+
+// Stored pixels to uint8 batches: the crop, flip and automatic augmentation of fill_stored, then the
+// (C, H, W) planes interleaved into the batch's (H, W, C) row; no table, no erasing (the step does both).
+void Loader::fill_stored_uint8(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const {
+  Batch& b = job.batch;
+  const int64_t C = shape_[0], H = shape_[1], W = shape_[2], bytes = C * H * W;
+  thread_local std::vector<uint8_t> raw, crop;
+  raw.resize(static_cast<size_t>((end - begin) * bytes));
+  crop.resize(static_cast<size_t>(bytes));
+  dataset_->read_epoch(indices, b.epoch, raw.data(), b.labels.data_ptr<int64_t>() + begin, nullptr);
+  uint8_t* images = b.images.data_ptr<uint8_t>();  // channels_last: row k is (H, W, C)
+  for (int64_t k = 0; k < end - begin; ++k) {
+    const AugmentParams params = draw_augment(opt_.seed, b.epoch, indices[k], opt_.augment);
+    // Each channel plane as a one-channel HWC image: the crop and flip augment_image gives the float path.
+    for (int64_t c = 0; c < C; ++c)
+      augment_image_hwc(raw.data() + k * bytes + c * H * W, H, W, 1, params, opt_.augment.random_crop_padding,
+                        crop.data() + c * H * W);
+    if (space_)
+      auto_augment(ImageU8{crop.data(), C, H, W, /*hwc=*/false}, opt_.augment.auto_augment, *space_, opt_.seed,
+                   b.epoch, indices[k]);
+    uint8_t* dst = images + (begin + k) * bytes;
+    for (int64_t c = 0; c < C; ++c) {
+      const uint8_t* plane = crop.data() + c * H * W;
+      for (int64_t p = 0; p < H * W; ++p) dst[p * C + c] = plane[p];
+    }
+  }
+  if (b.erase.defined()) draw_erase_boxes(b, begin, indices);
 }
 
 // Splits a job into one part per worker and queues them; without workers, runs it here.

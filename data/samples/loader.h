@@ -15,7 +15,8 @@
 // bit-identical tensors. A dataset that decodes encoded images (PixelLayout::HWC: data/files/packed_images.h,
 // data/samples/image_folder.h) applies its own transform from (seed, e, i) in read_epoch(); its batches are
 // uint8 (B, C, H, W) in channels_last memory, and samples it could not decode are listed in
-// Batch::failures.
+// Batch::failures. Stored pixels give float32 (B, C, H, W) batches, normalized and erased here, or with
+// LoaderOptions::uint8_batches the same uint8 NHWC batches as decoded images.
 //
 // Epochs. In training mode (drop_last) an epoch ends when fewer than G samples remain, and those are
 // skipped; steps_per_epoch() = N / G. Without drop_last the last batch is partial. After the last
@@ -50,8 +51,9 @@ struct AugmentOptions {
   /// RandAugment or TrivialAugmentWide on the uint8 crop (stored pixels only: a dataset that decodes
   /// images applies it in its own transform, data/samples/image_sample.h's ImageTransform::auto_augment).
   AutoAugmentOptions auto_augment;
-  /// RandomErasing's probability (0 = off) on the normalized float image, value 0. Stored pixels: erased
-  /// here; decoded images: the boxes go out in Batch::erase and the step erases after normalizing.
+  /// RandomErasing's probability (0 = off) on the normalized float image, value 0. Stored pixels in float
+  /// batches: erased here; decoded images and uint8 batches (LoaderOptions::uint8_batches): the boxes go
+  /// out in Batch::erase and the step erases after normalizing.
   double random_erasing = 0;
 };
 
@@ -69,6 +71,11 @@ struct LoaderOptions {
   /// Skip an epoch's last incomplete global batch (training); false = include it (evaluation).
   bool drop_last = true;
   AugmentOptions augment;
+  /// Stored pixels leave as decoded images do: uint8 (B, C, H, W) in channels_last memory (NHWC), cropped,
+  /// flipped and auto-augmented but not normalized, with the random-erasing boxes in Batch::erase; the
+  /// step converts, normalizes and erases on the device (a quarter of float32's bytes cross to it). false:
+  /// float32 NCHW, normalized and erased here. Decoded datasets give uint8 either way.
+  bool uint8_batches = false;
   /// Allocate batch tensors in pinned (page-locked) host memory for asynchronous copies to the GPU.
   /// Takes effect only when LibTorch has CUDA and a GPU is present; otherwise ignored.
   bool pin_memory = false;
@@ -177,6 +184,8 @@ class Loader {
   torch::Tensor image_buffer(int64_t rows);
   void fill(Job& job, int64_t begin, int64_t end) const;
   void fill_stored(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const;
+  void fill_stored_uint8(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const;
+  void draw_erase_boxes(Batch& b, int64_t begin, const std::vector<int64_t>& indices) const;
   void run_parts(const std::shared_ptr<Job>& job);
   void top_up();
   void discard_in_flight();
@@ -186,6 +195,7 @@ class Loader {
   LoaderOptions opt_;
   std::array<int64_t, 3> shape_;
   bool decoded_ = false;  // the dataset decodes (layout HWC): uint8 NHWC batches, no augmentation here
+  bool uint8_ = false;    // uint8 NHWC batches: decoded_ or opt_.uint8_batches
   std::shared_ptr<const AugmentSpace> space_;  // stored pixels with an automatic augmentation
   int64_t n_;
   std::vector<float> table_;

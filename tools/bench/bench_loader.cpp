@@ -79,6 +79,7 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
   // The same options as the training loop's loader (trainer/run/setup.cpp).
   data::LoaderOptions lo = image_loader_options(cfg, workers);
   lo.pin_memory = pin_memory;
+  lo.uint8_batches = uint8_image_batches(cfg, torch::Device(pin_memory ? torch::kCUDA : torch::kCPU));
   data::Loader loader(ds, lo);
   for (int64_t i = 0; i < opts.warmup; ++i) loader.next();
   // CPU seconds of the whole process (the workers are its threads) over the timed batches, plus the one

@@ -68,6 +68,8 @@ std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
       {"data.randaugment_ops", &c.data.randaugment_ops, false},
       {"data.randaugment_magnitude", &c.data.randaugment_magnitude, false},
       {"data.random_erasing", &c.data.random_erasing, false},
+      {"data.uint8_batches", &c.data.uint8_batches, false},
+      {"data.fetch_ahead", &c.data.fetch_ahead, false},
       {"data.size", &c.data.size, false},
       {"data.eval_size", &c.data.eval_size, false},
       {"data.scale", &c.data.scale, false},
@@ -444,6 +446,8 @@ struct Checks {
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
     if (!(c.data.check_timeout_s > 0)) bad("data.check_timeout_s", "must be > 0");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
+    one_of("data.uint8_batches", c.data.uint8_batches, {"auto", "on", "off"});
+    one_of("data.fetch_ahead", c.data.fetch_ahead, {"auto", "on", "off"});
     augmentations(language_model);
     if (c.data.size < 1 || c.data.size > 4096) bad("data.size", "must be in [1, 4096]");
     if (c.data.eval_size < 0 || c.data.eval_size > 4096) bad("data.eval_size", "must be in [1, 4096], or 0 (= data.size)");

@@ -56,6 +56,14 @@ struct DataConfig {
   int64_t randaugment_ops = 2;                       ///< randaugment: operations per sample (num_ops)
   int64_t randaugment_magnitude = 9;                 ///< randaugment: magnitude bin in [0, 30] (of 31)
   double random_erasing = 0;                         ///< RandomErasing's probability after normalization (0 = off; training only)
+  /// Stored pixels (hdf5, synthetic images) in training batches: auto | on | off. on: uint8 NHWC, converted,
+  /// normalized and erased on the device, as decoded images always are (a quarter of the bytes to copy);
+  /// off: float32, normalized and erased by the loader; auto: on for a CUDA device, off elsewhere.
+  std::string uint8_batches = "auto";
+  /// The next step's batch fetched while the device runs this step, its copy queued on a side stream:
+  /// auto | on | off. auto: on for a CUDA device; on: also on the CPU (the same order, nothing to overlap);
+  /// off: each micro-batch crosses to the device inside its step, on the compute stream.
+  std::string fetch_ahead = "auto";
   int64_t size = 224;                                ///< packed_images, image_folder: side of a decoded sample
   /// packed_images, image_folder: side of an evaluation sample (0 = data.size). The published recipes train
   /// smaller than they test (RSB A3: 160 and 224; torchvision's: 176 and 224); a ResNet takes any size.

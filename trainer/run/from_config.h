@@ -63,6 +63,10 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
 /// Encoded-image datasets crop and flip in their own transform, so the loader's augmentation is off.
 data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers);
 
+/// Whether stored pixels (data.kind hdf5, synthetic images) reach the step as uint8 batches
+/// (data::LoaderOptions::uint8_batches): data.uint8_batches on, or auto on a CUDA `device`.
+bool uint8_image_batches(const Config& cfg, const torch::Device& device);
+
 /// Decoded (uint8) images are normalized on the device: x = (pixel / 255 - mean[c]) / std[c] with the
 /// training split's `stats`, or pixel / 255 alone when data.normalize is off.
 void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,

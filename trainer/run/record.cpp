@@ -30,8 +30,10 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
   samples_seen_ += cfg_.train.global_batch;
   // Where the next step's samples start: what a checkpoint records (in samples, not batches, so a
   // resume may use any micro-batch).
-  epoch_ = loader_->state().epoch;
-  position_ = loader_->state().position;
+  // The loader's state after this step's batch, taken when it was fetched: the loader itself may already
+  // be past the next step's (fetched ahead).
+  epoch_ = batch_after_.epoch;
+  position_ = batch_after_.position;
 
   window_time_ += step_time + data_wait_s_;
   ++window_steps_;

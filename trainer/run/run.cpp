@@ -2,6 +2,10 @@
 //
 //   setup -> resume -> start -> [ fetch -> poll -> step -> record -> ema -> evaluate -> sample -> agree on save/stop ]* -> finish
 //
+// Under data.fetch_ahead (on by default for a CUDA device), the step fetches the next step's batch and
+// queues its copy to the device (fetch_ahead, BatchStager) once its own work is queued and before it
+// waits for its values; the next fetch then takes that batch.
+//
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
 //
@@ -14,6 +18,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <functional>
 
 #include "common/clock.h"
 #include "common/compat.h"
@@ -60,10 +65,14 @@ int TrainingRun::run_stages() {
       }
       if (need_pretune_) pretune(*batch);
       const auto t0 = std::chrono::steady_clock::now();
+      ahead_wait_s_ = 0;
       StepResult r = step_runner_->run(*batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
                                                                          warmup_steps_),
-                                       agreed_limit_);
-      record(r, *batch, seconds_since(t0));
+                                       agreed_limit_, fetch_ahead_on_ ? std::function<void()>([this] { fetch_ahead(); })
+                                                                      : std::function<void()>());
+      // The time in the loader for the next step's batch is data time, as a wait for this one's is.
+      data_wait_s_ += ahead_wait_s_;
+      record(r, *batch, seconds_since(t0) - ahead_wait_s_);
       update_ema();
       maybe_evaluate();
       maybe_sample();
@@ -108,21 +117,57 @@ void TrainingRun::start(bool resumed) {
   telemetry_.set_ready(true);
 }
 
-std::optional<data::Batch> TrainingRun::fetch() {
-  RECORD_USER_SCOPE("trainer.fetch");
+TrainingRun::Fetched TrainingRun::fetch_next() {
+  Fetched f;
   const auto t = std::chrono::steady_clock::now();
-  data::Batch batch;
   try {
-    batch = loader_->next();
+    data::Batch batch = loader_->next();
+    f.after = loader_->state();
+    f.batch = stager_->stage(std::move(batch));  // on the host still where the device has no room for it
   } catch (const std::exception& e) {
     // The batch's tensors count against the cap. No rung of the ladder makes room for them (it shrinks
     // activations, which are gone between steps): the live bytes alone are over the cap.
     if (!is_oom_error(e)) throw;
-    batch_oom_ = error_message(e);
+    f.oom = error_message(e);
+  }
+  f.wait_s = seconds_since(t);
+  return f;
+}
+
+std::optional<data::Batch> TrainingRun::fetch() {
+  RECORD_USER_SCOPE("trainer.fetch");
+  Fetched f;
+  if (ahead_) {
+    f = std::move(*ahead_);
+    ahead_.reset();
+    if (f.error) std::rethrow_exception(f.error);
+    f.wait_s = 0;  // counted in the step that fetched it
+  } else {
+    f = fetch_next();
+  }
+  data_wait_s_ = f.wait_s;
+  if (!f.batch) {
+    batch_oom_ = f.oom;
     return std::nullopt;
   }
-  data_wait_s_ = seconds_since(t);
-  return batch;
+  batch_after_ = f.after;
+  stager_->ready(*f.batch);
+  return f.batch;
+}
+
+void TrainingRun::fetch_ahead() {
+  // Not after the last step (the loader would move past what the final checkpoint records), nor when a
+  // stop is on its way.
+  if (ahead_ || step_ + 1 >= total_steps_ || stop_requested()) return;
+  RECORD_USER_SCOPE("trainer.fetch_ahead");
+  const auto t = std::chrono::steady_clock::now();
+  try {
+    ahead_ = fetch_next();
+  } catch (...) {  // a broken dataset is the next step's error: this step completes and is recorded first
+    ahead_.emplace();
+    ahead_->error = std::current_exception();
+  }
+  ahead_wait_s_ = seconds_since(t);
 }
 
 EvalResult TrainingRun::evaluate() {

@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,7 @@
 #include "trainer/observe/telemetry.h"
 #include "trainer/observe/tensorboard.h"
 #include "trainer/run/train.h"
+#include "trainer/step/batch_stager.h"
 #include "trainer/step/evaluate.h"
 #include "trainer/step/step.h"
 #include "trainer/track/tracker.h"
@@ -115,7 +117,12 @@ class TrainingRun {
 
   // run.cpp
   void start(bool resumed);
-  std::optional<data::Batch> fetch();  // nullopt: the batch did not fit under the cap (batch_oom_)
+  /// This step's batch, staged for the device and ready on the compute stream: the one fetched ahead
+  /// during the last step, else the loader's next. nullopt: it did not fit under the cap (batch_oom_).
+  std::optional<data::Batch> fetch();
+  /// Step::run's while_device_runs under data.fetch_ahead: the next step's batch fetched and its copy to
+  /// the device queued (BatchStager) while the device finishes this one. Not after the last step.
+  void fetch_ahead();
   void maybe_evaluate();
   std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
   void update_ema();  // train.ema_decay: after each optimizer step (ModelEma::update decides if it is due)
@@ -260,9 +267,24 @@ class TrainingRun {
     std::chrono::steady_clock::time_point started;
   };
   std::optional<PendingSave> pending_save_;
+  // The input path (run.cpp): the loader's next batch, staged, and where the loader stands after it.
+  struct Fetched {
+    std::optional<data::Batch> batch;  // nullopt: it did not fit under the cap (`oom` says why)
+    std::string oom;
+    data::LoaderState after;           // the loader's state after this batch: what a checkpoint of its step records
+    double wait_s = 0;                 // the host's time in the loader and the staging
+    std::exception_ptr error;          // fetch_ahead(): what fetch() rethrows for the step that needs the batch
+  };
+  Fetched fetch_next();
+  std::unique_ptr<BatchStager> stager_;  // batches to the device on a side stream (CUDA), else as they are
+  bool fetch_ahead_on_ = false;          // data.fetch_ahead, resolved
+  std::optional<Fetched> ahead_;         // the next step's batch, fetched during this step
+  double ahead_wait_s_ = 0;              // this step's time in fetch_ahead()
+  data::LoaderState batch_after_;        // the loader's state after the batch of the step in progress
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
   std::string batch_oom_;             // why this rank's batch did not fit under the cap
-  double data_wait_s_ = 0;            // time the last step waited for its batch
+  double data_wait_s_ = 0;            // the last step's time in the loader: its own batch and the next one's
+                                      // (fetched ahead); not in step_time_s
   double window_time_ = 0;            // seconds of the steps since the last log line
   int64_t window_steps_ = 0;
 };

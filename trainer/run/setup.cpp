@@ -286,7 +286,11 @@ void TrainingRun::setup_data() {
     lo.rank = env_.rank;
     lo.world_size = env_.world_size;
     lo.pin_memory = device_.is_cuda();
-    if (encoded_image_job(cfg_)) set_input_normalization(forward_, train_images_->meta(), cfg_.data.normalize, device_);
+    lo.uint8_batches = uint8_image_batches(cfg_, device_);
+    // uint8 batches are normalized on the device with the training split's mean/std: for stored pixels the
+    // very values the loader's float table takes (meta()). Float batches pass through as they are.
+    if (encoded_image_job(cfg_) || lo.uint8_batches)
+      set_input_normalization(forward_, train_images_->meta(), cfg_.data.normalize, device_);
     loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
     auto sh = train_images_->sample_shape();
     sample_shape_ = {sh[0], sh[1], sh[2]};
@@ -419,6 +423,11 @@ void TrainingRun::setup_step() {
   }
   if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
     spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
+  // The input path (data.fetch_ahead): auto fetches the next step's batch during this one where there is a
+  // copy to overlap, a CUDA device; `on` keeps that order on the CPU too. Off: each micro-batch crosses to
+  // the device inside the step, on the compute stream.
+  fetch_ahead_on_ = cfg_.data.fetch_ahead == "on" || (cfg_.data.fetch_ahead == "auto" && device_.is_cuda());
+  stager_ = std::make_unique<BatchStager>(device_, fetch_ahead_on_);
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;
   if (need_micro_batch_search_ && agreed_limit_ == 0)

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <optional>
 #include <set>
+#include <utility>
 
 namespace trainer {
 
@@ -289,7 +290,13 @@ torch::Tensor Step::queue_update(const torch::Tensor& loss_sum, const torch::Ten
   return values;
 }
 
+void Step::while_device_runs() {
+  const std::function<void()>* f = std::exchange(while_device_runs_, nullptr);
+  if (f && *f) (*f)();
+}
+
 void Step::read_queued_values(StepResult& r) {
+  while_device_runs();
   const HostValues host = unpack_step_values(readback_.wait(), /*with_loss=*/true);
   r.loss = host.loss;
   r.grad_norm = host.grad_norm;
@@ -314,6 +321,7 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
   // copy (PyTorch's GradScaler reads found_inf on its own, and the loss after it: two syncs).
   if (!p_.dist && o_.skip_on_device && p_.optimizer->skips_on_device())
     return update_then_read(passes.loss_sum, passes.norm, lr, r);
+  while_device_runs();  // the device still runs the backward's tail and the norm
   const HostValues host = read_step_values(p_.dist ? torch::Tensor() : passes.loss_sum, passes.norm);
   r.loss = p_.dist ? passes.global_loss : host.loss;  // data parallel: summed over the ranks by agree_on_oom
   r.grad_norm = host.grad_norm;
@@ -496,8 +504,16 @@ void Step::log_graph_events(int64_t step) {
   }
 }
 
-StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t limit) {
+StepResult Step::run(const data::Batch& batch, int64_t step, double lr, int64_t limit,
+                     const std::function<void()>& while_device_runs) {
   RECORD_USER_SCOPE("trainer.step");
+  // Called at most once, in the attempt that completes or one that fails after its values were read (the
+  // batch it fetched is the next step's whatever this one's retries do).
+  while_device_runs_ = &while_device_runs;
+  struct Forget {
+    const std::function<void()>*& f;
+    ~Forget() { f = nullptr; }
+  } forget{while_device_runs_};
   // Samples that could not be decoded are in the batch as zero images with an ignored label (the dataset
   // logged each one); each is also a metrics event, once per step whatever the retries.
   for (const auto& f : batch.failures) {

@@ -241,7 +241,11 @@ class Step {
   /// learning rate `lr`. `limit` is the memory cap the ladder decides against (the lowest over ranks;
   /// 0 = none). Out of memory: writes a memory report, restores the snapshot, takes the next rung and
   /// retries; OomGaveUp when no rung is left. Any other error propagates.
-  StepResult run(const data::Batch& batch, int64_t step, double lr, int64_t limit);
+  /// `while_device_runs`, if given, is called once, in the completed attempt, when the step's work is
+  /// queued and before the host waits for its values: the run fetches and stages the next step's batch
+  /// there (TrainingRun's fetch-ahead), while the device finishes this one. It must not throw.
+  StepResult run(const data::Batch& batch, int64_t step, double lr, int64_t limit,
+                 const std::function<void()>& while_device_runs = {});
 
   /// `train.micro_batch: auto`: the largest micro-batch in [min_micro_batch, the batch's size] whose
   /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
@@ -312,6 +316,8 @@ class Step {
                              bool read_now);
   /// Waits for the values queue_update or a replay sent to the host; fills r and counts an applied update.
   void read_queued_values(StepResult& r);
+  /// Calls run()'s `while_device_runs` if it has not been called in this run() yet.
+  void while_device_runs();
   // ---- the step as a CUDA graph (GraphPolicy, StepGraph) ----
   /// The key of a step over `batch` under `limit` at the controller's current layout.
   GraphKey graph_key(const data::Batch& batch, int64_t limit) const;
@@ -376,6 +382,7 @@ class Step {
   GraphPolicy graph_policy_;
   StepGraph graph_;
   MixDraw mix_;  // this step's Mixup/CutMix draw (empty: nothing mixed)
+  const std::function<void()>* while_device_runs_ = nullptr;  // run()'s, until called
 };
 
 }  // namespace trainer
