@@ -6,8 +6,11 @@ alternating rounds (A B, then B A, ...), on the same job.
           [--name NAME] [--rounds 1] [--warmup 10] [--steps 20] [--trainer build/trainer]
           [--workdir DIR] [--out RESULT.json]
 
-Per round it prints each side's step time p50 and speedup = A's step time p50 / B's (above 1.0: B is
-faster); at the end the median over the rounds. The result JSON (schema "trainer-bench-ab/1") holds every
+Per round it prints each side's samples/s by wall time over the timed steps (`samples_per_s_aggregate`:
+the data wait and everything between the steps included) and speedup = B's / A's (above 1.0: B is faster),
+the basis of every speed figure; the step-time ratio (A's median step time / B's, which leaves out what
+happens between steps) is kept beside it as `speedup_b_step_p50`. At the end the medians over the rounds.
+The result JSON (schema "trainer-bench-ab/2"; /1 had the step-time ratio as `speedup_b`) holds every
 round's figures, the commands and the result files (in --workdir, kept). docs/BENCHMARKS.md, "Profiling
 a step", lists the switches worth measuring. Needs only the standard library.
 """
@@ -20,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-SCHEMA = "trainer-bench-ab/1"
+SCHEMA = "trainer-bench-ab/2"
 KEYS = ("step_time_s_p50", "step_time_s_p90", "step_time_s_min", "samples_per_s_median", "samples_per_s_aggregate",
         "tokens_per_s_median", "mfu", "mem_peak_bytes", "loss_first", "loss_last", "timed_steps")
 
@@ -79,14 +82,17 @@ def main():
             res = run(cmd, out)
             row[side] = {k: res.get(k) for k in KEYS}
             row[side]["file"] = out
-        row["speedup_b"] = row["a"]["step_time_s_p50"] / row["b"]["step_time_s_p50"]
+        row["speedup_b"] = row["b"]["samples_per_s_aggregate"] / row["a"]["samples_per_s_aggregate"]
+        row["speedup_b_step_p50"] = row["a"]["step_time_s_p50"] / row["b"]["step_time_s_p50"]
         rounds.append(row)
-        print("%sround %d (%s): A step p50 %.4f s, B %.4f s: B is %.3fx A's speed"
-              % (args.name + ": " if args.name else "", r, row["order"], row["a"]["step_time_s_p50"],
-                 row["b"]["step_time_s_p50"], row["speedup_b"]), flush=True)
+        print("%sround %d (%s): A %.1f samples/s, B %.1f (wall time): B is %.3fx A's speed (step p50: %.3fx)"
+              % (args.name + ": " if args.name else "", r, row["order"], row["a"]["samples_per_s_aggregate"],
+                 row["b"]["samples_per_s_aggregate"], row["speedup_b"], row["speedup_b_step_p50"]), flush=True)
     summary = {"schema": SCHEMA, "name": args.name, "config_file": args.config, "overrides": args.set,
                "a": args.a, "b": args.b, "warmup": args.warmup, "steps": args.steps, "rounds": rounds,
-               "median_speedup_b": statistics.median(x["speedup_b"] for x in rounds), "commands": commands,
+               "median_speedup_b": statistics.median(x["speedup_b"] for x in rounds),
+               "median_speedup_b_step_p50": statistics.median(x["speedup_b_step_p50"] for x in rounds),
+               "basis": "wall time over the timed steps", "commands": commands,
                "workdir": workdir}
     first = json.load(open(rounds[0]["a"]["file"]))
     for k in ("model", "global_batch", "precision", "device", "device_name", "date", "versions"):

@@ -246,6 +246,10 @@ fixes_phase() {
     # shellcheck disable=SC2206
     local sets=($job)
     local pairs=()
+    # The input path (data.fetch_ahead, data.uint8_batches; `on` rather than auto so that the CPU mode
+    # rehearses the same machinery): off, each micro-batch crosses as float32 on the compute stream inside
+    # its step; on, the next step's uint8 batch crosses on a side stream while this step runs.
+    pairs+=("input|data.fetch_ahead=off,data.uint8_batches=off|data.fetch_ahead=on,data.uint8_batches=on")
     [[ $name == resnet50 ]] && pairs+=("snapshot|train.snapshot=per_buffer|train.snapshot=batched")
     [[ $name == gpt2 ]] && pairs+=("fused_bias|model.fused_bias=false|model.fused_bias=true"
       "fused_loss|train.fused_loss=false|train.fused_loss=true")
@@ -470,6 +474,15 @@ for f in ("speed_resnet50.json", "speed_gpt2.json"):
                                 "trainer_over_compiled": entry["trainer_samples_per_s"] / cs
                                 if cs and entry["trainer_samples_per_s"] else None}
     s[f.replace(".json", "")] = entry
+# The input path's gain (the fixes phase's `input` pairs): the trainer alone, uint8 batches fetched ahead and
+# copied on a side stream against float32 copied inside the step, by wall time.
+for job in ("resnet50", "gpt2"):
+    r = load("fixes_%s_input.json" % job)
+    if r:
+        s.setdefault("input_path", {})[job] = {
+            k: r.get(k) for k in ("a", "b", "median_speedup_b", "median_speedup_b_step_p50", "basis", "device_name",
+                                  "global_batch", "precision", "date")}
+        s["input_path"][job]["per_round"] = [x.get("speedup_b") for x in r.get("rounds", [])]
 
 # The floors and goals of the window (trainer and reference in one run on one GPU, by wall time); each
 # judged on a CUDA host only: `met` and `goal_met` are null in CPU mode or where the figure is missing.

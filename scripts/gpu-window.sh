@@ -10,13 +10,14 @@
 #                                                 (about 220 s); the cut, backoff and grow-back of the
 #                                                 default cuDNN policy with CUDA graphs on, the default
 #                                                 auto search and its check first (budget 120 s)
-#   2     profile jpeg compile summary            about 5 min: the profile tables, ResNet-50 from packed
-#                                                 JPEGs against synthetic batches, then torch.compile as a
-#                                                 second reference if the deadline leaves room (each
-#                                                 model under TRAINER_COMPILE_TIMEOUT_S, 120 s); `share`
-#                                                 and `fixes` run only when listed
+#   2     profile jpeg fixes compile summary      about 6 min: the profile tables, ResNet-50 from packed
+#                                                 JPEGs against synthetic batches, the input path off and
+#                                                 on (the fixes phase's `input` pairs only, about 50 s),
+#                                                 then torch.compile as a second reference if the deadline
+#                                                 leaves room (each model under TRAINER_COMPILE_TIMEOUT_S,
+#                                                 120 s); `share` and the other fixes run only when listed
 #
-# The two parts together stay near 11.5 min of device time, so that with the machine's start they fit
+# The two parts together stay near 12.5 min of device time, so that with the machine's start they fit
 # a 15-minute window.
 #
 # Everything is written to WORK (default /tmp/trainer-window), outside PACK, and kept there between the
@@ -38,7 +39,8 @@ cd "$(dirname "$0")/.."
 pack=$1 part=$2 work=${3:-/tmp/trainer-window}
 case $part in
   1) phases=(env tests speed cap) ;;
-  2) phases=(profile jpeg compile summary) ;;
+  2) phases=(profile jpeg fixes compile summary)
+     export TRAINER_FIXES_ONLY=${TRAINER_FIXES_ONLY:-resnet50_input,gpt2_input} ;;
   all) phases=(env tests speed cap profile jpeg compile share fixes summary) ;;
   *[a-z]*) IFS=, read -ra phases <<<"$part" ;;  # gpu-check.sh refuses a phase it does not know
   *) echo "error: part '$part': 1, 2, all or a list of phases" >&2; exit 2 ;;

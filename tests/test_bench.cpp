@@ -952,6 +952,10 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   const json s = read_json(out + "/summary.json");
   EXPECT_EQ(s["mode"], "cpu");
   for (const char* phase : {"env", "tests", "cap", "speed", "jpeg", "share"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
+  // The input path off and on (the fixes phase's `input` pairs): in CPU mode the same machinery with nothing
+  // to overlap, so only that the figure is there.
+  for (const char* job : {"resnet50", "gpt2"})
+    EXPECT_GT(s["input_path"][job]["median_speedup_b"].get<double>(), 0.0) << job << ": " << s.value("input_path", json());
 
   EXPECT_GE(s["tests"]["run"].get<int>(), 20);
   EXPECT_TRUE(s["tests"]["failed"].empty()) << s["tests"];
@@ -1068,9 +1072,10 @@ TEST_F(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
                         Case{"resnet50_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
                         Case{"gpt2_optimizer", "implementation: \"auto\"", "implementation: \"foreach\""},
                         Case{"gpt2_vocab", "vocab_multiple: 1\n", "vocab_multiple: 64\n"},
-                        Case{"gpt2_fused_bias", "fused_bias: false\n", "fused_bias: true\n"}}) {
+                        Case{"gpt2_fused_bias", "fused_bias: false\n", "fused_bias: true\n"},
+                        Case{"resnet50_input", "fetch_ahead: \"off\"", "fetch_ahead: \"on\""},
+                        Case{"gpt2_input", "fetch_ahead: \"off\"", "fetch_ahead: \"on\""}}) {
     const json j = read_json(out + "/fixes_" + c.file + ".json");
-    EXPECT_EQ(j["schema"], "trainer-bench-ab/1");
     ASSERT_EQ(j["rounds"].size(), 1u) << c.file;
     EXPECT_GT(j["median_speedup_b"].get<double>(), 0.0) << c.file;
     const json& round = j["rounds"][0];
@@ -1079,8 +1084,20 @@ TEST_F(GpuCheck, FixesPhaseInCpuModeRunsEachSwitchOffAndOn) {
     };
     EXPECT_NE(config_of("a").find(c.a), std::string::npos) << c.file;
     EXPECT_NE(config_of("b").find(c.b), std::string::npos) << c.file;
-    EXPECT_DOUBLE_EQ(round["speedup_b"].get<double>(),
+    // By wall time over the timed steps, as every speed figure; the step-time ratio beside it.
+    EXPECT_EQ(j["schema"], "trainer-bench-ab/2");
+    EXPECT_DOUBLE_EQ(round["speedup_b"].get<double>(), round["b"]["samples_per_s_aggregate"].get<double>() /
+                                                          round["a"]["samples_per_s_aggregate"].get<double>());
+    EXPECT_DOUBLE_EQ(round["speedup_b_step_p50"].get<double>(),
                      round["a"]["step_time_s_p50"].get<double>() / round["b"]["step_time_s_p50"].get<double>());
+  }
+  // The input pairs' sides: uint8 batches and the fetch-ahead on one side only.
+  for (const char* job : {"resnet50_input", "gpt2_input"}) {
+    const json round = read_json(out + "/fixes_" + job + ".json")["rounds"][0];
+    EXPECT_NE(read_json(round["a"]["file"].get<std::string>())["config_yaml"].get<std::string>().find(
+                  "uint8_batches: \"off\""), std::string::npos) << job;
+    EXPECT_NE(read_json(round["b"]["file"].get<std::string>())["config_yaml"].get<std::string>().find(
+                  "uint8_batches: \"on\""), std::string::npos) << job;
   }
 }
 
