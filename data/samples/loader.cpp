@@ -323,6 +323,18 @@ void Loader::draw_erase_boxes(Batch& b, int64_t begin, const std::vector<int64_t
   }
 }
 
+// The uint8 part of a stored sample's augmentation, src to out, both (C, H, W): the crop and flip (each
+// channel plane as a one-channel HWC image; what augment_image does on the way to float), then the
+// automatic augmentation if one is configured.
+void Loader::augment_u8(const uint8_t* src, const AugmentParams& params, int64_t epoch, int64_t index,
+                        uint8_t* out) const {
+  const int64_t C = shape_[0], H = shape_[1], W = shape_[2];
+  for (int64_t c = 0; c < C; ++c)
+    augment_image_hwc(src + c * H * W, H, W, 1, params, opt_.augment.random_crop_padding, out + c * H * W);
+  if (space_)
+    auto_augment(ImageU8{out, C, H, W, /*hwc=*/false}, opt_.augment.auto_augment, *space_, opt_.seed, epoch, index);
+}
+
 // Stored pixels: crop, flip, automatic augmentation (uint8), float and normalization, erasing.
 void Loader::fill_stored(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const {
   Batch& b = job.batch;
@@ -338,12 +350,8 @@ void Loader::fill_stored(Job& job, int64_t begin, int64_t end, const std::vector
     const int64_t padding = opt_.augment.random_crop_padding;
     float* dst = images + (begin + k) * bytes;
     if (space_) {
-      // The crop and flip stay uint8 (each channel plane as a one-channel HWC image), then the ops.
       crop.resize(static_cast<size_t>(bytes));
-      for (int64_t c = 0; c < C; ++c)
-        augment_image_hwc(raw.data() + k * bytes + c * H * W, H, W, 1, params, padding, crop.data() + c * H * W);
-      auto_augment(ImageU8{crop.data(), C, H, W, /*hwc=*/false}, opt_.augment.auto_augment, *space_, opt_.seed,
-                   b.epoch, indices[k]);
+      augment_u8(raw.data() + k * bytes, params, b.epoch, indices[k], crop.data());
       augment_image(crop.data(), shape_, AugmentParams{}, 0, table_.data(), dst);
     } else {
       augment_image(raw.data() + k * bytes, shape_, params, padding, table_.data(), dst);
@@ -364,13 +372,7 @@ void Loader::fill_stored_uint8(Job& job, int64_t begin, int64_t end, const std::
   uint8_t* images = b.images.data_ptr<uint8_t>();  // channels_last: row k is (H, W, C)
   for (int64_t k = 0; k < end - begin; ++k) {
     const AugmentParams params = draw_augment(opt_.seed, b.epoch, indices[k], opt_.augment);
-    // Each channel plane as a one-channel HWC image: the crop and flip augment_image gives the float path.
-    for (int64_t c = 0; c < C; ++c)
-      augment_image_hwc(raw.data() + k * bytes + c * H * W, H, W, 1, params, opt_.augment.random_crop_padding,
-                        crop.data() + c * H * W);
-    if (space_)
-      auto_augment(ImageU8{crop.data(), C, H, W, /*hwc=*/false}, opt_.augment.auto_augment, *space_, opt_.seed,
-                   b.epoch, indices[k]);
+    augment_u8(raw.data() + k * bytes, params, b.epoch, indices[k], crop.data());
     uint8_t* dst = images + (begin + k) * bytes;
     for (int64_t c = 0; c < C; ++c) {
       const uint8_t* plane = crop.data() + c * H * W;

@@ -185,6 +185,7 @@ class Loader {
   void fill(Job& job, int64_t begin, int64_t end) const;
   void fill_stored(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const;
   void fill_stored_uint8(Job& job, int64_t begin, int64_t end, const std::vector<int64_t>& indices) const;
+  void augment_u8(const uint8_t* src, const AugmentParams& params, int64_t epoch, int64_t index, uint8_t* out) const;
   void draw_erase_boxes(Batch& b, int64_t begin, const std::vector<int64_t>& indices) const;
   void run_parts(const std::shared_ptr<Job>& job);
   void top_up();

@@ -123,9 +123,21 @@ data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers) {
   return lo;
 }
 
+namespace {
+// An auto | on | off key whose auto means on for a CUDA device.
+bool on_for_cuda(const std::string& value, const torch::Device& device) {
+  return value == "on" || (value == "auto" && device.is_cuda());
+}
+}  // namespace
+
 bool uint8_image_batches(const Config& cfg, const torch::Device& device) {
   // On the CPU the float path is as fast and keeps older runs' numbers; on a GPU a quarter of the bytes cross.
-  return cfg.data.uint8_batches == "on" || (cfg.data.uint8_batches == "auto" && device.is_cuda());
+  return on_for_cuda(cfg.data.uint8_batches, device);
+}
+
+bool fetches_ahead(const Config& cfg, const torch::Device& device) {
+  // Where there is a copy to overlap; `on` keeps the order on the CPU too.
+  return on_for_cuda(cfg.data.fetch_ahead, device);
 }
 
 void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,

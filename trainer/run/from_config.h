@@ -67,6 +67,10 @@ data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers);
 /// (data::LoaderOptions::uint8_batches): data.uint8_batches on, or auto on a CUDA `device`.
 bool uint8_image_batches(const Config& cfg, const torch::Device& device);
 
+/// Whether each step fetches the next step's batch and queues its copy while the device runs it
+/// (TrainingRun's fetch-ahead, BatchStager): data.fetch_ahead on, or auto on a CUDA `device`.
+bool fetches_ahead(const Config& cfg, const torch::Device& device);
+
 /// Decoded (uint8) images are normalized on the device: x = (pixel / 255 - mean[c]) / std[c] with the
 /// training split's `stats`, or pixel / 255 alone when data.normalize is off.
 void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& stats, bool normalize,

@@ -423,10 +423,8 @@ void TrainingRun::setup_step() {
   }
   if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
     spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
-  // The input path (data.fetch_ahead): auto fetches the next step's batch during this one where there is a
-  // copy to overlap, a CUDA device; `on` keeps that order on the CPU too. Off: each micro-batch crosses to
-  // the device inside the step, on the compute stream.
-  fetch_ahead_on_ = cfg_.data.fetch_ahead == "on" || (cfg_.data.fetch_ahead == "auto" && device_.is_cuda());
+  // The input path: off, each micro-batch crosses to the device inside the step, on the compute stream.
+  fetch_ahead_on_ = fetches_ahead(cfg_, device_);
   stager_ = std::make_unique<BatchStager>(device_, fetch_ahead_on_);
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;
