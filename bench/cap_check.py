@@ -31,7 +31,7 @@ The job's defaults (memory.cudnn_policy, memory.auto_search, train.cuda_graph) a
 so that the figures of the defaults (recovery with CUDA graphs on where the default takes them) come first
 within the budget; the other policies and searches after.
 
-cuDNN chooses a convolution's algorithm once per shape and process (trainer/memory/cudnn_policy.h), so
+cuDNN chooses a convolution's algorithm once per shape and process (trainer/step/cudnn_policy.h), so
 every policy's run is a fresh process. Before a stage starts, its time is estimated from the runs so far;
 a stage that would end past --budget-s is skipped and listed, and each process is killed at the budget.
 The JSON is rewritten after every stage, so whatever ran is in it even if the phase is killed. Exit 1 if
@@ -501,7 +501,7 @@ class Check:
         # Why the search chose its size (the event's other fields: a faster size than the largest, say).
         out["event"] = {k: v for k, v in e.items() if k not in ("trace", "event")}
         # memory.auto_search: auto writes the speed choice as speed.{micro_batch, largest, table, reason}
-        # (trainer/memory/auto_search.h); a start below the largest that fits is the speed choice's.
+        # (trainer/step/search_choice.h); a start below the largest that fits is the speed choice's.
         speed = e.get("speed") or {}
         why = speed.get("reason") if isinstance(speed, dict) else None
         out["why"] = why

@@ -10,6 +10,7 @@
 #include "data/samples/image_folder.h"
 #include "data/samples/loader.h"
 #include "test_util.h"
+#include "trainer/mix/device_augment.h"
 #include "trainer/step/step.h"
 
 #include <cmath>

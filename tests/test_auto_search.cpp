@@ -1,7 +1,7 @@
-// memory.auto_search: auto (trainer/memory/auto_search.h): which search after the first two probes, timed
+// memory.auto_search: auto (trainer/step/search_choice.h): which search after the first two probes, timed
 // with a fake clock on a simulated device whose passes cost a known fixed + per-sample time; and which
 // size among those that fit, from a speed table. Every expected figure is worked by hand here.
-#include "trainer/memory/auto_search.h"
+#include "trainer/step/search_choice.h"
 
 #include <gtest/gtest.h>
 

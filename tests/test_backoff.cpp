@@ -19,6 +19,7 @@
 #include "trainer/memory/report.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/run/from_config.h"
+#include "trainer/step/search.h"
 #include "trainer/step/step.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
@@ -255,13 +256,13 @@ TEST(CudnnStep, PretuneTimesTheLaddersSizesAndTrainsNothing) {
   std::map<std::string, torch::Tensor> reference;
   {
     Rig plain(small_job("start"), kSmall);
-    EXPECT_TRUE(plain.step->pretune(plain.batch(1), 0).tuned.empty()) << "only in pretune mode";
+    EXPECT_TRUE(trainer::MicroBatchSearcher(*plain.step).pretune(plain.batch(1), 0).tuned.empty()) << "only in pretune mode";
     for (int64_t s = 1; s <= 2; ++s) losses.push_back(plain.run(s, 0).loss);
     reference = plain.weights();
   }
   Rig tuned(small_job("pretune"), kSmall);
   auto before = tuned.weights();
-  const trainer::Pretune p = tuned.step->pretune(tuned.batch(1), 0);
+  const trainer::Pretune p = trainer::MicroBatchSearcher(*tuned.step).pretune(tuned.batch(1), 0);
   EXPECT_EQ(p.tuned, V({8, 4, 2}));
   EXPECT_TRUE(p.skipped.empty());
   EXPECT_TRUE(testutil::bitwise_equal(before, tuned.weights())) << "pretune changed the weights or BN statistics";
@@ -330,7 +331,7 @@ TEST(AutoSearch, TheCurveFindsNinetyPercentOfTheExhaustiveAnswerInFewProbes) {
       parts.reporter = r.reporter.get();
       trainer::Step s(parts, trainer::step_options(c, r.device),
                       trainer::make_controller(trainer::micro_batch_options(c, G), cap));
-      return s.find_micro_batch(b, 1, cap);
+      return trainer::MicroBatchSearcher(s).find(b, 1, cap);
     };
     const trainer::MicroBatchSearch curve = search("curve"), doubling = search("doubling");
     EXPECT_EQ(curve.method, "curve");
@@ -463,7 +464,7 @@ TEST(AutoSearch, AStopEndsTheProbeAtABlockAndItsFindingsResumeTheSearch) {
     parts.reporter = r.reporter.get();
     trainer::Step s(parts, trainer::step_options(cfg, r.device),
                     trainer::make_controller(trainer::micro_batch_options(cfg, G), cap));
-    return s.find_micro_batch(b, 1, cap, 0, control);
+    return trainer::MicroBatchSearcher(s).find(b, 1, cap, 0, control);
   };
   auto sizes_of = [](const json& trace) {
     V v;
@@ -743,7 +744,7 @@ TEST(AutoSearch, AnOomInBackwardLeavesNothingHeldForTheNextAttempt) {
     r.memory->set_limit(cap);
     const data::Batch b = r.batch(2);
     const auto held = r.memory->current_bytes();
-    const auto found = r.step->find_micro_batch(b, G, cap);  // the floor is the whole batch: one probe
+    const auto found = trainer::MicroBatchSearcher(*r.step).find(b, G, cap);  // the floor is the whole batch: one probe
     ASSERT_EQ(found.trace.size(), 1u);
     EXPECT_FALSE(found.trace[0]["fits"].get<bool>());
     EXPECT_EQ(r.memory->current_bytes(), held) << "the failed probe left tensors held";

@@ -1,4 +1,4 @@
-// The cuDNN policy (trainer/memory/cudnn_policy.h) as pure logic: for every mode, which attempt runs with
+// The cuDNN policy (trainer/step/cudnn_policy.h) as pure logic: for every mode, which attempt runs with
 // cuDNN's benchmark flag on, which sizes are first used and which timed, the rerun of a timing that ran
 // out of memory, pretune's sizes, and the records. Hand-worked sequences, no model and no GPU; the step's
 // use of it under a real cap is in test_backoff.cpp.
@@ -6,7 +6,7 @@
 
 #include "test_util.h"
 #include "trainer/config/config.h"
-#include "trainer/memory/cudnn_policy.h"
+#include "trainer/step/cudnn_policy.h"
 #include "trainer/run/from_config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

@@ -1,4 +1,4 @@
-// The CUDA graph policy (trainer/memory/graph_policy.h) as pure logic: which jobs can capture, when a
+// The CUDA graph policy (trainer/step/graph_policy.h) as pure logic: which jobs can capture, when a
 // layout is captured (after its warmup), what makes a held graph stale (the micro-batches, checkpointing,
 // the batch's shape, a cut limit), what an OOM and a failed capture do, and the records. Hand-worked
 // sequences, no model and no GPU; the step's use of it on a GPU is in test_step.cpp
@@ -6,7 +6,7 @@
 // test_hostile.cpp.
 #include <gtest/gtest.h>
 
-#include "trainer/memory/graph_policy.h"
+#include "trainer/step/graph_policy.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_graph_policy {

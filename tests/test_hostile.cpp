@@ -42,7 +42,7 @@
 #include "trainer/checkpoint/weights.h"
 #include "trainer/memory/curve.h"
 #include "trainer/memory/resources.h"
-#include "trainer/memory/search_findings.h"
+#include "trainer/step/search_findings.h"
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 

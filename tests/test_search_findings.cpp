@@ -1,10 +1,10 @@
-// auto_search.json (trainer/memory/search_findings.h): what the auto search found, kept as it goes and
+// auto_search.json (trainer/step/search_findings.h): what the auto search found, kept as it goes and
 // read back by the restart; only under the same conditions, and a file that is not what it writes is
 // set aside with one line, never an error.
 #include <gtest/gtest.h>
 
 #include "test_util.h"
-#include "trainer/memory/search_findings.h"
+#include "trainer/step/search_findings.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_search_findings {

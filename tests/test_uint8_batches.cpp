@@ -10,6 +10,7 @@
 #include "trainer/config/config.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/run/from_config.h"
+#include "trainer/mix/device_augment.h"
 #include "trainer/step/step.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).

@@ -135,7 +135,7 @@ struct TrainConfig {
   /// batched (one copy per dtype) or per_buffer (a copy per buffer, the earlier way; kept to be measured).
   std::string snapshot = "batched";
   /// The whole step (every micro-batch's forward and backward, the unscale, the clip, the update) as one
-  /// CUDA graph, captured once per micro-batch layout and replayed (trainer/memory/graph_policy.h): auto
+  /// CUDA graph, captured once per micro-batch layout and replayed (trainer/step/graph_policy.h): auto
   /// (on where it can run: a CUDA device, one process, the fused optimizer; off elsewhere) | on (an error
   /// where it cannot) | off.
   std::string cuda_graph = "auto";

@@ -108,7 +108,7 @@ inline constexpr double kPredictedAccept = 0.95;
 /// Three to five probes where the peak is close to a line (the second and the confirm probes are the only
 /// large ones), against 2 x log2(hi / lo) for doubling and bisecting. The answer is always a size that
 /// fitted in a probe, never an unprobed prediction. A size is probed once. `probe(m, role)` runs the
-/// probe (Step::find_micro_batch: the step's worst micro-batch under the cap). With no limit
+/// probe (MicroBatchSearcher::find, trainer/step/search.h: the step's worst micro-batch under the cap). With no limit
 /// (`limit_bytes` 0) the prediction is hi. Throws std::invalid_argument unless 1 <= lo <= hi and
 /// 0 < accept < 1.
 CurveSearch find_max_micro_batch_by_curve(const std::function<ProbeOutcome(int64_t, ProbeRole)>& probe, int64_t lo,

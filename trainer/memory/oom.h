@@ -22,7 +22,7 @@
 // size the line allows instead, or nothing.
 // With `halvings_only` the micro-batch only ever takes sizes of halving_ladder(): a probe climbs to the
 // next of them instead of bisecting towards a failed size, so a run reuses a few sizes (and whatever
-// cuDNN tuned for them, trainer/memory/cudnn_policy.h) rather than meeting new ones.
+// cuDNN tuned for them, trainer/step/cudnn_policy.h) rather than meeting new ones.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,7 +1,7 @@
 // train.micro_batch: auto, once before the first step: where the search starts (a memory curve's
 // prediction), which activation checkpointing it searches under, what it remembers across a restart
 // (auto_search.json), and what a stop during it does. The search itself is the step's
-// (Step::find_micro_batch, trainer/step/step.cpp).
+// (MicroBatchSearcher, trainer/step/search.h).
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -10,7 +10,7 @@
 #include "common/clock.h"
 #include "common/compat.h"
 #include "common/signals.h"
-#include "trainer/memory/search_findings.h"
+#include "trainer/step/search_findings.h"
 #include "trainer/run/from_config.h"
 #include "trainer/run/run.h"
 
@@ -40,7 +40,7 @@ nlohmann::json TrainingRun::search_conditions(bool checkpointing) const {
           {"checkpointing", checkpointing}, {"start", curve_start()}};
 }
 
-MicroBatchSearch TrainingRun::search_micro_batch(const data::Batch& batch) {
+MicroBatchSearch TrainingRun::auto_micro_batch(const data::Batch& batch) {
   // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
   // search is a collective, which a rank whose batch did not fit would not have entered.
   need_micro_batch_search_ = false;
@@ -120,7 +120,7 @@ MicroBatchSearch TrainingRun::search_once(const data::Batch& batch, const MicroB
   if (!control.known.empty())
     spdlog::info("micro_batch auto: {} probe(s) of an earlier process under the same conditions are taken from {}",
                  control.known.size(), findings.path());
-  return step_runner_->find_micro_batch(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start(), control);
+  return MicroBatchSearcher(*step_runner_).find(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start(), control);
 }
 
 void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool checkpointing, const std::string& from,
@@ -174,7 +174,7 @@ void TrainingRun::pretune(const data::Batch& batch) {
   // Once per process (LibTorch's cuDNN plans live as long as the process), at the size the run starts at:
   // after the auto search, before the first step.
   need_pretune_ = false;
-  step_runner_->pretune(batch, step_);
+  MicroBatchSearcher(*step_runner_).pretune(batch, step_);
 }
 
 }  // namespace trainer

@@ -23,7 +23,7 @@
 #include "common/clock.h"
 #include "common/compat.h"
 #include "common/signals.h"
-#include "trainer/memory/search_findings.h"
+#include "trainer/step/search_findings.h"
 #include "trainer/run/from_config.h"
 
 namespace trainer {
@@ -60,7 +60,7 @@ int TrainingRun::run_stages() {
       std::optional<data::Batch> batch = fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
       if (need_micro_batch_search_) {
-        const MicroBatchSearch found = search_micro_batch(*batch);
+        const MicroBatchSearch found = auto_micro_batch(*batch);
         if (found.stopped) return stop_during_search(found);
       }
       if (need_pretune_) pretune(*batch);

@@ -4,7 +4,7 @@
 //                  save/stop), and how the run ends
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
 //   auto_batch.cpp train.micro_batch: auto before the first step: the start, the checkpointing, the
-//                  findings kept across a restart (the search itself is Step::find_micro_batch)
+//                  findings kept across a restart (the search itself is MicroBatchSearcher, trainer/step/search.h)
 //   record.cpp     what each step writes: metrics.jsonl, the progress line, telemetry, memory reports
 //   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
 //   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
@@ -50,6 +50,7 @@
 #include "trainer/run/train.h"
 #include "trainer/step/batch_stager.h"
 #include "trainer/step/evaluate.h"
+#include "trainer/step/search.h"
 #include "trainer/step/step.h"
 #include "trainer/track/tracker.h"
 
@@ -59,7 +60,7 @@ class Tokenizer;  // data/text/tokenizer.h
 
 namespace trainer {
 
-class SearchFindings;  // trainer/memory/search_findings.h
+class SearchFindings;  // trainer/step/search_findings.h
 
 /// The training stream, image or token loader, behind one face: both return data::Batch and keep
 /// their place in samples, so resume and OOM retries do not care which it is.
@@ -133,7 +134,7 @@ class TrainingRun {
   // auto_batch.cpp
   // train.micro_batch: auto. `stopped` when a stop (SIGTERM, SIGINT) came during the search: its findings
   // are in auto_search.json and the run exits (stop_during_search).
-  MicroBatchSearch search_micro_batch(const data::Batch& batch);
+  MicroBatchSearch auto_micro_batch(const data::Batch& batch);
   // memory.activation_checkpointing: sets co.checkpointing; returns where the choice came from.
   std::string choose_checkpointing(MicroBatchOptions& co) const;
   MicroBatchSearch search_once(const data::Batch& batch, const MicroBatchOptions& co, SearchFindings& findings);

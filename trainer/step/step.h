@@ -10,7 +10,6 @@
 #pragma once
 
 #include <torch/torch.h>
-#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <functional>
@@ -27,9 +26,6 @@
 #include "models/model.h"
 #include "trainer/dist/dist.h"
 #include "trainer/memory/backend.h"
-#include "trainer/memory/cudnn_policy.h"
-#include "trainer/memory/curve.h"
-#include "trainer/memory/graph_policy.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
 #include "trainer/mix/mixing.h"
@@ -37,15 +33,13 @@
 #include "trainer/numerics/forward.h"
 #include "trainer/numerics/loss.h"
 #include "trainer/numerics/optim.h"
+#include "trainer/step/cudnn_policy.h"
+#include "trainer/step/graph_policy.h"
+#include "trainer/step/readback.h"
+#include "trainer/step/snapshot.h"
 #include "trainer/step/step_graph.h"
 
 namespace trainer {
-
-/// RandomErasing on the device, after normalization: sets every channel of box b of image b to 0.
-/// x: (B, C, H, W) float, any memory format (NHWC from images_to_float); boxes: (B, 4) int64 rows (top,
-/// left, height, width) on x's device (data::Batch::erase), an empty box erasing nothing. A few
-/// element-wise kernels over (B, H, W) booleans and one masked fill; returns x.
-torch::Tensor erase_boxes(torch::Tensor x, const torch::Tensor& boxes);
 
 /// What one optimizer step did, for the metrics line.
 struct StepResult {
@@ -86,113 +80,7 @@ struct OomGaveUp : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Thrown inside Step::find_micro_batch when its SearchControl::stop says so (a SIGTERM): between probes,
-/// or at a block boundary inside one (models::ModelImpl::set_block_check). The search catches it and
-/// returns what it had found; what() says where the search was.
-struct SearchStopped : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// ---- the snapshot ----------------------------------------------------------------------------------
-
-/// What a failed attempt may have changed that the retry must start from again: the model's buffers
-/// (BatchNorm running statistics, updated by every forward) and every random generator the step draws
-/// from (the CPU generator, and the device's CUDA generator: dropout). The samples are the same batch
-/// tensors; parameters and optimizer state are only changed once an attempt has succeeded.
-///
-/// `batched` (train.snapshot: batched) copies the buffers of each (device, dtype) with one multi-tensor
-/// copy into tensors it keeps: retake() at the start of each step copies into the same tensors again, so
-/// that a step pays one or two launches and no allocation for its snapshot (ResNet-50: 161 buffers, which
-/// per buffer are 161 clones at the start of every step while the device waits). `per_buffer` clones each
-/// buffer at every take. Either way restore() writes back the same values.
-class StepSnapshot {
- public:
-  StepSnapshot(torch::nn::Module& model, const c10::Device& device, bool batched = true);
-  /// Takes the snapshot again, of `model` as it is now (the model of the construction; buffers replaced
-  /// since, or of another shape or type, get new copies).
-  void retake(torch::nn::Module& model);
-  /// Puts the buffers and generators back as they were at the last take.
-  void restore() const;
-
- private:
-  void take(torch::nn::Module& model);
-  /// Live buffers and their saved copies, one group per (device, dtype) (batched) or per buffer.
-  struct Group {
-    std::vector<torch::Tensor> live;
-    std::vector<torch::Tensor> saved;
-  };
-  std::vector<Group> groups_;
-  std::vector<const c10::TensorImpl*> order_;  // batched: the buffers at the last take, in the model's order
-  c10::Device device_;
-  bool batched_;
-  GeneratorStates generators_;
-};
-
 // ---- the step --------------------------------------------------------------------------------------
-
-/// A few values of a step on their way to the host. On CUDA: a copy into page-locked memory queued on the
-/// current stream, and an event after it, so that the host can queue more work (the update) before it
-/// waits for the values; elsewhere the values as they are (a CPU tensor) or copied at once.
-class HostReadback {
- public:
-  /// Queues the copy of `values` (a 1-D float32 tensor).
-  void start(const torch::Tensor& values);
-  /// Waits for the copy start() queued; the values on the host (valid until the next start()).
-  torch::Tensor wait();
-
- private:
-  torch::Tensor host_;                // page-locked, reused from step to step
-  torch::Tensor pending_;             // what wait() returns: a part of host_, or the values
-  std::optional<c10::Event> copied_;  // recorded after the copy (CUDA)
-  bool queued_ = false;               // a copy is queued that wait() has not waited for
-};
-
-/// What Step::find_micro_batch found, and what it cost.
-struct MicroBatchSearch {
-  /// The size the run starts at: the largest that fits (the smallest over ranks), or under
-  /// memory.auto_search: auto the speed choice among the sizes that fit (`speed`)
-  int64_t micro_batch = 0;
-  int64_t largest = 0;      ///< the largest that fits, the smallest over ranks (micro_batch before the speed choice)
-  int64_t start = 0;        ///< where the search started (0: doubling from the floor)
-  int64_t probes = 0;       ///< forward and backward passes it ran (this rank)
-  bool floor_fits = true;   ///< false: not even the floor fitted (on some rank); micro_batch is the floor
-  /// curve (find_max_micro_batch_by_curve), doubling (from the floor), start (galloping from `start`);
-  /// under memory.auto_search: auto the one `choice` took
-  std::string method = "curve";
-  std::string method_from = "config";    ///< config | auto (choose_search, trainer/memory/auto_search.h)
-  nlohmann::json choice;                 ///< auto: SearchChoice::to_json() (null otherwise)
-  nlohmann::json speed;                  ///< auto: SpeedChoice::to_json() (null otherwise)
-  std::string ended;                     ///< curve: how the search ended (CurveSearch::ended)
-  /// every probe: {micro_batch, role, fits, peak_bytes, held_after_bytes, s, warm_s (a warm pass's seconds)}
-  nlohmann::json trace = nlohmann::json::array();
-  std::vector<int64_t> tuned_sizes;      ///< sizes cuDNN timed during the search (CudnnPolicy)
-  int64_t reused = 0;    ///< probes answered from SearchControl::known instead of run (counted in probes)
-  /// The search was stopped (SearchControl::stop, on some rank): micro_batch means nothing, and the run
-  /// exits without a step. `stopped_at` says where ("in backward at block 7 of 16 of probe 3 ...").
-  bool stopped = false;
-  std::string stopped_at;
-};
-
-/// What the caller gives find_micro_batch besides the batch: when to stop, and what an earlier process
-/// already found under the same conditions.
-struct SearchControl {
-  /// Asked before each probe and at every block boundary inside one (forward and backward): true stops
-  /// the search there (MicroBatchSearch::stopped). The run passes its SIGTERM/SIGINT flag.
-  std::function<bool()> stop;
-  /// Outcomes by micro-batch size, taken as the probe's answer without running it (an interrupted
-  /// search's findings, read back by the run that resumes it).
-  std::map<int64_t, ProbeOutcome> known;
-  /// Called after each probe that ran to its end (not a known one), with its size and outcome: the run
-  /// writes its findings as the search goes, so that a stop or a kill loses at most the probe in progress.
-  std::function<void(int64_t micro_batch, const ProbeOutcome& outcome)> on_probe;
-};
-
-/// What Step::pretune did.
-struct Pretune {
-  std::vector<int64_t> tuned;    ///< sizes timed
-  std::vector<int64_t> skipped;  ///< sizes that ran out of memory (their first use later takes the heuristics)
-  double seconds = 0;
-};
 
 struct StepOptions {
   ForwardOptions forward;
@@ -212,7 +100,7 @@ struct StepOptions {
   /// device, and the step's values are read once after it (false: read before it, as the plain and
   /// foreach paths and data parallel always do). Not a config key: the tests compare the two.
   bool skip_on_device = true;
-  std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (find_micro_batch without a start)
+  std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (MicroBatchSearcher::find without a start)
   CudnnPolicyOptions cudnn;           ///< memory.cudnn_policy and its retry of a timing that ran out of memory
   /// train.cuda_graph (GraphPolicy): auto | on | off. `on` where the job cannot capture is
   /// std::invalid_argument from the constructor, naming the key.
@@ -247,31 +135,6 @@ class Step {
   StepResult run(const data::Batch& batch, int64_t step, double lr, int64_t limit,
                  const std::function<void()>& while_device_runs = {});
 
-  /// `train.micro_batch: auto`: the largest micro-batch in [min_micro_batch, the batch's size] whose
-  /// forward and backward fit under the cap, found on `batch`'s samples with the optimizer state
-  /// allocated; the smallest over ranks. With `start` > 0 (a memory curve file's prediction) the search
-  /// gallops from it (find_max_micro_batch, exact); otherwise memory.auto_search: `curve`
-  /// (find_max_micro_batch_by_curve on the probes' own peaks: a few probes, within 90%), `doubling`
-  /// (from the floor, exact) or `auto`: the floor and the curve's second point are probed and timed, and
-  /// choose_search takes doubling where its projected time is within budget, else the curve; then, on
-  /// the agreed size, choose_fastest picks among it and its halvings by samples/s measured in warm timed
-  /// passes (every rank the slowest rank's figure per size). Exactness assumes fitting is monotone.
-  /// Each probe asks the cuDNN policy for its benchmark flag (a confirm probe is where the run will
-  /// likely start). The probes run with the checkpointing the blocks have (apply_activation_checkpointing)
-  /// and do not count as training (the snapshot is put back). `control` (SearchControl): a stop is
-  /// honoured before the next probe or at the next block boundary of the probe in progress, and answered
-  /// sizes are not probed again. Under data parallel every rank learns that one stopped (the agreement
-  /// carries it).
-  MicroBatchSearch find_micro_batch(const data::Batch& batch, int64_t min_micro_batch, int64_t limit,
-                                    int64_t start = 0, const SearchControl& control = {});
-
-  /// memory.cudnn_policy pretune, before the first step: one forward and backward on `batch`'s first
-  /// samples at each of CudnnPolicy::pretune_sizes (the ladder's next halvings below the current
-  /// micro-batch) with cuDNN's benchmark on, so that a backoff to them finds timed algorithms. A size
-  /// that runs out of memory is skipped. Nothing trains (the snapshot is put back); nothing in the other
-  /// modes. Writes a `cudnn_pretune` event.
-  Pretune pretune(const data::Batch& batch, int64_t step);
-
   const GraphPolicy& graph_policy() const { return graph_policy_; }
 
   CudnnPolicy& cudnn() { return cudnn_; }
@@ -287,15 +150,16 @@ class Step {
   /// configured every_k.
   void apply_activation_checkpointing();
 
+  // ---- for the micro-batch search's probes (MicroBatchSearcher, search.h) ----
+  const StepParts& parts() const { return p_; }
+  const StepOptions& options() const { return o_; }
+  /// The cuDNN policy's flag for an attempt of kind `attempt` at `sizes`, set, and the decision recorded.
+  CudnnDecision apply_cudnn(CudnnAttempt attempt, const std::vector<int64_t>& sizes, int64_t step);
+  /// What a failed attempt (or probe) left, dropped: its gradients, the scaler's step, what autograd still
+  /// held, autocast's cached casts and the allocator's cached blocks.
+  void drop_failed_attempt();
+
  private:
-  /// One probe of find_micro_batch's search (step.cpp).
-  class Probe;
-  /// The search proper: the optimizer state and the snapshot allocated, then the curve search or the
-  /// doubling; -1 when those did not fit. A stop is recorded in `found`.
-  int64_t search_micro_batch(Probe& probe, int64_t floor, int64_t size, int64_t limit,
-                             std::optional<StepSnapshot>& snapshot, MicroBatchSearch& found);
-  /// Data parallel: the smallest micro-batch over ranks, and a stop on any rank.
-  int64_t agree_on_micro_batch(int64_t mb, MicroBatchSearch& found);
   void attempt(const data::Batch& batch, int64_t step, double lr, StepResult& r);
   /// The cuDNN policy's flag for a step at `sizes`, and what the metrics line says of the attempt's layout.
   void apply_step_cudnn(const std::vector<int64_t>& sizes, int64_t step, StepResult& r);
@@ -329,13 +193,6 @@ class Step {
   void replay_step(const data::Batch& batch, int64_t step, double lr, StepResult& r);
   /// The graph and its pool dropped, and the pool's memory given back to the device.
   void release_graph();
-  void log_graph_events(int64_t step);
-  /// The logits of samples [offset, offset + n) against their targets: class ids, or under Mixup/CutMix the
-  /// rows mixed with their partners (this step's mix_) and soft targets.
-  Logits micro_batch_logits(const data::Batch& batch, int64_t offset, int64_t n);
-  /// The model's input for samples [offset, offset + n): model_input, with the batch's erase boxes
-  /// (decoded images: data::Batch::erase) applied after normalization.
-  torch::Tensor micro_batch_input(const data::Batch& batch, int64_t offset, int64_t n);
   /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
   torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                  PhasePeakRecorder& phases);
@@ -358,7 +215,6 @@ class Step {
   /// The single-process fused path (StepOptions::skip_on_device): the update queued with its skip flag,
   /// then the values read; fills r's loss, norm, scale and `updated`.
   void update_then_read(const torch::Tensor& loss_sum, const torch::Tensor& norm, double lr, StepResult& r);
-  void drop_failed_attempt();
   /// run()'s answer to an OOM (this rank's or a peer's): the report, the graph and the failed attempt
   /// dropped, the snapshot restored (or, where its take failed (`taken` false), dropped to be taken anew), then the cuDNN
   /// rerun or the ladder's next rung (OomGaveUp when none is left).
@@ -367,10 +223,6 @@ class Step {
   void release_autograd_leftovers();
   /// After a failed attempt was dropped: the ladder's next rung, logged; OomGaveUp when there is none.
   void on_oom(const std::exception& e, bool peer, int64_t step, int64_t limit, StepResult& r);
-  void log_controller_events(int64_t step);
-  /// The cuDNN policy's flag for an attempt of kind `attempt` at `sizes`, set, and the decision recorded.
-  CudnnDecision apply_cudnn(CudnnAttempt attempt, const std::vector<int64_t>& sizes, int64_t step);
-  void log_cudnn_decisions(int64_t step);
 
   StepParts p_;
   StepOptions o_;

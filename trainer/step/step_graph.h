@@ -1,6 +1,6 @@
 // The training step as one CUDA graph: captured once per micro-batch layout, then replayed for each step
 // with no host work between its kernels. When to capture, replay or release is GraphPolicy's
-// (trainer/memory/graph_policy.h); this holds the graph, its memory pool and its static tensors.
+// (trainer/step/graph_policy.h); this holds the graph, its memory pool and its static tensors.
 //
 // What a capture records is the step's own code (Step::queue_update, trainer/step/step.cpp) run on static
 // device copies of a batch: every micro-batch's forward and backward, the gradient accumulation, the

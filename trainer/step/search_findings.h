@@ -2,7 +2,7 @@
 // goes, so that a run stopped or killed during its search resumes it instead of probing again: each probe
 // that ran to its end is written at once, under the conditions it ran in (the config less how long the
 // run is, the limit, the device, the rank...). A restart under the same conditions takes those probes'
-// outcomes as answered (Step::find_micro_batch, SearchControl::known); under other conditions it searches
+// outcomes as answered (MicroBatchSearcher::find, SearchControl::known); under other conditions it searches
 // afresh and the file is rewritten. The file is a cache: one that cannot be read is set aside with a
 // warning, never an error. docs/MEMORY.md "A stop during the search".
 #pragma once

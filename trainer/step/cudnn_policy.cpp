@@ -1,4 +1,4 @@
-#include "trainer/memory/cudnn_policy.h"
+#include "trainer/step/cudnn_policy.h"
 
 #include "common/compat.h"
 #include "trainer/memory/oom.h"

@@ -1,4 +1,4 @@
-#include "trainer/memory/graph_policy.h"
+#include "trainer/step/graph_policy.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "trainer/memory/auto_search.h"
+#include "trainer/step/search_choice.h"
 
 #include <algorithm>
 #include <chrono>

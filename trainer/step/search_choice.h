@@ -1,7 +1,7 @@
 // `memory.auto_search: auto`, as pure logic: which search `train.micro_batch: auto` runs after its first
 // two probes (doubling and bisection where probes are cheap, the curve where they are dear), and which of
 // the sizes that fit the job then runs at (the fastest measured, preferring the largest). Nothing here
-// touches tensors: the step (Step::find_micro_batch) runs the passes and hands in what a clock measured
+// touches tensors: the step (MicroBatchSearcher::find) runs the passes and hands in what a clock measured
 // around them, so the rules are tested with a fake clock. docs/MEMORY.md "How auto chooses".
 //
 // The search: doubling when its projected time is at most kAutoSearchBudgetS. The projection prices each
@@ -79,7 +79,7 @@ class PassTimer {
 };
 
 /// The micro-batch sizes of a probe at m on a batch of `batch` samples: m, and a second micro-batch
-/// (min(m, batch - m)) when the step accumulates. Step::find_micro_batch's probe runs these.
+/// (min(m, batch - m)) when the step accumulates. MicroBatchSearcher::find's probe runs these.
 std::vector<int64_t> probe_pass_sizes(int64_t m, int64_t batch);
 
 /// Seconds that find_max_micro_batch(fits, lo, hi) is projected to spend in probes if every size up to

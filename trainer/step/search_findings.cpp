@@ -1,4 +1,4 @@
-#include "trainer/memory/search_findings.h"
+#include "trainer/step/search_findings.h"
 
 #include "common/files.h"
 
