@@ -1,5 +1,9 @@
 // Optimizers and the learning-rate schedule.
 //
+// Optimizer holds what every optimizer shares (the parameters, the step count, the implementation, the
+// state's names in checkpoints); each optimizer's arithmetic and state is a type of its own behind one
+// interface (optim_rule.h: sgd.cpp, adamw.cpp, lamb.cpp).
+//
 // SGD (momentum, Nesterov, L2 weight decay) and AdamW (decoupled weight decay) with PyTorch's update
 // rules, written so that a step is never left half-applied: step() first allocates every piece of state
 // it will need (the only part that can run out of memory), then updates in place, allocating nothing.
@@ -42,11 +46,13 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "trainer/config/config.h"
+#include "trainer/numerics/optim_rule.h"
 
 namespace trainer {
 
@@ -68,6 +74,9 @@ class Optimizer {
   /// overrides it: true = foreach, false = plain. Throws std::invalid_argument for fused where LibTorch
   /// lacks the kernels (compat::kHasFusedOptimizers), and for lamb with anything but plain or auto.
   Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach = std::nullopt);
+  ~Optimizer();
+  Optimizer(Optimizer&&) noexcept;
+  Optimizer& operator=(Optimizer&&) noexcept;
 
   /// Drops every gradient (sets it to an undefined tensor, freeing its memory).
   void zero_grad();
@@ -110,29 +119,15 @@ class Optimizer {
 
  private:
   enum class Impl { plain, foreach, fused };
-  void step_foreach(double lr);
-  /// LAMB's update (plain: one tensor at a time), in the workspace lamb_work_ and the gradients.
-  void step_lamb(double lr);
-  /// LAMB's gradient clip: writes max(1, global gradient norm / lamb_max_grad_norm) into lamb_work_.
-  /// `live`: the indices of the tensors that have a gradient.
-  torch::Tensor lamb_clip_divisor(const std::vector<size_t>& live);
-  /// The profiler scope torch.optim / timm record their steps under.
-  const char* scope_name() const;
   /// The fused kernels with the rate `lr`, or with the tensors of set_device_scalars() when `from_device`.
   void step_fused(double lr, const torch::Tensor& skip = {}, bool from_device = false);
 
   std::vector<ParamSlot> params_;
-  OptimConfig cfg_;
+  std::unique_ptr<OptimizerRule> rule_;  // sgd, adamw or lamb: its arithmetic and its state
   int64_t steps_ = 0;
   Impl impl_ = Impl::plain;
   torch::Tensor fused_step_;  // fused AdamW: the step count as a float32 scalar on the parameters' device
   torch::Tensor device_lr_;   // set_device_scalars(): the rate as a float32 one-element tensor there
-  std::vector<torch::Tensor> buf1_;  // sgd: momentum buffer; adamw, lamb: exp_avg
-  std::vector<torch::Tensor> buf2_;  // adamw, lamb: exp_avg_sq
-  // lamb: float32 (4 N + 2) on the parameters' device: N gradient norms, N weight norms, N update norms,
-  // N trust ratios, the global gradient norm, the clip divisor; and a bool (N) for the ratios' masks.
-  torch::Tensor lamb_work_;
-  torch::Tensor lamb_mask_;
 };
 
 /// Global L2 norm of the gradients (as PyTorch's clip_grad_norm_ computes it); if `max_norm` > 0 and the
