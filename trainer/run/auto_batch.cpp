@@ -133,7 +133,7 @@ void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool check
     how = "search " + found.choice["reason"].get<std::string>();
   if (found.speed.is_object()) how += "; micro-batch " + found.speed["reason"].get<std::string>();
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
-               found.micro_batch, limit_bytes_ ? format_bytes(limit_bytes_) : "no limit",
+               found.micro_batch, limit_->bytes() ? format_bytes(limit_->bytes()) : "no limit",
                step_runner_->controller().accum_steps(), checkpointing ? "on" : "off", from, found.probes, search_s,
                how);
   metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
@@ -145,7 +145,7 @@ void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool check
                                       {"checkpointing", checkpointing},
                                       {"checkpointing_from", from},
                                       {"floor_fits", found.floor_fits},
-                                      {"limit", limit_bytes_},
+                                      {"limit", limit_->bytes()},
                                       {"start", found.start},
                                       {"probes", found.probes},
                                       {"reused_probes", found.reused},

@@ -72,7 +72,7 @@ nlohmann::json TrainingRun::step_metrics(const StepResult& r, double step_time, 
                       {"data_wait_s", data_wait_s_},
                       {"mem_peak_bytes", memory_->peak_bytes()},
                       {"mem_start_bytes", r.mem_start_bytes},
-                      {"mem_limit_bytes", limit_bytes_},
+                      {"mem_limit_bytes", limit_->bytes()},
                       {"rss_bytes", host_rss_bytes()},            // the whole process: what a container counts
                       {"rss_peak_bytes", host_rss_peak_bytes()},  // its high-water mark so far
                       {"oom_retries", r.oom_retries},

@@ -59,7 +59,7 @@ nlohmann::json TrainingRun::state_json() const {
   j["scaler"] = scaler_->state();
   j["nonfinite_in_a_row"] = nonfinite_in_a_row_;
   j["eval_micro_batch"] = eval_micro_batch_;
-  j["limit_spec"] = limit_spec_;
+  j["limit_spec"] = limit_->spec();
   j["world_size"] = env_.world_size;
   if (ema_) j["ema"] = {{"decay", ema_->options().decay}, {"warmup", ema_->options().warmup}, {"every", ema_->options().every}};
   if (vocab_ > 0) j["vocab_size"] = vocab_;  // the real vocabulary: `trainer export --layout hf` drops wte's padding rows
@@ -134,7 +134,7 @@ std::optional<LoadedCheckpoint> TrainingRun::find_checkpoint() const {
   if (!opts_.resume_from.empty()) {
     ck = CheckpointStore::load(opts_.resume_from, check);
   } else if (!opts_.no_resume) {  // --no-resume: setup() made sure the folder was empty
-    ck = store_->load_latest(check);
+    ck = saver_->store().load_latest(check);
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
   }
   if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
@@ -248,8 +248,7 @@ bool TrainingRun::resume() {
                                std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
   loader_->seek(epoch_, position_);
-  last_saved_path_ = ck->path;  // what an exit 4 names until this run saves its own
-  last_saved_step_ = step_;
+  saver_->resumed_from(ck->path, step_);  // what an exit 4 names until this run saves its own
   start_step_ = step_;
   const auto& ladder = step_runner_->controller();
   spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,

@@ -7,7 +7,7 @@
 // waits for its values; the next fetch then takes that batch.
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
-// (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saving.cpp).
+// (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saver.cpp).
 //
 // fetch, poll, step, record and the agreement are each a "trainer.<stage>" scope in a profile (`trainer
 // bench --profile`): bench/profile_table.py names the host time between two steps' kernels by stage.
@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 TrainingRun::TrainingRun(const Config& cfg, const RunOptions& opts) : cfg_(cfg), opts_(opts) {}
 
 TrainingRun::~TrainingRun() {
-  if (store_) store_->wait();  // a failure nobody collected is logged by the store
+  if (saver_) saver_->store().wait();  // a failure nobody collected is logged by the store
   if (tracker_) tracker_->close();  // the run's status and what is queued, for at most a few seconds
   // Let go of train.log before the run folder's lock: the next owner's lines never mix with ours.
   if (run_lock_) setup_logging("", cfg_.log.level);
@@ -95,9 +95,10 @@ void TrainingRun::start(bool resumed) {
   if (!resumed) {
     metrics_.event("start", {{"total_steps", total_steps_}, {"steps_per_epoch", steps_per_epoch_},
                              {"global_batch", cfg_.train.global_batch}, {"device", device_.str()},
-                             {"torch", compat::torch_version()}, {"limit", limit_bytes_},
-                             {"container_limit", bounds_.container_bytes}, {"host_limit", bounds_.host_bytes},
-                             {"limit_source", limit_source_}, {"rss_at_limit", rss_at_limit_},
+                             {"torch", compat::torch_version()}, {"limit", limit_->bytes()},
+                             {"container_limit", limit_->bounds().container_bytes},
+                             {"host_limit", limit_->bounds().host_bytes}, {"limit_source", limit_->source()},
+                             {"rss_at_limit", limit_->rss_at_limit()},
                              {"cudnn_policy", to_string(step_runner_->cudnn().options().mode)},
                              {"cudnn_benchmark_limit", cfg_.memory.cudnn_benchmark_limit},
                              // null: this LibTorch has no switch (common/compat.h)
@@ -107,11 +108,12 @@ void TrainingRun::start(bool resumed) {
   need_micro_batch_search_ = need_micro_batch_search_ && !resumed;  // a resumed run keeps its learned size
   spdlog::info("training {} steps ({} per epoch) at global batch {} on {}; memory limit {}", total_steps_,
                steps_per_epoch_, cfg_.train.global_batch, device_.str(),
-               limit_bytes_ ? format_bytes(limit_bytes_) : "none");
+               limit_->bytes() ? format_bytes(limit_->bytes()) : "none");
   model_->train();
   // The configured policy (or the ladder's state restored from a checkpoint) applies from the first step.
   step_runner_->apply_activation_checkpointing();
-  start_time_ = last_ckpt_time_ = std::chrono::steady_clock::now();
+  start_time_ = std::chrono::steady_clock::now();
+  saver_->start_clock();
   telemetry_.set_memory(device_memory_of(*memory_));
   telemetry_.set_total_steps(total_steps_);
   telemetry_.set_ready(true);
@@ -176,7 +178,7 @@ EvalResult TrainingRun::evaluate() {
   hooks.heartbeat = [this] { telemetry_.heartbeat(); };
   hooks.backoff = [this](int64_t old, int64_t now) {
     metrics_.event("eval_backoff", {{"step", step_}, {"old_micro_batch", old}, {"new_micro_batch", now},
-                                    {"limit", limit_bytes_}, {"current_bytes", memory_->current_bytes()}});
+                                    {"limit", limit_->bytes()}, {"current_bytes", memory_->current_bytes()}});
   };
   telemetry_.set_phase("eval");
   // The evaluation batch is a size of its own: timed only under memory.cudnn_policy always.
@@ -239,13 +241,11 @@ std::string TrainingRun::evaluate_and_log(bool final) {
 
 std::optional<int> TrainingRun::agree_on_save_and_stop() {
   RECORD_USER_SCOPE("trainer.agree");
-  if (main_rank()) collect_saves();  // a background save that failed is reported now and retried below
-  bool ckpt_now = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
-                  (cfg_.checkpoint.every_seconds > 0 && seconds_since(last_ckpt_time_) >= cfg_.checkpoint.every_seconds) ||
-                  retry_save_;
+  if (main_rank()) saver_->collect(step_);  // a background save that failed is reported now and retried below
+  bool ckpt_now = saver_->due(step_);
   bool ckpt_request = take_checkpoint_request();
   int stop_sig = stop_requested() ? stop_signal() : 0;
-  bool cannot_save = save_failures_ >= cfg_.checkpoint.max_failures;
+  bool cannot_save = saver_->cannot_save();
   if (dist_) {
     // Saving is collective and a stop must happen at the same step everywhere: a signal or a timer
     // seen by any rank counts for all (torchrun forwards SIGTERM to every rank, not at the same instant).
@@ -265,13 +265,15 @@ std::optional<int> TrainingRun::agree_on_save_and_stop() {
     spdlog::warn("stop requested by {}: saving a checkpoint at step {} and exiting", sig, step_);
     telemetry_.set_stopping();
     if (!save_before_exit(sig))
-      return exit_not_saved("the " + sig + " checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
+      return saver_->exit_not_saved(step_, "the " + sig + " checkpoint of step " + std::to_string(step_),
+                                    cfg_.checkpoint.max_failures);
     metrics_.event("stop", {{"step", step_}, {"signal", sig}});
     return exit_code_for_signal(stop_sig);
   }
-  if (cannot_save) return exit_not_saved("step " + std::to_string(step_), save_failures_);
+  if (cannot_save) return saver_->exit_not_saved(step_, "step " + std::to_string(step_), saver_->failures());
   if ((ckpt_request || ckpt_now) && step_ < total_steps_)
-    save_in_background(ckpt_request ? "SIGUSR1" : retry_save_ ? "retry" : "periodic");
+    saver_->save_in_background(step_, ckpt_request ? "SIGUSR1" : saver_->retrying() ? "retry" : "periodic",
+                               [this] { return serialize_checkpoint(); });
   return std::nullopt;
 }
 
@@ -287,19 +289,21 @@ int TrainingRun::give_up(const OomGaveUp& e) {
   }
   // serialize_checkpoint() lifts the cap while it copies the state: the cap may be below the live bytes.
   if (!save_before_exit("oom_gave_up"))
-    return exit_not_saved("the checkpoint of step " + std::to_string(step_) + " before giving up on memory",
-                          cfg_.checkpoint.max_failures);
+    return saver_->exit_not_saved(step_,
+                                  "the checkpoint of step " + std::to_string(step_) + " before giving up on memory",
+                                  cfg_.checkpoint.max_failures);
   return kExitOomGaveUp;
 }
 
 int TrainingRun::finish() {
   // The final checkpoint comes before the final evaluation: an error there must not cost the training.
   if (cfg_.checkpoint.final && !save_before_exit("final"))
-    return exit_not_saved("the final checkpoint of step " + std::to_string(step_), cfg_.checkpoint.max_failures);
+    return saver_->exit_not_saved(step_, "the final checkpoint of step " + std::to_string(step_),
+                                  cfg_.checkpoint.max_failures);
   if (has_eval()) {
     if (const auto e = evaluate_and_log(true); !e.empty()) {
       spdlog::error("final evaluation at step {} failed: {}; the trained model is saved in {}", step_, e,
-                    last_saved_path_);
+                    saver_->last_saved_path());
       metrics_.event("error", {{"step", step_}, {"message", "final evaluation: " + e}});
       return kExitError;
     }

@@ -6,9 +6,10 @@
 //   auto_batch.cpp train.micro_batch: auto before the first step: the start, the checkpointing, the
 //                  findings kept across a restart (the search itself is MicroBatchSearcher, trainer/step/search.h)
 //   record.cpp     what each step writes: metrics.jsonl, the progress line, telemetry, memory reports
-//   limits.cpp     poll(): the memory cap (control.yaml, the container's limit) and the CPU threads
+//   limits.cpp     poll(): the memory cap (control.yaml, LimitFollower: limit_follower.*) agreed over
+//                  ranks, and the CPU threads
 //   resume.cpp     what a checkpoint holds (serialize_checkpoint) and reading it back (resume)
-//   saving.cpp     when the run saves, and what it does when a save fails (retries, exit 4)
+//   saver.*        Saver: when the run saves, and what it does when a save fails (retries, exit 4)
 //   sampling.cpp   train.sample_every: a short text sample on rank 0 (trainer/numerics/generate.h), to
 //                  train.log, metrics.jsonl and TensorBoard
 //   from_config.*  what the config builds, shared with `trainer bench` and the commands
@@ -47,6 +48,8 @@
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 #include "trainer/observe/tensorboard.h"
+#include "trainer/run/limit_follower.h"
+#include "trainer/run/saver.h"
 #include "trainer/run/train.h"
 #include "trainer/step/batch_stager.h"
 #include "trainer/step/evaluate.h"
@@ -157,7 +160,6 @@ class TrainingRun {
   // limits.cpp
   void poll(bool batch_failed);  // the memory limit every step, the threads every 50 steps
   void poll_memory_limit(bool batch_failed);  // OomGaveUp on every rank if any rank's batch did not fit
-  int64_t resolve_limit();  // limit_spec_ in bytes now; records the container's limit and the RSS it saw
   bool agree_on_limit(bool batch_failed);     // whether any rank's batch did not fit
   void poll_threads();
 
@@ -179,13 +181,10 @@ class TrainingRun {
   void setup_sampling();  // after setup_model(): the tokenizer and the prompt (rank 0, sample_every > 0)
   void maybe_sample();    // every train.sample_every steps; a failure is a warning and training goes on
 
-  // saving.cpp
-  void save_in_background(const std::string& reason);  // periodic, SIGUSR1, a retry; async per config
-  bool save_before_exit(const std::string& reason);    // in the foreground, retried; agreed by all ranks
-  void collect_saves();                                // the background saves that finished
-  void on_saved(int64_t step, const std::string& reason, const std::string& path, double seconds);
-  void on_save_failed(int64_t step, const std::string& reason, const std::string& error, const std::string& next);
-  int exit_not_saved(const std::string& what, int64_t attempts);  // the one line, exit 4
+  /// The checkpoint the run ends with (SIGTERM/SIGINT, final, OOM give-up), retried; agreed by all ranks.
+  bool save_before_exit(const std::string& reason) {
+    return saver_->save_before_exit(step_, reason, [this] { return serialize_checkpoint(); });
+  }
 
   int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
   bool main_rank() const { return env_.rank == 0; }
@@ -219,7 +218,7 @@ class TrainingRun {
   std::unique_ptr<MemoryBackend> memory_;
   std::unique_ptr<Step> step_runner_;
   std::unique_ptr<ControlFile> control_;
-  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<Saver> saver_;  // the checkpoints: when, how, and what a failed write does (saver.h)
   MetricsLog metrics_;
   Telemetry telemetry_;  // before http_: the server reads it until destroyed
   std::unique_ptr<HttpServer> http_;
@@ -238,36 +237,15 @@ class TrainingRun {
   int64_t samples_seen_ = 0;
   int64_t epoch_ = 0, position_ = 0;  // where the next global batch starts
   int64_t nonfinite_in_a_row_ = 0;
-  int64_t limit_bytes_ = 0;           // memory cap in force in this process (0 = none)
+  std::unique_ptr<LimitFollower> limit_;  // memory.limit: this process's cap, followed (limit_follower.h)
   int64_t agreed_limit_ = 0;          // the lowest cap over all ranks (0 = none): what the ladder sees
-  std::string limit_spec_;            // as configured or set through control.yaml
-  MemoryBounds bounds_;               // the container's limit and the machine's memory when limit_bytes_ was
-                                      // resolved under `auto` on the CPU (zeros otherwise)
-  std::string limit_source_ = "none";  // what gave limit_bytes_: container, host (auto on the CPU), gpu (auto
-                                       // on CUDA), config (a size), none
-  int64_t rss_at_limit_ = 0;          // the process's RSS then (bytes)
-  int64_t nontensor_at_limit_ = 0;    // RSS less live tensor bytes then (bytes)
-  GpuMemoryFollower gpu_follower_;    // auto on a GPU: free + reserved device memory then, and its rises
   int64_t eval_micro_batch_ = 0;
   bool need_micro_batch_search_ = false;  // train.micro_batch: auto, before the first step
   bool need_pretune_ = true;              // memory.cudnn_policy pretune: once, before this process's first step
   bool cudnn_empty_cache_switch_ = false; // this LibTorch has the switch memory.cudnn_empty_cache sets
   std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
-  std::chrono::steady_clock::time_point start_time_, last_ckpt_time_;
+  std::chrono::steady_clock::time_point start_time_;
   std::chrono::steady_clock::time_point model_built_;  // setup_model() done: step 1's since_model_built_s
-  // Saving (saving.cpp): the newest checkpoint known to be written (the resumed one at first), the
-  // failed attempts in a row since, and the background save being written.
-  std::string last_saved_path_;
-  int64_t last_saved_step_ = -1;
-  int64_t save_failures_ = 0;
-  std::string last_save_error_;
-  bool retry_save_ = false;  // a save failed: save again at the next step
-  struct PendingSave {
-    int64_t step = 0;
-    std::string reason;
-    std::chrono::steady_clock::time_point started;
-  };
-  std::optional<PendingSave> pending_save_;
   // The input path (run.cpp): the loader's next batch, staged, and where the loader stands after it.
   struct Fetched {
     std::optional<data::Batch> batch;  // nullopt: it did not fit under the cap (`oom` says why)

@@ -69,9 +69,11 @@ void TrainingRun::setup_run_folder() {
                              "empty; use another --run-dir or remove it");
   fs::create_directories(rank_dir_, ec);
   if (ec) throw std::runtime_error(rank_dir_ + ": cannot create the run folder (" + ec.message() + ")");
-  store_ = std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last),
-                                             cfg_.train.device);
-  if (main_rank()) store_->check_writable();
+  saver_ = std::make_unique<Saver>(
+      cfg_.checkpoint,
+      std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last), cfg_.train.device),
+      metrics_, dist_.get(), main_rank(), device_.str());
+  if (main_rank()) saver_->store().check_writable();
   setup_logging(rank_dir_, cfg_.log.level);
   metrics_.open((fs::path(rank_dir_) / "metrics.jsonl").string());
 }
@@ -209,10 +211,8 @@ void TrainingRun::setup_memory() {
   telemetry_.set_info("device", device_.str());
   telemetry_.set_info("model", cfg_.model.name);
   telemetry_.set_info("version", TRAINER_VERSION);
-  limit_spec_ = cfg_.memory.limit;
-  limit_bytes_ = resolve_limit();
-  memory_->set_limit(limit_bytes_);
-  agreed_limit_ = limit_bytes_;
+  limit_ = LimitFollower::make(cfg_, *memory_, device_.is_cuda());
+  agreed_limit_ = limit_->install();
   control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
 }
 
@@ -395,12 +395,9 @@ void TrainingRun::setup_ema() {
 }
 
 void TrainingRun::setup_step() {
-  if (limit_spec_ == "auto") {
-    // Again, now that the data and the model exist: an in-memory dataset, the libraries' first use and
-    // the loader's threads are memory the cap does not count, and the container does.
-    limit_bytes_ = resolve_limit();
-    memory_->set_limit(limit_bytes_);
-  }
+  // Again, now that the data and the model exist: an in-memory dataset, the libraries' first use and
+  // the loader's threads are memory the cap does not count, and the container does.
+  if (limit_->spec() == "auto") limit_->install();
   agree_on_limit(false);
   StepParts parts;
   parts.model = model_;
@@ -431,7 +428,7 @@ void TrainingRun::setup_step() {
   if (need_micro_batch_search_ && agreed_limit_ == 0)
     spdlog::warn("train.micro_batch auto with no memory limit (memory.limit: {}): nothing bounds the search, which "
                  "takes the whole batch, and the kernel may kill the run; set memory.limit to auto or a size",
-                 limit_spec_.empty() ? "none" : limit_spec_);
+                 limit_->spec().empty() ? "none" : limit_->spec());
   if (need_micro_batch_search_ && !cfg_.memory.curve.empty()) load_memory_curve();
 }
 
