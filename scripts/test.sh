@@ -27,10 +27,10 @@
 # First, in under a second: scripts/check-docs.py (the figures README.md and docs/ cite against their
 # JSON under bench/results/, and the docs' voice) and scripts/check-python.py (a name that bench/'s or
 # scripts/' Python reads and nothing defines, which would fail only where that branch runs: on a GPU)
-# and scripts/check-functions.sh (every product function over 80 lines, named by lizard). CTest runs one
-# process per GoogleTest suite, each writing its XML report under <build>/tests/results/; after each
-# toolchain's tests the slowest test cases are listed (scripts/test-times.py), and at the end each leg's
-# time and the total. A total past
+# and scripts/check-functions.sh (every product source file over 600 lines, then every product function
+# over 80 lines, named by lizard). CTest runs one process per GoogleTest suite, each writing its XML
+# report under <build>/tests/results/; after each toolchain's tests the slowest test cases are listed
+# (scripts/test-times.py), and at the end each leg's time and the total. A total past
 # TRAINER_TEST_WARN_MIN minutes (default 45) prints a warning naming the slowest tests (docs/TESTING.md).
 #
 # Usage: scripts/test.sh [extra ctest args]. TRAINER_LEGS="debian cuda fuzz container" (the default)
@@ -61,7 +61,7 @@ echo "== docs: figures against bench/results/, and the voice"
 /usr/bin/python3 scripts/check-docs.py   # under a second; one line per problem
 echo "== python: names bench/ and scripts/ read that nothing defines"
 /usr/bin/python3 scripts/check-python.py || exit 1
-echo "== functions: none over 80 lines (lizard)"
+echo "== sizes: no file over 600 lines, no function over 80 (lizard)"
 scripts/check-functions.sh
 
 # MLflow's server and client for tests/test_mlflow.cpp (scripts/install-mlflow.sh: a minute the first time,

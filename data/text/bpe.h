@@ -48,7 +48,7 @@ class PieceCache {
 
 class Bpe {
  public:
-  /// The tables, filled by the readers (data/text/tokenizer.cpp); check() validates them.
+  /// The tables, filled by the readers (data/text/tokenizer_load.cpp); check() validates them.
   struct Tables {
     /// id -> its bytes (specials hold their text). An id without a token holds "" and `present` false.
     std::vector<std::string> bytes;

@@ -1,7 +1,7 @@
 // The typed configuration tree. Precedence: defaults (below) < YAML file < --set key=value; then
 // validate(); then the resolved tree is written into the run folder as resolved_config.yaml.
 //
-// Every key is declared once, in config.cpp's field table, which drives YAML parsing, --set,
+// Every key is declared once, in config_fields.cpp's field table, which drives YAML parsing, --set,
 // error messages (unknown key, wrong type: naming the key and the file) and the YAML dump.
 #pragma once
 
