@@ -253,6 +253,23 @@ TEST(HfCommands, FineTuneFromAFolderAndExportItAgain) {
   expect_same(back.options, o);
   models::LlamaImpl model(back.options);
   EXPECT_NO_THROW(trainer::load_weights(model, (dir / "out").string()));
+
+  // `trainer sample --run-dir` builds the run's model from the folder's config.json, as eval and export do:
+  // greedy, it draws the tokens of the same weights exported (`sample --init-from`, checked against
+  // transformers below), and --run-dir with --init-from keeps the run's shape.
+  std::vector<std::vector<int64_t>> drawn;
+  for (const std::string from : {"--run-dir " + (dir / "run").string(), "--init-from " + (dir / "out").string(),
+                                 "--run-dir " + (dir / "run").string() + " --init-from " + (dir / "out/model.safetensors").string()}) {
+    SCOPED_TRACE(from);
+    const auto json = dir / "sample.json";
+    r = testutil::run(testutil::trainer_bin() + " sample " + from + " --prompt ab --tokens 8 --temperature 0 --device cpu"
+                      " --json " + json.string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    drawn.push_back(nlohmann::json::parse(testutil::read_file(json))["samples"][0]["tokens"].get<std::vector<int64_t>>());
+    EXPECT_EQ(drawn.back().size(), 8u);
+  }
+  EXPECT_EQ(drawn[0], drawn[1]);
+  EXPECT_EQ(drawn[2], drawn[1]);
 }
 
 // ---- against transformers ------------------------------------------------------------------------------
@@ -331,6 +348,20 @@ TEST(HfLibraries, FineTunedExportLoadsInTransformersWithOurLogits) {
   const auto ours = model.forward(torch::tensor(ids).unsqueeze(0)).select(1, 39).squeeze(0).to(torch::kDouble);
   ASSERT_EQ(ours.size(0), theirs.size(0));
   EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5 * theirs.abs().max().item<double>());
+
+  // `trainer sample --run-dir` on the fine-tuned run (its shape from the Hub folder's config.json): greedy,
+  // generate(do_sample=False)'s tokens on the exported weights. The prompt "0123" is byte ids 48..51.
+  auto g = testutil::run(testutil::python() + " " + ref_script() + " generate " + (dir / "out").string() + " 48,49,50,51 12");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  std::vector<int64_t> want;
+  for (double v : numbers_after(g.output, "tokens")) want.push_back(static_cast<int64_t>(v));
+  ASSERT_EQ(want.size(), 12u) << g.output;
+  EXPECT_GT(numbers_after(g.output, "gap").at(0), 1e-4) << "a near-tie in the reference's greedy path";
+  const auto json = dir / "sample.json";
+  r = testutil::run(testutil::trainer_bin() + " sample --run-dir " + (dir / "run").string() +
+                    " --prompt 0123 --tokens 12 --temperature 0 --device cpu --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(testutil::read_file(json))["samples"][0]["tokens"].get<std::vector<int64_t>>(), want);
 }
 
 // 20 AdamW steps of a run from transformers' folder give, step by step, the losses of a plain PyTorch loop
