@@ -69,8 +69,9 @@ std::string kernel_difference(const Kernels& recorded, const Kernels& here) {
 std::string torch_cpu_capability() { return first_match(at::show_config(), R"(CPU capability usage: ([^\n]*))"); }
 
 Kernels recorded_kernels(const json& machine) {
-  return {machine.at("cpu").get<std::string>(), machine.value("cpu_capability", std::string()), machine.at("isa"),
-          machine.at("blas").get<std::string>()};
+  const bool capability = machine.contains("cpu_capability") && machine.at("cpu_capability").is_string();
+  return {machine.at("cpu").get<std::string>(), capability ? machine.at("cpu_capability").get<std::string>() : "",
+          machine.at("isa"), machine.at("blas").get<std::string>()};
 }
 
 // This machine's kernels, the extensions looked at being the record's.
