@@ -13,7 +13,9 @@
 3. `fingerprint`: SHA-256 of every step's loss and gradient norm, as metrics.jsonl writes them (the
    shortest text that reads back as the same double). Two runs with the same fingerprint computed the
    same numbers bit for bit, step by step; a changed fingerprint at the same commit on the same machine
-   is a defect. `machine` says what else decides the arithmetic: the CPU, the threads, the BLAS.
+   is a defect. `machine` says what else decides the arithmetic: the CPU (its extensions, and LibTorch's
+   CPU capability as `cpu_capability` where a Python torch shares the trainer's LibTorch), the threads,
+   the BLAS.
    `first_steps` keeps the first 50 steps' losses and gradient norms: tests/test_quickstart.cpp trains
    them again with the current code and fails, on a machine like this one, when they are not the same
    bit for bit (then the figures here are stale: rerun this, and add a CHANGELOG.md entry).
@@ -75,6 +77,25 @@ def summary(run_dir):
     }
 
 
+def cpu_capability(binary):
+    """LibTorch's CPU capability ("AVX2", "AVX512"...) as the trainer's LibTorch reports it, through a Python
+    torch that has loaded the same libtorch_cpu (Debian's python3-torch, for the Debian build); None where
+    there is none. tests/test_quickstart.cpp compares it with this machine's."""
+    ldd = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    ours = re.search(r"libtorch_cpu\.so\S* => (\S+)", ldd)
+    probe = ("import os, re, torch\n"
+             "print(re.search(r'CPU capability usage: (.*)', torch.__config__.show()).group(1))\n"
+             "print(*{os.path.realpath(l.split()[-1]) for l in open('/proc/self/maps') if 'libtorch_cpu' in l})")
+    try:
+        shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = shown.stdout.splitlines()
+    if shown.returncode != 0 or not ours or len(lines) != 2 or lines[1] != os.path.realpath(ours.group(1)):
+        return None
+    return lines[0].strip()
+
+
 def machine(run_dir, binary):
     """What decides the arithmetic and the speed of the run in `run_dir`, trained by `binary`."""
     log = open(os.path.join(run_dir, "train.log")).read()
@@ -93,6 +114,7 @@ def machine(run_dir, binary):
         "usable_cpus": len(os.sched_getaffinity(0)),
         "threads": int(threads.group(1)) if threads else None,
         "blas": os.path.realpath(blas.group(1)) if blas else "none",
+        "cpu_capability": cpu_capability(binary),
     }
 
 

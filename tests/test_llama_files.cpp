@@ -141,6 +141,54 @@ TEST(HfConfig, AbsurdOrUnsupportedConfigsAreOneLine) {
   EXPECT_EQ(error_of(with("num_key_value_heads", 5)).find('\n'), std::string::npos);
 }
 
+// transformers 5.23 (PreTrainedConfig.convert_rope_params_to_dict) reads a 4.x rope_scaling written beside
+// 5.x's rope_parameters instead of it, with rope_theta from rope_scaling, else the top level, else 10000:
+// Llama 3.2's rope_parameters with a llama3 rope_scaling of factor 8 and no rope_theta is a model of theta
+// 10000 and factor 8 there (AutoConfig.from_pretrained prints rope_parameters {'rope_type': 'llama3',
+// 'factor': 8.0, ..., 'rope_theta': 10000.0}), and a yarn rope_scaling is not computed here.
+TEST(HfConfig, ARopeScalingBesideRopeParametersIsReadAsTransformers5ReadsIt) {
+  auto j = nlohmann::json::parse(kLlama32V5);
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 2.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 4096}};
+  const auto mixed = hf::llama_from_json(j, "x/config.json");
+  EXPECT_EQ(mixed.options.rope_theta(), 10000.0);
+  EXPECT_EQ(mixed.options.rope_scaling().type(), "llama3");
+  EXPECT_EQ(mixed.options.rope_scaling().factor(), 8.0);
+  EXPECT_EQ(mixed.options.rope_scaling().low_freq_factor(), 2.0);
+  EXPECT_EQ(mixed.options.rope_scaling().original_context(), 4096);
+  ASSERT_EQ(mixed.notes.size(), 1u);
+  EXPECT_NE(mixed.notes[0].find("rope_scaling is read"), std::string::npos) << mixed.notes[0];
+  j["rope_theta"] = 250000.0;  // the top level's rope_theta, where rope_scaling has none
+  EXPECT_EQ(hf::llama_from_json(j, "x/config.json").options.rope_theta(), 250000.0);
+  j["rope_scaling"]["rope_theta"] = 7.0;  // rope_scaling's own first
+  EXPECT_EQ(hf::llama_from_json(j, "x/config.json").options.rope_theta(), 7.0);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_EQ(error_of(j), "x/config.json: rope_scaling.rope_type 'yarn' is not computed here (default and llama3 are); "
+                         "transformers 5 reads rope_scaling over rope_parameters");
+  // An empty or null rope_scaling leaves rope_parameters read, and our own files (both forms, the same) read
+  // without a note.
+  for (const nlohmann::json& none : {nlohmann::json::object(), nlohmann::json(nullptr)}) {
+    j["rope_scaling"] = none;
+    const auto v5 = hf::llama_from_json(j, "x/config.json");
+    expect_same(v5.options, models::llama3_2_1b());
+    EXPECT_TRUE(v5.notes.empty());
+  }
+  EXPECT_TRUE(hf::llama_from_json(hf::llama_to_json(models::llama3_2_1b()), "x").notes.empty());
+}
+
+// A rope factor below 1 (transformers only warns) is one line, in either form and for either type.
+TEST(HfConfig, ARopeFactorBelowOneIsOneLine) {
+  for (const char* form : {"rope_scaling", "rope_parameters"})
+    for (const char* type : {"llama3", "default"})
+      for (const double factor : {0.0, 0.5}) {
+        auto j = nlohmann::json::parse(form == std::string("rope_scaling") ? kLlama32V4 : kLlama32V5);
+        j[form]["rope_type"] = type;
+        j[form]["factor"] = factor;
+        EXPECT_EQ(error_of(j), std::string("x/config.json: ") + form + ".factor " + nlohmann::json(factor).dump() +
+                                   " is below 1 (a rope scaling's factor is at least 1)");
+      }
+}
+
 // ---- sharded safetensors --------------------------------------------------------------------------------
 
 // Two shards and their index, as save_pretrained writes them: read as one set of tensors, from the folder or
@@ -231,6 +279,22 @@ TEST(HfCommands, BadHubFoldersAreOneLineAndExit2) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("'model.name': llama takes its shape from a transformers config.json"), std::string::npos)
       << r.output;
+  // A rope factor below 1, and a rope_scaling beside rope_parameters of a type not computed here.
+  j = hf::llama_to_json(small());
+  j["rope_parameters"]["factor"] = 0.5;
+  testutil::write_file(dir / "hf/config.json", j.dump());
+  r = testutil::run(testutil::trainer_bin() + " sample --init-from " + (dir / "hf").string() + " --prompt a --tokens 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "error: " + (dir / "hf/config.json").string() +
+                          ": rope_parameters.factor 0.5 is below 1 (a rope scaling's factor is at least 1)\n");
+  j = hf::llama_to_json(small());
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  testutil::write_file(dir / "hf/config.json", j.dump());
+  r = testutil::run(train_cmd(dir / "run3", "--set model.init_from=" + (dir / "hf").string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("error: " + (dir / "hf/config.json").string() + ": rope_scaling.rope_type 'yarn' is not "
+                          "computed here (default and llama3 are); transformers 5 reads rope_scaling over rope_parameters"),
+            std::string::npos) << r.output;
 }
 
 // A run of model.name llama from a Hub folder: trains, and its export in the hf layout is the folder's
@@ -253,6 +317,23 @@ TEST(HfCommands, FineTuneFromAFolderAndExportItAgain) {
   expect_same(back.options, o);
   models::LlamaImpl model(back.options);
   EXPECT_NO_THROW(trainer::load_weights(model, (dir / "out").string()));
+
+  // `trainer sample --run-dir` builds the run's model from the folder's config.json, as eval and export do:
+  // greedy, it draws the tokens of the same weights exported (`sample --init-from`, checked against
+  // transformers below), and --run-dir with --init-from keeps the run's shape.
+  std::vector<std::vector<int64_t>> drawn;
+  for (const std::string from : {"--run-dir " + (dir / "run").string(), "--init-from " + (dir / "out").string(),
+                                 "--run-dir " + (dir / "run").string() + " --init-from " + (dir / "out/model.safetensors").string()}) {
+    SCOPED_TRACE(from);
+    const auto json = dir / "sample.json";
+    r = testutil::run(testutil::trainer_bin() + " sample " + from + " --prompt ab --tokens 8 --temperature 0 --device cpu"
+                      " --json " + json.string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    drawn.push_back(nlohmann::json::parse(testutil::read_file(json))["samples"][0]["tokens"].get<std::vector<int64_t>>());
+    EXPECT_EQ(drawn.back().size(), 8u);
+  }
+  EXPECT_EQ(drawn[0], drawn[1]);
+  EXPECT_EQ(drawn[2], drawn[1]);
 }
 
 // ---- against transformers ------------------------------------------------------------------------------
@@ -324,6 +405,52 @@ TEST(HfLibraries, FineTunedExportLoadsInTransformersWithOurLogits) {
   const auto arch = hf::llama_from_json(hf::read_config_json((dir / "out/config.json").string()), "out");
   models::LlamaImpl model(arch.options);
   trainer::load_weights(model, (dir / "out").string());
+  model.eval();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ids;
+  for (double v : numbers_after("t " + tokens, "t")) ids.push_back(static_cast<int64_t>(v));
+  const auto ours = model.forward(torch::tensor(ids).unsqueeze(0)).select(1, 39).squeeze(0).to(torch::kDouble);
+  ASSERT_EQ(ours.size(0), theirs.size(0));
+  EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5 * theirs.abs().max().item<double>());
+
+  // `trainer sample --run-dir` on the fine-tuned run (its shape from the Hub folder's config.json): greedy,
+  // generate(do_sample=False)'s tokens on the exported weights. The prompt "0123" is byte ids 48..51.
+  auto g = testutil::run(testutil::python() + " " + ref_script() + " generate " + (dir / "out").string() + " 48,49,50,51 12");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  std::vector<int64_t> want;
+  for (double v : numbers_after(g.output, "tokens")) want.push_back(static_cast<int64_t>(v));
+  ASSERT_EQ(want.size(), 12u) << g.output;
+  EXPECT_GT(numbers_after(g.output, "gap").at(0), 1e-4) << "a near-tie in the reference's greedy path";
+  const auto json = dir / "sample.json";
+  r = testutil::run(testutil::trainer_bin() + " sample --run-dir " + (dir / "run").string() +
+                    " --prompt 0123 --tokens 12 --temperature 0 --device cpu --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(testutil::read_file(json))["samples"][0]["tokens"].get<std::vector<int64_t>>(), want);
+}
+
+// A config.json of 5.x's rope_parameters (default, theta 500000) with a 4.x rope_scaling beside it (llama3,
+// factor 4 from an original context of 16) and no top-level rope_theta: transformers 5 computes theta 10000
+// with the llama3 scaling, and so do we: its logits for 40 tokens (past the original context) equal ours.
+TEST(HfLibraries, BothRopeFormsGiveTransformersLogits) {
+  SKIP_WITHOUT_TRANSFORMERS();
+  TempDir dir;
+  write_folder(dir / "hf", small());
+  auto j = hf::llama_to_json(small());
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 16}};
+  testutil::write_file(dir / "hf/config.json", j.dump(2));
+  const std::string tokens = "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5,0,2,8,8,4,1,9,7";
+  auto l = testutil::run(testutil::python() + " " + ref_script() + " load " + (dir / "hf").string() + " " + tokens);
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  EXPECT_NE(l.output.find("missing 0\nunexpected 0\n"), std::string::npos) << l.output;
+  const auto theirs = torch::tensor(numbers_after(l.output, "logits"), torch::kDouble);
+
+  const auto arch = hf::llama_from_json(hf::read_config_json((dir / "hf/config.json").string()), "hf");
+  EXPECT_EQ(arch.options.rope_theta(), 10000.0);
+  models::LlamaImpl model(arch.options);
+  trainer::load_weights(model, (dir / "hf").string());
   model.eval();
   torch::NoGradGuard no_grad;
   std::vector<int64_t> ids;

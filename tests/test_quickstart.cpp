@@ -18,6 +18,8 @@
 #include "train_util.h"
 #include "common/compat.h"
 
+#include <ATen/Version.h>
+
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_quickstart {
 
@@ -42,23 +44,48 @@ std::string first_match(const std::string& text, const std::string& pattern) {
   return std::regex_search(text, m, std::regex(pattern)) ? m[1].str() : "";
 }
 
-// What differs between this machine and the one `machine` (the record's) describes, "" when nothing does.
-std::string machine_difference(const json& machine) {
+// What picks the kernels, and so the last bits, on a CPU: LibTorch's CPU capability (the level of its
+// vectorized kernels, "NO AVX", "AVX2" or "AVX512": the CPU's extensions under LibTorch's own rule, or
+// ATEN_CPU_CAPABILITY), the vector extensions among those the record looked at (oneDNN's and OpenBLAS's
+// choices), and the BLAS library. The CPU's name is shown but not compared: the same CPU is "AMD EPYC" under
+// one hypervisor and "AMD EPYC 9R14 96-Core Processor" under another, with the same kernels.
+struct Kernels {
+  std::string cpu;         // /proc/cpuinfo's model name
+  std::string capability;  // LibTorch's; "" where a record has none (then the extensions decide)
+  json isa;                // the extensions present, sorted, among the record's isa_checked
+  std::string blas;        // the libblas.so.3 the trainer loads, resolved
+};
+
+// What differs between the record's kernels and these, "" when nothing does. Pure: tested below.
+std::string kernel_difference(const Kernels& recorded, const Kernels& here) {
+  if (!recorded.capability.empty() && recorded.capability != here.capability)
+    return "LibTorch's CPU capability is " + here.capability + ", not " + recorded.capability;
+  if (here.isa != recorded.isa) return "the CPU has " + here.isa.dump() + ", not " + recorded.isa.dump();
+  if (here.blas != recorded.blas) return "the BLAS is " + here.blas + ", not " + recorded.blas;
+  return "";
+}
+
+// LibTorch's CPU capability, from at::show_config()'s "CPU capability usage: AVX2" (both toolchains).
+std::string torch_cpu_capability() { return first_match(at::show_config(), R"(CPU capability usage: ([^\n]*))"); }
+
+Kernels recorded_kernels(const json& machine) {
+  const bool capability = machine.contains("cpu_capability") && machine.at("cpu_capability").is_string();
+  return {machine.at("cpu").get<std::string>(), capability ? machine.at("cpu_capability").get<std::string>() : "",
+          machine.at("isa"), machine.at("blas").get<std::string>()};
+}
+
+// This machine's kernels, the extensions looked at being the record's.
+Kernels this_machines_kernels(const json& machine) {
   const std::string cpuinfo = testutil::read_file("/proc/cpuinfo");
-  const std::string cpu = first_match(cpuinfo, R"(model name\s*:\s*([^\n]*))");
-  if (cpu != machine.at("cpu").get<std::string>()) return "the CPU is " + cpu + ", not " + machine.at("cpu").get<std::string>();
-  // The vector extensions among those the record looked at: the same set, none more, none less.
   const std::string flags = " " + first_match(cpuinfo, R"(flags\s*:\s*([^\n]*))") + " ";
-  json here = json::array();
-  for (const auto& isa : machine.at("isa_checked"))
-    if (flags.find(" " + isa.get<std::string>() + " ") != std::string::npos) here.push_back(isa);
-  if (here != machine.at("isa")) return "the CPU has " + here.dump() + ", not " + machine.at("isa").dump();
+  json isa = json::array();
+  for (const auto& name : machine.at("isa_checked"))
+    if (flags.find(" " + name.get<std::string>() + " ") != std::string::npos) isa.push_back(name);
   const std::string ldd = testutil::run("ldd " + testutil::trainer_bin()).output;
   const std::string blas_link = first_match(ldd, R"(libblas\.so\.3 => (\S+))");
   std::error_code ec;
-  const std::string blas = blas_link.empty() ? "none" : fs::canonical(blas_link, ec).string();
-  if (blas != machine.at("blas").get<std::string>()) return "the BLAS is " + blas + ", not " + machine.at("blas").get<std::string>();
-  return "";
+  return {first_match(cpuinfo, R"(model name\s*:\s*([^\n]*))"), torch_cpu_capability(), isa,
+          blas_link.empty() ? "none" : fs::canonical(blas_link, ec).string()};
 }
 
 }  // namespace
@@ -75,7 +102,8 @@ TEST(BuiltInJob, TheFirstStepsAreTheRecordedQuickstartsBitForBit) {
   if (record.at("torch").get<std::string>() != trainer::compat::torch_version())
     GTEST_SKIP() << record_path << " was recorded with LibTorch " << record.at("torch").get<std::string>()
                  << ", this build has " << trainer::compat::torch_version();
-  if (const auto why = machine_difference(record.at("machine")); !why.empty())
+  const Kernels recorded = recorded_kernels(record.at("machine")), here = this_machines_kernels(record.at("machine"));
+  if (const auto why = kernel_difference(recorded, here); !why.empty())
     GTEST_SKIP() << record_path << " was recorded on another machine: " << why << " (the kernels, and so the last bits, differ)";
 
   TempDir dir;
@@ -107,6 +135,28 @@ TEST(BuiltInJob, TheFirstStepsAreTheRecordedQuickstartsBitForBit) {
     ++k;
   }
   EXPECT_EQ(k, losses.size());
+}
+
+// The guard above compares what picks the kernels, not the CPU's name: two names with the same capability,
+// extensions and BLAS are the same kernels; another capability level, another extension or another BLAS are not.
+TEST(BuiltInJob, TheGuardComparesTheKernelsNotTheCpusName) {
+  const json isa = {"avx", "avx2", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512f", "avx512vl", "fma"};
+  const std::string blas = "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3";
+  const Kernels recorded{"AMD EPYC", "AVX2", isa, blas};
+  EXPECT_EQ(kernel_difference(recorded, {"AMD EPYC 9R14 96-Core Processor", "AVX2", isa, blas}), "");
+  EXPECT_EQ(kernel_difference({"AMD EPYC", "", isa, blas}, {"AMD EPYC 9454 48-Core Processor", "AVX2", isa, blas}), "")
+      << "a record without the capability: the extensions decide";
+  EXPECT_EQ(kernel_difference(recorded, {"AMD EPYC", "AVX512", isa, blas}), "LibTorch's CPU capability is AVX512, not AVX2");
+  EXPECT_EQ(kernel_difference(recorded, {"AMD EPYC", "NO AVX", isa, blas}), "LibTorch's CPU capability is NO AVX, not AVX2");
+  json fewer = isa;
+  fewer.erase(fewer.begin() + 2);
+  EXPECT_NE(kernel_difference(recorded, {"AMD EPYC", "AVX2", fewer, blas}), "");
+  EXPECT_EQ(kernel_difference(recorded, {"AMD EPYC", "AVX2", isa, "none"}), "the BLAS is none, not " + blas);
+  // This machine's capability is read from LibTorch as one of its levels.
+  const std::string capability = torch_cpu_capability();
+  EXPECT_TRUE(capability == "NO AVX" || capability == "AVX2" || capability == "AVX512" || capability == "DEFAULT" ||
+              capability == "VSX" || capability == "ZVECTOR" || capability == "SVE256")
+      << "'" << capability << "' in " << at::show_config();
 }
 
 }  // namespace test_quickstart

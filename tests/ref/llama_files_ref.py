@@ -11,6 +11,8 @@
   load DIR TOKENS           from_pretrained(DIR) with no code of ours; prints "missing K", "unexpected K"
                             (counts of keys transformers did not find or did not use), "class NAME" and
                             "logits x,y,..." (the last position's logits for TOKENS, comma-separated ids).
+  generate DIR PROMPT N     from_pretrained(DIR), fp32 on the CPU: generate(do_sample=False, max_new_tokens=N) from
+                            PROMPT (comma-separated ids); prints "tokens ..." and "gap G" as write does.
   hub DIR TEXT PROMPT N     a Hub folder DIR/hub as the Hub has them, without fetching one: a Llama 3-kind
                             tokenizer.json trained on TEXT (tests/ref/tokenizer_hf_ref.py, vocabulary 600,
                             <|begin_of_text|> put first by its post-processor) and a random LlamaForCausalLM of
@@ -128,6 +130,13 @@ def load(d, tokens):
     print("logits " + ",".join(f"{v:.9e}" for v in logits.tolist()))
 
 
+def generate(d, prompt, n):
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.eval()
+    greedy(model, torch.tensor([[int(t) for t in prompt.split(",")]]), n)
+
+
 def train(d, batches, lr):
     import safetensors.torch
     import transformers
@@ -159,3 +168,5 @@ if __name__ == "__main__":
         train(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1] == "load":
         load(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "generate":
+        generate(sys.argv[2], sys.argv[3], int(sys.argv[4]))

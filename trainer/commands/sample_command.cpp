@@ -108,8 +108,13 @@ Loaded load_from_run(const SampleCommand& c) {
     l.weights = c.init_from;
   }
   for (const auto& o : c.overrides) apply_override(l.cfg, o);
-  l.cfg.model.init_from = c.init_from;
-  l.cfg.model.init_skip.clear();
+  if (!c.init_from.empty()) {
+    // --init-from replaces the run's weights, not its shape: a model.name llama run keeps reading its shape
+    // from the config.json of the Hub folder it started from (as eval, export and a resume do).
+    if (l.cfg.model.name == "llama" && l.cfg.model.hf_config.empty()) l.cfg.model.hf_config = l.cfg.model.init_from;
+    l.cfg.model.init_from = c.init_from;
+    l.cfg.model.init_skip.clear();
+  }
   validate(l.cfg);
   check_language_model(l.cfg);
   const int64_t vocab = run_vocab(l.cfg, l.recorded_tokenizer);

@@ -51,26 +51,34 @@ std::string text(const nlohmann::json& c, const std::string& key, const std::str
   return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : fallback;
 }
 
-// rope_theta and the scaling: transformers 5.x's rope_parameters, else 4.x's rope_theta and rope_scaling
-// (whose type was once spelled `type`).
-void read_rope(const nlohmann::json& c, const std::string& source, models::LlamaOptions& o) {
-  const bool v5 = c.contains("rope_parameters") && c["rope_parameters"].is_object();
-  const nlohmann::json scaling =
-      v5 ? c["rope_parameters"] : c.contains("rope_scaling") && c["rope_scaling"].is_object() ? c["rope_scaling"] : nlohmann::json::object();
+// rope_theta and the scaling, as transformers 5.23 reads them (PreTrainedConfig.convert_rope_params_to_dict):
+// 4.x's rope_scaling, when it is a non-empty object, replaces 5.x's rope_parameters whole, even beside it
+// (a note says so); the chosen object's own rope_theta comes first, then the top-level rope_theta, then
+// 10000. The type is rope_type, once spelled `type`. A factor below 1 (transformers only warns) is refused.
+void read_rope(const nlohmann::json& c, const std::string& source, LlamaConfig& r) {
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null() && !c["rope_scaling"].is_object())
     bad(source, "rope_scaling is " + c["rope_scaling"].dump() + ", not an object");
-  const std::string where = v5 ? "rope_parameters." : "rope_scaling.";
-  o.rope_theta(number(v5 ? scaling : c, "rope_theta", number(c, "rope_theta", 10000.0, source), source));
-  const std::string type = text(scaling, "rope_type", text(scaling, "type", "default"));
+  const bool v4 = c.contains("rope_scaling") && c["rope_scaling"].is_object() && !c["rope_scaling"].empty();
+  const bool v5 = c.contains("rope_parameters") && c["rope_parameters"].is_object();
+  const nlohmann::json rope = v4 ? c["rope_scaling"] : v5 ? c["rope_parameters"] : nlohmann::json::object();
+  const std::string where = v4 ? "rope_scaling." : "rope_parameters.";
+  const bool mixed = v4 && v5 && c["rope_parameters"] != c["rope_scaling"];
+  const std::string over = mixed ? "; transformers 5 reads rope_scaling over rope_parameters" : "";
+  if (mixed) r.notes.push_back("rope_scaling and rope_parameters differ: rope_scaling is read, as transformers 5 reads it");
+  auto& o = r.options;
+  o.rope_theta(number(rope, "rope_theta", number(c, "rope_theta", 10000.0, source), source));
+  if (rope.contains("factor") && rope["factor"].is_number() && rope["factor"].get<double>() < 1)
+    bad(source, where + "factor " + rope["factor"].dump() + " is below 1 (a rope scaling's factor is at least 1)" + over);
+  const std::string type = text(rope, "rope_type", text(rope, "type", "default"));
   if (type == "default") return;
   if (type != "llama3")
-    bad(source, where + "rope_type '" + type + "' is not computed here (default and llama3 are)");
+    bad(source, where + "rope_type '" + type + "' is not computed here (default and llama3 are)" + over);
   models::RopeScaling s;
   s.type("llama3")
-      .factor(number(scaling, "factor", 1.0, source))
-      .low_freq_factor(number(scaling, "low_freq_factor", 1.0, source))
-      .high_freq_factor(number(scaling, "high_freq_factor", 4.0, source))
-      .original_context(integer(scaling, "original_max_position_embeddings", 1, kMaxContext, source + " " + where, 8192));
+      .factor(number(rope, "factor", 1.0, source))
+      .low_freq_factor(number(rope, "low_freq_factor", 1.0, source))
+      .high_freq_factor(number(rope, "high_freq_factor", 4.0, source))
+      .original_context(integer(rope, "original_max_position_embeddings", 1, kMaxContext, source + " " + where, 8192));
   o.rope_scaling(s);
 }
 
@@ -137,7 +145,7 @@ LlamaConfig llama_from_json(const nlohmann::json& c, const std::string& source) 
   o.dropout(c.contains("attention_dropout") && c["attention_dropout"].is_number() ? c["attention_dropout"].get<double>() : 0.0);
   o.tie_embeddings(boolean(c, "tie_word_embeddings", false, source));  // transformers' default for all three
   o.qkv_bias(r.model_type == "qwen2");  // transformers' Qwen2Attention has them always
-  read_rope(c, source, o);
+  read_rope(c, source, r);
   if (r.model_type == "mistral" && c.contains("sliding_window") && c["sliding_window"].is_number_integer()) {
     const int64_t window = integer(c, "sliding_window", 1, kMaxContext, source);
     if (window < o.context()) {
