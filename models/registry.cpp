@@ -83,32 +83,51 @@ Factory vit(ViTOptions arch) {
 struct Entry {
   std::string name;
   Factory make;
-  int64_t vocab_size = 0;  // language models: the registered vocabulary; 0 for image models
+  ModelTraits traits;
 };
+
+// The traits of each family: images in and classes out, or tokens in and the vocabulary out.
+ModelTraits image_model(bool fixed_input_size = false) {
+  ModelTraits t;
+  t.fixed_input_size = fixed_input_size;
+  return t;
+}
+
+ModelTraits language_model(int64_t vocab_size, bool pads_vocab, bool shape_from_hub = false) {
+  ModelTraits t;
+  t.task = Task::kLanguageModel;
+  t.vocab_size = vocab_size;
+  t.pads_vocab = pads_vocab;
+  t.shape_from_hub = shape_from_hub;
+  return t;
+}
+
+ModelTraits gpt_traits(const GPTOptions& o) { return language_model(o.vocab_size(), /*pads_vocab=*/true); }
+ModelTraits llama_traits(const LlamaOptions& o) { return language_model(o.vocab_size(), /*pads_vocab=*/false); }
 
 // The registry: one line per model, in the order model_names() lists them.
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> table = {
-      {"resnet18", resnet(resnet18())},
-      {"resnet34", resnet(resnet34())},
-      {"resnet50", resnet(resnet50())},
-      {"resnet101", resnet(resnet101())},
-      {"resnet152", resnet(resnet152())},
-      {"resnet20", resnet(resnet20())},
-      {"resnet32", resnet(resnet32())},
-      {"resnet56", resnet(resnet56())},
+      {"resnet18", resnet(resnet18()), image_model()},
+      {"resnet34", resnet(resnet34()), image_model()},
+      {"resnet50", resnet(resnet50()), image_model()},
+      {"resnet101", resnet(resnet101()), image_model()},
+      {"resnet152", resnet(resnet152()), image_model()},
+      {"resnet20", resnet(resnet20()), image_model()},
+      {"resnet32", resnet(resnet32()), image_model()},
+      {"resnet56", resnet(resnet56()), image_model()},
       {"plain_cnn", [](const ModelOptions& o) -> Model {
          return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
-       }},
-      {"gpt2", gpt(gpt2()), gpt2().vocab_size()},
-      {"gpt_tiny", gpt(gpt_tiny()), gpt_tiny().vocab_size()},
-      // `llama` has no shape of its own (a config.json's): its vocabulary entry only marks a language model.
-      {"llama", llama(std::nullopt), LlamaOptions().vocab_size()},
-      {"llama_tiny", llama(llama_tiny()), llama_tiny().vocab_size()},
-      {"smollm2_135m", llama(smollm2_135m()), smollm2_135m().vocab_size()},
-      {"llama3_2_1b", llama(llama3_2_1b()), llama3_2_1b().vocab_size()},
-      {"qwen2_5_0_5b", llama(qwen2_5_0_5b()), qwen2_5_0_5b().vocab_size()},
-      {"vit_tiny", vit(vit_tiny())},
+       }, image_model()},
+      {"gpt2", gpt(gpt2()), gpt_traits(gpt2())},
+      {"gpt_tiny", gpt(gpt_tiny()), gpt_traits(gpt_tiny())},
+      // `llama` has no shape of its own: a config.json's. Its vocabulary is LlamaOptions' default.
+      {"llama", llama(std::nullopt), language_model(LlamaOptions().vocab_size(), false, /*shape_from_hub=*/true)},
+      {"llama_tiny", llama(llama_tiny()), llama_traits(llama_tiny())},
+      {"smollm2_135m", llama(smollm2_135m()), llama_traits(smollm2_135m())},
+      {"llama3_2_1b", llama(llama3_2_1b()), llama_traits(llama3_2_1b())},
+      {"qwen2_5_0_5b", llama(qwen2_5_0_5b()), llama_traits(qwen2_5_0_5b())},
+      {"vit_tiny", vit(vit_tiny()), image_model(/*fixed_input_size=*/true)},
   };
   return table;
 }
@@ -126,7 +145,9 @@ const Entry& entry(const std::string& name) {
 
 Model create_model(const std::string& name, const ModelOptions& options) { return entry(name).make(options); }
 
-int64_t registered_vocab_size(const std::string& name) { return entry(name).vocab_size; }
+const ModelTraits& model_traits(const std::string& name) { return entry(name).traits; }
+
+int64_t registered_vocab_size(const std::string& name) { return entry(name).traits.vocab_size; }
 
 std::vector<std::string> model_names() {
   std::vector<std::string> names;

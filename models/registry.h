@@ -61,9 +61,36 @@ struct ModelOptions {
 /// "unknown model 'X'; known models: a, b, ..." for an unknown name.
 Model create_model(const std::string& name, const ModelOptions& options = {});
 
-/// A language model's registered vocabulary (gpt2 50257, gpt_tiny 256); 0 for image models, which is
-/// how a caller tells a language model (tokens in) from an image model. Throws as create_model for an
-/// unknown name.
+/// What a registered model takes and gives, which the config's checks and the run ask instead of its name
+/// (as timm's pretrained_cfg carries a model's input size and classes).
+enum class Task {
+  kImageClassification,  ///< (B, C, H, W) images in, (B, classes) logits out
+  kLanguageModel,        ///< (B, T) token ids in, (B, T, vocabulary) logits out
+};
+
+struct ModelTraits {
+  Task task = Task::kImageClassification;
+  /// Language models: the registered vocabulary (gpt2 50257, gpt_tiny 256; `llama`'s is a default that its
+  /// config.json replaces); 0 for image models.
+  int64_t vocab_size = 0;
+  /// model.vocab_multiple may pad the token embedding's rows (GPT); the other language models take their
+  /// vocabulary as it is.
+  bool pads_vocab = false;
+  /// The shape comes from a transformers config.json (model.init_from a Hub folder, or model.hf_config):
+  /// `llama`, which has none of its own.
+  bool shape_from_hub = false;
+  /// The input's size is part of the architecture (ViT: a position embedding per patch): evaluation images
+  /// must have the training images' size.
+  bool fixed_input_size = false;
+
+  bool language_model() const { return task == Task::kLanguageModel; }
+};
+
+/// The traits of the model registered as `name`. Throws as create_model for an unknown name.
+const ModelTraits& model_traits(const std::string& name);
+
+/// A language model's registered vocabulary (model_traits(name).vocab_size); 0 for image models. Throws as
+/// create_model for an unknown name.
 int64_t registered_vocab_size(const std::string& name);
 
 /// Every registered name, in registration order: resnet18, resnet34, resnet50, resnet101, resnet152

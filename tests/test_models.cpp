@@ -2,6 +2,7 @@
 // (state_dict names and shapes, parameter counts, FLOPs, and eval-mode outputs with the same weights);
 // the CIFAR ResNets match hand-computed counts and FLOPs; zero_init_residual, channels_last, the
 // registry's error text and the summary table.
+#include "models/language_model.h"
 #include "models/registry.h"
 #include "models/resnet.h"
 #include "models/summary.h"
@@ -134,6 +135,66 @@ TEST_P(ModelsEveryRegistered, ForwardBackwardGradients) {
   EXPECT_GT(model->num_blocks(), 0);
   model->set_checkpointed_blocks(std::vector<bool>(model->num_blocks(), false));
   EXPECT_THROW(model->set_checkpointed_blocks(std::vector<bool>(model->num_blocks() + 1)), c10::Error);
+}
+
+// The registry's traits say what the model built under the name takes and gives: the config's checks ask
+// them instead of the name.
+TEST_P(ModelsEveryRegistered, TraitsSayWhatTheModelTakes) {
+  const std::string name = GetParam();
+  TestInput in;
+  ASSERT_TRUE(test_input(name, &in));
+  const models::ModelTraits& t = models::model_traits(name);
+  EXPECT_EQ(t.language_model(), in.tokens) << name << ": the traits' task and the input the model takes disagree";
+  EXPECT_EQ(models::registered_vocab_size(name), t.vocab_size);
+  auto model = models::create_model(name, in.options);
+  auto* lm = dynamic_cast<models::LanguageModelImpl*>(model.get());
+  EXPECT_EQ(lm != nullptr, t.language_model()) << name;
+  if (!t.language_model()) {
+    EXPECT_EQ(t.vocab_size, 0) << name;
+    EXPECT_FALSE(t.pads_vocab || t.shape_from_hub) << name << ": a language model's traits on an image model";
+    return;
+  }
+  EXPECT_GT(t.vocab_size, 0) << name;
+  // Built with the options' vocabulary where the input sets one, else the registered one.
+  if (in.options.vocab_size() == 0 && !in.options.llama()) EXPECT_EQ(lm->vocab_size(), t.vocab_size) << name;
+  // `llama` alone has no shape: it asks for a config.json, and its traits say so.
+  EXPECT_EQ(t.shape_from_hub, name == "llama") << name;
+  if (t.shape_from_hub) EXPECT_THROW(models::create_model(name, ModelOptions()), std::invalid_argument);
+  // model.vocab_multiple: padded by the models whose traits say so, refused by the others.
+  if (t.pads_vocab) {
+    ModelOptions padded = in.options;
+    EXPECT_NO_THROW(models::create_model(name, padded.vocab_multiple(64))) << name;
+  } else {
+    ModelOptions padded = in.options;
+    EXPECT_THROW(models::create_model(name, padded.vocab_multiple(64)), std::invalid_argument) << name;
+  }
+}
+
+// fixed_input_size: the image models whose traits say so refuse images of another size than they were
+// built for; the others take them.
+TEST_P(ModelsEveryRegistered, FixedInputSizeIsWhatTheModelRefuses) {
+  const std::string name = GetParam();
+  TestInput in;
+  ASSERT_TRUE(test_input(name, &in));
+  if (in.tokens) return;  // the image models' trait
+  torch::manual_seed(0);
+  auto model = models::create_model(name, in.options);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto shape = in.batch_shape;
+  shape[2] += 4, shape[3] += 4;  // still a whole number of ViT patches at every size the tests use
+  const auto x = torch::randn(shape);
+  if (models::model_traits(name).fixed_input_size) EXPECT_ANY_THROW(model->forward(x)) << name;
+  else EXPECT_NO_THROW(model->forward(x)) << name;
+}
+
+TEST(ModelsRegistry, TraitsOfAnUnknownNameListTheKnownModels) {
+  try {
+    models::model_traits("resnet9000");
+    FAIL() << "model_traits accepted an unknown name";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "unknown model 'resnet9000'; known models: " + join(models::model_names()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelsEveryRegistered, ::testing::ValuesIn(models::model_names()),

@@ -42,7 +42,8 @@ struct Checks {
       bad("model.num_classes", "must be in [1, " + std::to_string(kMaxClasses) + "], got " + std::to_string(c.model.num_classes));
     one_of("data.kind", c.data.kind, {"hdf5", "packed_images", "image_folder", "synthetic", "tokens"});
     // synthetic serves both: images of data.shape to an image model, tokens to a language model.
-    const bool language_model = models::registered_vocab_size(c.model.name) > 0;
+    const models::ModelTraits& model = models::model_traits(c.model.name);
+    const bool language_model = model.language_model();
     const bool encoded_images = c.data.kind == "packed_images" || c.data.kind == "image_folder";
     if (language_model && (c.data.kind == "hdf5" || encoded_images))
       bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is '" + c.data.kind +
@@ -63,13 +64,13 @@ struct Checks {
       bad("model.init_skip", "names keys to leave out of model.init_from, which is not set");
     for (const auto& pattern : c.model.init_skip)
       if (pattern.empty()) bad("model.init_skip", "holds an empty pattern");
-    if (c.model.name == "llama" && c.model.hf_config.empty() && c.model.init_from.empty())
+    if (model.shape_from_hub && c.model.hf_config.empty() && c.model.init_from.empty())
       bad("model.name", "llama takes its shape from a transformers config.json: set model.init_from to a Hub folder (or "
                         "weights beside their config.json), or model.hf_config; or name a shape (llama_tiny, smollm2_135m, "
                         "llama3_2_1b, qwen2_5_0_5b)");
-    if (!c.model.hf_config.empty() && c.model.name != "llama")
+    if (!c.model.hf_config.empty() && !model.shape_from_hub)
       bad("model.hf_config", "is read for model.name: llama only (model '" + c.model.name + "' has its own shape)");
-    if (c.model.vocab_multiple > 1 && models::registered_vocab_size(c.model.name) > 0 && c.model.name.rfind("gpt", 0) != 0)
+    if (c.model.vocab_multiple > 1 && language_model && !model.pads_vocab)
       bad("model.vocab_multiple", "pads GPT models' vocabulary; '" + c.model.name + "' takes 1");
     if (c.data.kind == "synthetic" && !language_model) {
       if (c.data.shape.size() != 3 ||
@@ -89,7 +90,7 @@ struct Checks {
     augmentations(language_model);
     if (c.data.size < 1 || c.data.size > 4096) bad("data.size", "must be in [1, 4096]");
     if (c.data.eval_size < 0 || c.data.eval_size > 4096) bad("data.eval_size", "must be in [1, 4096], or 0 (= data.size)");
-    if (c.data.eval_size > 0 && c.data.eval_size != c.data.size && c.model.name.rfind("vit", 0) == 0)
+    if (c.data.eval_size > 0 && c.data.eval_size != c.data.size && model.fixed_input_size)
       bad("data.eval_size", "a ViT takes one image size (its position embeddings); leave it 0 or equal to data.size");
     if (c.data.scale.size() != 2 || !(c.data.scale[0] > 0 && c.data.scale[0] <= c.data.scale[1] && c.data.scale[1] <= 1))
       bad("data.scale", "must be two numbers [lo, hi] with 0 < lo <= hi <= 1");
@@ -184,7 +185,7 @@ struct Checks {
     if (!(c.train.mix_prob >= 0 && c.train.mix_prob <= 1)) bad("train.mix_prob", "must be in [0, 1]");
     if (!(c.train.mix_switch_prob >= 0 && c.train.mix_switch_prob <= 1)) bad("train.mix_switch_prob", "must be in [0, 1]");
     one_of("train.mix_mode", c.train.mix_mode, {"batch", "elem"});
-    const bool language_model = models::registered_vocab_size(c.model.name) > 0;
+    const bool language_model = models::model_traits(c.model.name).language_model();
     if (language_model && (c.train.mixup_alpha > 0 || c.train.cutmix_alpha > 0))
       bad(c.train.mixup_alpha > 0 ? "train.mixup_alpha" : "train.cutmix_alpha",
           "mixes images; model '" + c.model.name + "' is a language model (set 0)");
@@ -209,7 +210,7 @@ struct Checks {
     one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
     one_of("train.cuda_graph", c.train.cuda_graph, {"auto", "on", "off"});
     if (c.train.sample_every < 0) bad("train.sample_every", "must be >= 0 (0 = off)");
-    if (c.train.sample_every > 0 && models::registered_vocab_size(c.model.name) == 0)
+    if (c.train.sample_every > 0 && !models::model_traits(c.model.name).language_model())
       bad("train.sample_every", "model '" + c.model.name + "' is not a language model; only GPT models sample (set 0)");
     if (c.train.ema_decay != 0 && !(c.train.ema_decay > 0 && c.train.ema_decay < 1))
       bad("train.ema_decay", "must be in (0, 1), or 0 (off)");

@@ -56,7 +56,7 @@ data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, 
 }
 
 bool token_job(const Config& cfg) {
-  const bool language = models::registered_vocab_size(cfg.model.name) > 0;
+  const bool language = models::model_traits(cfg.model.name).language_model();
   if (cfg.data.kind == "tokens" && !language)
     throw ConfigError("data.kind: tokens needs a language model (gpt2, gpt_tiny); model.name is " + cfg.model.name);
   if ((cfg.data.kind == "hdf5" || encoded_image_job(cfg)) && language)
