@@ -155,7 +155,7 @@ TEST(EvalCommand, TorchvisionWeightsGiveTorchvisionsLogitsAndLoss) {
   // The logits of the model that is scored, on the loader's normalized images (batches of 4, 4, 2).
   data::EvalOptions eo;
   eo.batch = 4;
-  data::EvalLoader loader(target.split.images, eo);
+  data::EvalLoader loader(static_cast<const data::ImageEvalSource&>(*target.split).dataset(), eo);
   std::vector<torch::Tensor> logits;
   torch::NoGradGuard no_grad;
   while (auto b = loader.next())

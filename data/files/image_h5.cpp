@@ -1,6 +1,7 @@
 #include "data/files/image_h5.h"
 
 #include "common/files.h"
+#include "data/files/h5_writing.h"
 #include "data/files/hdf5_lock.h"
 
 #include <hdf5.h>
@@ -151,20 +152,7 @@ ImageH5Writer::ImageH5Writer(std::string path, std::array<int64_t, 3> sample_sha
 }
 
 ImageH5Writer::~ImageH5Writer() {
-  if (!finished_) {
-    close_quietly();
-    std::error_code ec;
-    fs::remove(tmp_path_, ec);
-  }
-}
-
-void ImageH5Writer::close_quietly() {
-  std::lock_guard<std::mutex> lock(hdf5_lock());
-  H5Quiet quiet;
-  if (images_ >= 0) H5Dclose(images_);
-  if (labels_ >= 0) H5Dclose(labels_);
-  if (file_ >= 0) H5Fclose(file_);
-  images_ = labels_ = file_ = -1;
+  if (!finished_) h5_abandon_written(file_, {{images_, "images"}, {labels_, "labels"}}, tmp_path_);
 }
 
 void ImageH5Writer::append(const uint8_t* images, const int64_t* labels, int64_t n) {
@@ -227,29 +215,15 @@ void ImageH5Writer::finish(const ImageMeta& meta) {
   if (!problem.empty()) throw std::invalid_argument(where + problem);
   std::vector<std::string> names = meta.class_names;
   for (int64_t k = static_cast<int64_t>(names.size()); k < meta.num_classes; ++k) names.push_back(std::to_string(k));
-  {
-    std::lock_guard<std::mutex> lock(hdf5_lock());
-    H5Quiet quiet;
-    try {
-      h5_write_strings(file_, "format", {kImageH5Format}, /*scalar=*/true);
-      h5_write_int64(file_, "format_version", kImageH5Version);
-      h5_write_int64(file_, "num_classes", meta.num_classes);
-      h5_write_strings(file_, "class_names", names, /*scalar=*/false);
-      write_floats_attr(file_, "mean", meta.mean);
-      write_floats_attr(file_, "std", meta.std);
-      h5_check(H5Dclose(images_), "closing 'images'");
-      images_ = -1;
-      h5_check(H5Dclose(labels_), "closing 'labels'");
-      labels_ = -1;
-      h5_check(H5Fclose(file_), "closing the file");
-      file_ = -1;
-    } catch (const H5FormatError& e) {
-      throw std::runtime_error(where + e.what());
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp_path_, path_, ec);
-  if (ec) throw std::runtime_error(where + "cannot rename " + tmp_path_ + " to " + path_ + ": " + ec.message());
+  const auto write_attributes = [&] {
+    h5_write_strings(file_, "format", {kImageH5Format}, /*scalar=*/true);
+    h5_write_int64(file_, "format_version", kImageH5Version);
+    h5_write_int64(file_, "num_classes", meta.num_classes);
+    h5_write_strings(file_, "class_names", names, /*scalar=*/false);
+    write_floats_attr(file_, "mean", meta.mean);
+    write_floats_attr(file_, "std", meta.std);
+  };
+  h5_finish_written(file_, {{images_, "images"}, {labels_, "labels"}}, write_attributes, tmp_path_, path_, where);
   finished_ = true;
 }
 

@@ -61,8 +61,6 @@ class ImageH5Writer {
   int64_t size() const { return size_; }
 
  private:
-  void close_quietly();
-
   std::string path_, tmp_path_;
   std::array<int64_t, 3> shape_;
   int64_t size_ = 0;

@@ -1,6 +1,7 @@
 #include "data/files/packed_images.h"
 
 #include "common/files.h"
+#include "data/files/h5_writing.h"
 #include "data/files/hdf5_lock.h"
 
 #include <spdlog/spdlog.h>
@@ -106,20 +107,8 @@ PackedImageWriter::PackedImageWriter(std::string path) : path_(std::move(path)),
   }
 }
 
-void PackedImageWriter::close_quietly() {
-  std::lock_guard<std::mutex> lock(hdf5_lock());
-  H5Quiet quiet;
-  if (bytes_ >= 0) H5Dclose(bytes_);
-  if (file_ >= 0) H5Fclose(file_);
-  bytes_ = file_ = -1;
-}
-
 PackedImageWriter::~PackedImageWriter() {
-  if (!finished_) {
-    close_quietly();
-    std::error_code ec;
-    fs::remove(tmp_path_, ec);
-  }
+  if (!finished_) h5_abandon_written(file_, {{bytes_, "bytes"}}, tmp_path_);
 }
 
 void PackedImageWriter::append(const uint8_t* data, size_t size, int64_t label, int width, int height) {
@@ -157,32 +146,20 @@ void PackedImageWriter::finish(const ImageMeta& meta, int64_t mean_std_images) {
     throw std::invalid_argument(where + "class_names needs one name per class");
   if (meta.mean.size() != 3 || meta.std.size() != 3 || !std::all_of(meta.std.begin(), meta.std.end(), [](float s) { return s > 0; }))
     throw std::invalid_argument(where + "mean and std need 3 values, std positive");
-  {
-    std::lock_guard<std::mutex> lock(hdf5_lock());
-    H5Quiet quiet;
-    try {
-      const hsize_t n = labels_.size();
-      write_dataset(file_, "offsets", H5T_STD_I64LE, H5T_NATIVE_INT64, offsets_.data(), {n + 1});
-      write_dataset(file_, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, labels_.data(), {n});
-      write_dataset(file_, "sizes", H5T_STD_I32LE, H5T_NATIVE_INT32, sizes_.data(), {n, 2});
-      h5_write_strings(file_, "format", {kPackedImagesFormat}, /*scalar=*/true);
-      write_attr(file_, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &kPackedImagesVersion, 1, true);
-      write_attr(file_, "num_classes", H5T_STD_I64LE, H5T_NATIVE_INT64, &meta.num_classes, 1, true);
-      h5_write_strings(file_, "class_names", meta.class_names, /*scalar=*/false);
-      write_attr(file_, "mean", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, meta.mean.data(), 3, false);
-      write_attr(file_, "std", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, meta.std.data(), 3, false);
-      write_attr(file_, "mean_std_images", H5T_STD_I64LE, H5T_NATIVE_INT64, &mean_std_images, 1, true);
-      h5_check(H5Dclose(bytes_), "closing 'bytes'");
-      bytes_ = -1;
-      h5_check(H5Fclose(file_), "closing the file");
-      file_ = -1;
-    } catch (const H5FormatError& e) {
-      throw std::runtime_error(where + e.what());
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp_path_, path_, ec);
-  if (ec) throw std::runtime_error(where + "cannot rename " + tmp_path_ + " to " + path_ + ": " + ec.message());
+  const auto write_index_and_attributes = [&] {
+    const hsize_t n = labels_.size();
+    write_dataset(file_, "offsets", H5T_STD_I64LE, H5T_NATIVE_INT64, offsets_.data(), {n + 1});
+    write_dataset(file_, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, labels_.data(), {n});
+    write_dataset(file_, "sizes", H5T_STD_I32LE, H5T_NATIVE_INT32, sizes_.data(), {n, 2});
+    h5_write_strings(file_, "format", {kPackedImagesFormat}, /*scalar=*/true);
+    write_attr(file_, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &kPackedImagesVersion, 1, true);
+    write_attr(file_, "num_classes", H5T_STD_I64LE, H5T_NATIVE_INT64, &meta.num_classes, 1, true);
+    h5_write_strings(file_, "class_names", meta.class_names, /*scalar=*/false);
+    write_attr(file_, "mean", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, meta.mean.data(), 3, false);
+    write_attr(file_, "std", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, meta.std.data(), 3, false);
+    write_attr(file_, "mean_std_images", H5T_STD_I64LE, H5T_NATIVE_INT64, &mean_std_images, 1, true);
+  };
+  h5_finish_written(file_, {{bytes_, "bytes"}}, write_index_and_attributes, tmp_path_, path_, where);
   finished_ = true;
 }
 

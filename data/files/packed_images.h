@@ -46,8 +46,6 @@ class PackedImageWriter {
   int64_t bytes() const { return offsets_.back(); }
 
  private:
-  void close_quietly();
-
   std::string path_, tmp_path_;
   std::vector<int64_t> offsets_{0}, labels_;
   std::vector<int32_t> sizes_;

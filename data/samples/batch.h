@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,21 @@ struct LoaderState {
   int64_t epoch = 0;
   int64_t position = 0;
   bool operator==(const LoaderState& o) const { return epoch == o.epoch && position == o.position; }
+};
+
+/// One pass over an evaluation split in order, what the image and the token evaluation loaders both are
+/// (EvalLoader, data/samples/loader.h; TokenEvalLoader, data/samples/token_loader.h): batches of a fixed
+/// size over all ranks, the last one partial, each rank its slice of each (possibly empty near the end),
+/// the union over ranks every sample once.
+class EvalPass {
+ public:
+  virtual ~EvalPass() = default;
+  /// The next batch of the pass, or nullopt once the pass is over (until reset()).
+  virtual std::optional<Batch> next() = 0;
+  /// Starts a new pass at the split's first sample.
+  virtual void reset() = 0;
+  /// Global batches in a pass.
+  virtual int64_t num_batches() const = 0;
 };
 
 }  // namespace data

@@ -230,19 +230,17 @@ struct EvalOptions {
   int64_t world_size = 1;
 };
 
-/// One pass over a dataset in index order, without augmentation, the last partial batch included.
-/// With world_size > 1 each rank gets its slice of each global batch (possibly empty in a small last
-/// batch); the union over ranks is the whole dataset, each sample once.
-class EvalLoader {
+/// One pass over a dataset in index order, without augmentation, the last partial batch included
+/// (EvalPass, data/samples/batch.h).
+class EvalLoader : public EvalPass {
  public:
   EvalLoader(std::shared_ptr<const ImageDataset> dataset, EvalOptions options);
 
-  /// The next batch of the pass, or nullopt once the pass is over (until reset()).
-  std::optional<Batch> next();
+  std::optional<Batch> next() override;
   /// Starts a new pass at sample 0.
-  void reset() { loader_.seek(0, 0); }
+  void reset() override { loader_.seek(0, 0); }
   /// Global batches in a pass: ceil(N / batch).
-  int64_t num_batches() const { return loader_.steps_per_epoch(); }
+  int64_t num_batches() const override { return loader_.steps_per_epoch(); }
 
  private:
   static LoaderOptions loader_options(const EvalOptions& o);

@@ -126,21 +126,20 @@ struct TokenEvalOptions {
   int64_t world_size = 1;
 };
 
-/// One pass over a split in order: the floor((N - 1) / T) consecutive non-overlapping windows starting at
-/// 0, T, 2T, ... (every token but the last up to T - 1 is a target exactly once), the last global batch
-/// partial. With world_size > 1 each rank gets its slice of each global batch (possibly empty near the
-/// end); the union over ranks is every window once.
-class TokenEvalLoader {
+/// One pass over a split in order (EvalPass, data/samples/batch.h): the floor((N - 1) / T) consecutive
+/// non-overlapping windows starting at 0, T, 2T, ... (every token but the last up to T - 1 is a target
+/// exactly once), the last global batch partial.
+class TokenEvalLoader : public EvalPass {
  public:
   /// Throws std::invalid_argument for batch < 1, context < 1, N < context + 1 or a bad rank.
   TokenEvalLoader(std::shared_ptr<const TokenSource> dataset, TokenEvalOptions options);
   /// The next batch of the pass (fields as TokenLoader's; epoch 0, position = windows before it), or
   /// nullopt once the pass is over (until reset()).
-  std::optional<Batch> next();
+  std::optional<Batch> next() override;
   /// Starts a new pass at window 0.
-  void reset() { next_window_ = 0; }
+  void reset() override { next_window_ = 0; }
   /// Global batches in a pass: ceil(windows / batch).
-  int64_t num_batches() const { return (windows_ + opt_.batch - 1) / opt_.batch; }
+  int64_t num_batches() const override { return (windows_ + opt_.batch - 1) / opt_.batch; }
   /// Windows in a pass: floor((N - 1) / T).
   int64_t num_windows() const { return windows_; }
 

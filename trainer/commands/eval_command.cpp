@@ -78,17 +78,18 @@ void setup_device(EvalTarget& t) {
 // from the scored split itself, with a warning.
 void open_encoded_split(EvalTarget& t) {
   const int threads = t.cfg.data.workers > 0 ? static_cast<int>(t.cfg.data.workers) : at::get_num_threads();
-  std::shared_ptr<data::ImageDataset> train;
+  std::shared_ptr<data::ImageDataset> train, split;
   std::error_code ec;
   if (t.split_path == t.cfg.data.train || (!t.cfg.data.train.empty() && fs::exists(t.cfg.data.train, ec))) {
     train = encoded_image_dataset(t.cfg, t.cfg.data.train, /*train=*/true, nullptr, threads);
-    t.split.images = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, &train->meta(), threads);
+    split = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, &train->meta(), threads);
   } else {  // the split opens first: a split that is not there is the one line, with no warning before it
-    t.split.images = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, nullptr, threads);
+    split = encoded_image_dataset(t.cfg, t.split_path, /*train=*/false, nullptr, threads);
     spdlog::warn("eval: data.train ({}) is not at hand; normalizing with the mean and std of {} itself",
                  t.cfg.data.train.empty() ? "empty" : t.cfg.data.train, t.split_path);
   }
-  t.input_stats = train ? train->meta() : t.split.images->meta();
+  t.input_stats = train ? train->meta() : split->meta();
+  t.split = std::make_shared<data::ImageEvalSource>(split);
 }
 
 }  // namespace
@@ -108,9 +109,9 @@ void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck
   std::vector<int64_t> shape;
   if (t.tokens) {
     shape = sample_shape(t.cfg);
-    t.vocab_size = model_vocab(t.cfg, *t.split.tokens);
+    t.vocab_size = model_vocab(t.cfg, *static_cast<const data::TokenEvalSource&>(*t.split).dataset());
   } else {
-    const auto s = t.split.images->sample_shape();
+    const auto s = static_cast<const data::ImageEvalSource&>(*t.split).dataset()->sample_shape();
     shape = {s[0], s[1], s[2]};
   }
   torch::manual_seed(t.cfg.seed);
@@ -142,8 +143,10 @@ EvalTarget prepare_eval(const EvalCommand& cmd) {
     open_encoded_split(t);
   } else {
     check_data_file(t.cfg, t.split_path, t.cfg.data.in_memory);
-    if (t.tokens) t.split.tokens = std::make_shared<data::TokenDataset>(t.split_path, t.cfg.data.in_memory);
-    else t.split.images = std::make_shared<data::ImageH5Dataset>(t.split_path, t.cfg.data.in_memory);
+    if (t.tokens)
+      t.split = std::make_shared<data::TokenEvalSource>(std::make_shared<data::TokenDataset>(t.split_path, t.cfg.data.in_memory));
+    else
+      t.split = std::make_shared<data::ImageEvalSource>(std::make_shared<data::ImageH5Dataset>(t.split_path, t.cfg.data.in_memory));
   }
   build_scored_model(t, ck);
   return t;
@@ -156,7 +159,7 @@ nlohmann::json score(EvalTarget& t) {
   hooks.backoff = [&](int64_t, int64_t) { ++backoffs; };
   EvalSettings settings = eval_settings(t.cfg, t.device);
   if (t.input_stats) set_input_normalization(settings.forward, *t.input_stats, t.cfg.data.normalize, t.device);
-  const EvalResult r = evaluate_split(*t.model, t.split, settings, *t.memory, micro_batch, nullptr, hooks);
+  const EvalResult r = evaluate_split(*t.model, *t.split, settings, *t.memory, micro_batch, nullptr, hooks);
   nlohmann::json j = {{"schema", "trainer-eval/1"},
                       {"weights", t.weights},
                       {"weight_set", t.weight_set},

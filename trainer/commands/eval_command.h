@@ -54,7 +54,7 @@ struct EvalTarget {
   models::Model model;
   bool tokens = false;                    ///< a language model on a token split
   int64_t vocab_size = 0;                 ///< the language model's vocabulary
-  EvalSplit split;
+  std::shared_ptr<const data::EvalSource> split;  ///< the scored split (data/samples/source.h)
   std::string split_path;
   std::string weights;                    ///< the checkpoint folder or the init_from file
   std::string weight_set = "raw";         ///< "ema" (the checkpoint's ema.pt) or "raw" (model.pt, init_from)

@@ -29,7 +29,8 @@ void TrainingRun::poll_memory_limit(bool batch_failed) {
     const int64_t live = memory_->current_bytes(), limit = limit_->bytes();
     throw OomGaveUp("out of memory loading the batch of step " + std::to_string(step_ + 1) + " under the memory limit " +
                     (limit ? format_bytes(limit) : std::string("none")) + " (live tensors " +
-                    format_bytes(live) + ")" + (batch_oom_.empty() ? " on another rank" : ": " + batch_oom_) +
+                    format_bytes(live) + ")" +
+                    (input_.batch_oom().empty() ? " on another rank" : ": " + input_.batch_oom()) +
                     "; the weights, the optimizer state and one batch do not fit: raise the memory limit");
   }
   if (agreed_limit_ != before) step_runner_->on_limit_changed(agreed_limit_, step_);

@@ -32,12 +32,12 @@ void TrainingRun::record(const StepResult& r, const data::Batch& batch, double s
   // resume may use any micro-batch).
   // The loader's state after this step's batch, taken when it was fetched: the loader itself may already
   // be past the next step's (fetched ahead).
-  epoch_ = batch_after_.epoch;
-  position_ = batch_after_.position;
+  epoch_ = input_.batch_after().epoch;
+  position_ = input_.batch_after().position;
 
-  window_time_ += step_time + data_wait_s_;
+  window_time_ += step_time + input_.data_wait_s();
   ++window_steps_;
-  const double sps = cfg_.train.global_batch / (step_time + data_wait_s_);  // waiting for data counts
+  const double sps = cfg_.train.global_batch / (step_time + input_.data_wait_s());  // waiting for data counts
   metrics_.write(step_metrics(r, step_time, sps));
   if (step_ % cfg_.log.every == 0 || step_ == total_steps_ || step_ == 1) log_progress(r);
   observe_resources();
@@ -69,7 +69,7 @@ nlohmann::json TrainingRun::step_metrics(const StepResult& r, double step_time, 
                       {"accum_steps", r.accum_steps},
                       {"samples_per_s", sps},
                       {"step_time_s", step_time},
-                      {"data_wait_s", data_wait_s_},
+                      {"data_wait_s", input_.data_wait_s()},
                       {"mem_peak_bytes", memory_->peak_bytes()},
                       {"mem_start_bytes", r.mem_start_bytes},
                       {"mem_limit_bytes", limit_->bytes()},
@@ -96,7 +96,7 @@ nlohmann::json TrainingRun::step_metrics(const StepResult& r, double step_time, 
     j["grad_buckets"] = grad_sync_->num_buckets();
     j["grad_buckets_in_backward"] = r.grad_buckets_in_backward;
   }
-  if (tokens_) j["tokens_per_s"] = sps * cfg_.model.context;
+  if (tokens()) j["tokens_per_s"] = sps * cfg_.model.context;
   j["model_flops_per_s"] = 3.0 * flops_per_sample_ * sps;  // forward + backward (2x forward)
   return j;
 }
@@ -106,7 +106,7 @@ void TrainingRun::log_progress(const StepResult& r) {
   const double eta = (total_steps_ - step_) * (window_time_ / window_steps_);
   spdlog::info("step {}/{} (epoch {:.2f}) loss {:.4f} lr {:.4g} | {:.1f} {}/s | mb {}x{} | mem peak {} | ETA {}",
                step_, total_steps_, static_cast<double>(step_) / steps_per_epoch_, r.loss, r.lr,
-               tokens_ ? window_sps * cfg_.model.context : window_sps, tokens_ ? "tokens" : "samples",
+               tokens() ? window_sps * cfg_.model.context : window_sps, tokens() ? "tokens" : "samples",
                r.micro_batch, r.accum_steps, format_bytes(memory_->peak_bytes()), format_duration(eta));
   window_time_ = 0;
   window_steps_ = 0;

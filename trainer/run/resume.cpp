@@ -121,7 +121,7 @@ std::string TrainingRun::checkpoint_problem(const LoadedCheckpoint& ck) const {
   } catch (const std::exception& e) {
     return "state.json or config.yaml: " + error_message(e);
   }
-  const int64_t n = loader_->positions_per_epoch();
+  const int64_t n = input_.source().positions_per_epoch();
   if (epoch < 0 || position < 0 || position > n)
     return "state.json's data position (epoch " + std::to_string(epoch) + ", position " + std::to_string(position) +
            ") is outside the training data (positions 0 to " + std::to_string(n) + ")";
@@ -247,7 +247,7 @@ bool TrainingRun::resume() {
       throw std::runtime_error("resume: the ranks found different checkpoints (steps " + std::to_string(-a[1]) + " to " +
                                std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
-  loader_->seek(epoch_, position_);
+  input_.source().seek(epoch_, position_);
   saver_->resumed_from(ck->path, step_);  // what an exit 4 names until this run saves its own
   start_step_ = step_;
   const auto& ladder = step_runner_->controller();

@@ -3,8 +3,8 @@
 //   setup -> resume -> start -> [ fetch -> poll -> step -> record -> ema -> evaluate -> sample -> agree on save/stop ]* -> finish
 //
 // Under data.fetch_ahead (on by default for a CUDA device), the step fetches the next step's batch and
-// queues its copy to the device (fetch_ahead, BatchStager) once its own work is queued and before it
-// waits for its values; the next fetch then takes that batch.
+// queues its copy to the device (InputPipeline::fetch_ahead, BatchStager) once its own work is queued and
+// before it waits for its values; the next fetch then takes that batch.
 //
 // and the other ways a run ends: the OOM ladder gives up (checkpoint, exit 3), a signal stops it
 // (checkpoint, exit 128 + signal), or checkpoints cannot be written (exit 4, saver.cpp).
@@ -57,7 +57,7 @@ int TrainingRun::run_stages() {
   try {
     while (step_ < total_steps_) {
       if (opts_.observer) opts_.observer->before_step(step_ + 1);
-      std::optional<data::Batch> batch = fetch();
+      std::optional<data::Batch> batch = input_.fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
       if (need_micro_batch_search_) {
         const MicroBatchSearch found = auto_micro_batch(*batch);
@@ -65,14 +65,13 @@ int TrainingRun::run_stages() {
       }
       if (need_pretune_) pretune(*batch);
       const auto t0 = std::chrono::steady_clock::now();
-      ahead_wait_s_ = 0;
+      input_.step_started();
       StepResult r = step_runner_->run(*batch, step_ + 1, learning_rate(cfg_.schedule, cfg_.optim.lr, step_, total_steps_,
                                                                          warmup_steps_),
-                                       agreed_limit_, fetch_ahead_on_ ? std::function<void()>([this] { fetch_ahead(); })
-                                                                      : std::function<void()>());
-      // The time in the loader for the next step's batch is data time, as a wait for this one's is.
-      data_wait_s_ += ahead_wait_s_;
-      record(r, *batch, seconds_since(t0) - ahead_wait_s_);
+                                       agreed_limit_, fetch_ahead_hook());
+      // The time in the source for the next step's batch is data time, as a wait for this one's is.
+      const double ahead_wait_s = input_.step_ended();
+      record(r, *batch, seconds_since(t0) - ahead_wait_s);
       update_ema();
       maybe_evaluate();
       maybe_sample();
@@ -119,57 +118,14 @@ void TrainingRun::start(bool resumed) {
   telemetry_.set_ready(true);
 }
 
-TrainingRun::Fetched TrainingRun::fetch_next() {
-  Fetched f;
-  const auto t = std::chrono::steady_clock::now();
-  try {
-    data::Batch batch = loader_->next();
-    f.after = loader_->state();
-    f.batch = stager_->stage(std::move(batch));  // on the host still where the device has no room for it
-  } catch (const std::exception& e) {
-    // The batch's tensors count against the cap. No rung of the ladder makes room for them (it shrinks
-    // activations, which are gone between steps): the live bytes alone are over the cap.
-    if (!is_oom_error(e)) throw;
-    f.oom = error_message(e);
-  }
-  f.wait_s = seconds_since(t);
-  return f;
-}
-
-std::optional<data::Batch> TrainingRun::fetch() {
-  RECORD_USER_SCOPE("trainer.fetch");
-  Fetched f;
-  if (ahead_) {
-    f = std::move(*ahead_);
-    ahead_.reset();
-    if (f.error) std::rethrow_exception(f.error);
-    f.wait_s = 0;  // counted in the step that fetched it
-  } else {
-    f = fetch_next();
-  }
-  data_wait_s_ = f.wait_s;
-  if (!f.batch) {
-    batch_oom_ = f.oom;
-    return std::nullopt;
-  }
-  batch_after_ = f.after;
-  stager_->ready(*f.batch);
-  return f.batch;
-}
-
-void TrainingRun::fetch_ahead() {
-  // Not after the last step (the loader would move past what the final checkpoint records), nor when a
-  // stop is on its way.
-  if (ahead_ || step_ + 1 >= total_steps_ || stop_requested()) return;
-  RECORD_USER_SCOPE("trainer.fetch_ahead");
-  const auto t = std::chrono::steady_clock::now();
-  try {
-    ahead_ = fetch_next();
-  } catch (...) {  // a broken dataset is the next step's error: this step completes and is recorded first
-    ahead_.emplace();
-    ahead_->error = std::current_exception();
-  }
-  ahead_wait_s_ = seconds_since(t);
+std::function<void()> TrainingRun::fetch_ahead_hook() {
+  if (!input_.fetches_ahead()) return {};
+  return [this] {
+    // Not after the last step (the source would move past what the final checkpoint records), nor when a
+    // stop is on its way.
+    if (step_ + 1 >= total_steps_ || stop_requested()) return;
+    input_.fetch_ahead();
+  };
 }
 
 EvalResult TrainingRun::evaluate() {
@@ -185,7 +141,7 @@ EvalResult TrainingRun::evaluate() {
   set_cudnn_benchmark(step_runner_->cudnn().evaluation_benchmark());
   EvalSettings settings = eval_settings(cfg_, device_, env_.rank, env_.world_size);
   settings.forward = forward_;  // with the input statistics of uint8 images (setup_data)
-  return evaluate_split(*model_, {test_images_, test_tokens_}, settings, *memory_, eval_micro_batch_, dist_.get(), hooks);
+  return evaluate_split(*model_, *input_.eval(), settings, *memory_, eval_micro_batch_, dist_.get(), hooks);
 }
 
 void TrainingRun::update_ema() {

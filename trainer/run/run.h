@@ -3,6 +3,8 @@
 //   run.cpp        the loop: it only sequences (fetch -> poll -> step -> record -> evaluate -> agree on
 //                  save/stop), and how the run ends
 //   setup.cpp      setup(): the run folder, logging, memory, data, the model, the step, in that order
+//   input_pipeline.*  InputPipeline, the run's input: the training source and the test split (images or
+//                  tokens, data/samples/source.h), the batch's way to the device and the fetch-ahead
 //   auto_batch.cpp train.micro_batch: auto before the first step: the start, the checkpointing, the
 //                  findings kept across a restart (the search itself is MicroBatchSearcher, trainer/step/search.h)
 //   record.cpp     what each step writes: metrics.jsonl, the progress line, telemetry, memory reports
@@ -24,15 +26,14 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "common/log.h"
 #include "common/run_lock.h"
-#include "data/samples/dataset.h"
-#include "data/samples/loader.h"
-#include "data/samples/token_loader.h"
+#include "data/samples/source.h"
 #include "models/model.h"
 #include "trainer/checkpoint/store.h"
 #include "trainer/config/config.h"
@@ -48,10 +49,10 @@
 #include "trainer/observe/http.h"
 #include "trainer/observe/telemetry.h"
 #include "trainer/observe/tensorboard.h"
+#include "trainer/run/input_pipeline.h"
 #include "trainer/run/limit_follower.h"
 #include "trainer/run/saver.h"
 #include "trainer/run/train.h"
-#include "trainer/step/batch_stager.h"
 #include "trainer/step/evaluate.h"
 #include "trainer/step/search.h"
 #include "trainer/step/step.h"
@@ -64,31 +65,6 @@ class Tokenizer;  // data/text/tokenizer.h
 namespace trainer {
 
 class SearchFindings;  // trainer/step/search_findings.h
-
-/// The training stream, image or token loader, behind one face: both return data::Batch and keep
-/// their place in samples, so resume and OOM retries do not care which it is.
-struct BatchStream {
-  virtual ~BatchStream() = default;
-  virtual data::Batch next() = 0;
-  virtual void seek(int64_t epoch, int64_t position) = 0;
-  virtual data::LoaderState state() const = 0;
-  virtual int64_t steps_per_epoch() const = 0;
-  virtual int64_t positions_per_epoch() const = 0;  // seek() takes positions 0..this
-};
-
-inline int64_t positions_per_epoch(const data::Loader& l) { return l.samples_per_epoch(); }
-inline int64_t positions_per_epoch(const data::TokenLoader& l) { return l.windows_per_epoch(); }
-
-template <typename Loader>
-struct StreamOf : BatchStream {
-  explicit StreamOf(std::unique_ptr<Loader> l) : loader(std::move(l)) {}
-  data::Batch next() override { return loader->next(); }
-  void seek(int64_t epoch, int64_t position) override { loader->seek(epoch, position); }
-  data::LoaderState state() const override { return loader->state(); }
-  int64_t steps_per_epoch() const override { return loader->steps_per_epoch(); }
-  int64_t positions_per_epoch() const override { return trainer::positions_per_epoch(*loader); }
-  std::unique_ptr<Loader> loader;
-};
 
 class TrainingRun {
  public:
@@ -111,7 +87,9 @@ class TrainingRun {
   /// MLflow (its tracker sends a batch a second); the tracker sends only what MLflow lacks (StepFilter).
   void backfill_tracker(int64_t upto);  // log.mlflow: the MLflow tracker (rank 0)
   void setup_memory();
-  void setup_data();
+  void setup_data();        // the training source and the test split (InputPipeline), the steps they make
+  void setup_token_data();  // a language model's token stream
+  void setup_image_data();  // images: HDF5, packed or a folder (decoded), or synthetic
   int64_t steps_of_epochs(double epochs, const char* key) const;  // after setup_data(): steps per epoch known
   void check_test_split() const;
   void setup_model();
@@ -121,12 +99,9 @@ class TrainingRun {
 
   // run.cpp
   void start(bool resumed);
-  /// This step's batch, staged for the device and ready on the compute stream: the one fetched ahead
-  /// during the last step, else the loader's next. nullopt: it did not fit under the cap (batch_oom_).
-  std::optional<data::Batch> fetch();
-  /// Step::run's while_device_runs under data.fetch_ahead: the next step's batch fetched and its copy to
-  /// the device queued (BatchStager) while the device finishes this one. Not after the last step.
-  void fetch_ahead();
+  /// Step::run's while_device_runs under data.fetch_ahead: InputPipeline::fetch_ahead, not after the last
+  /// step (the source would move past what the final checkpoint records), nor when a stop is on its way.
+  std::function<void()> fetch_ahead_hook();
   void maybe_evaluate();
   std::string evaluate_and_log(bool final);  // "" or why the evaluation failed (one line)
   void update_ema();  // train.ema_decay: after each optimizer step (ModelEma::update decides if it is due)
@@ -188,7 +163,8 @@ class TrainingRun {
 
   int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
   bool main_rank() const { return env_.rank == 0; }
-  bool has_eval() const { return tokens_ ? test_tokens_ != nullptr : test_images_ != nullptr; }
+  bool has_eval() const { return input_.eval() != nullptr; }
+  bool tokens() const { return input_.source().tokens(); }  ///< a language model on a token stream
 
   Config cfg_;
   RunOptions opts_;
@@ -204,11 +180,6 @@ class TrainingRun {
   std::unique_ptr<GradientSync> grad_sync_;
   std::string rank_dir_;  // where this rank's own files go: the run folder (rank 0) or <run>/rank<r>
 
-  bool tokens_ = false;  // a language model on a token stream (else image classification)
-  std::shared_ptr<data::ImageDataset> train_images_, test_images_;
-  std::shared_ptr<data::TokenSource> train_tokens_, test_tokens_;
-  std::unique_ptr<BatchStream> loader_;
-  std::vector<int64_t> sample_shape_;  // (C, H, W) or (T)
   double flops_per_sample_ = 0;        // forward
   int64_t vocab_ = 0;                  // a language model's vocabulary (wte may have more rows: model.vocab_multiple)
   models::Model model_;
@@ -246,24 +217,11 @@ class TrainingRun {
   std::optional<MemoryCurve> curve_;      // memory.curve, read when the auto search will run
   std::chrono::steady_clock::time_point start_time_;
   std::chrono::steady_clock::time_point model_built_;  // setup_model() done: step 1's since_model_built_s
-  // The input path (run.cpp): the loader's next batch, staged, and where the loader stands after it.
-  struct Fetched {
-    std::optional<data::Batch> batch;  // nullopt: it did not fit under the cap (`oom` says why)
-    std::string oom;
-    data::LoaderState after;           // the loader's state after this batch: what a checkpoint of its step records
-    double wait_s = 0;                 // the host's time in the loader and the staging
-    std::exception_ptr error;          // fetch_ahead(): what fetch() rethrows for the step that needs the batch
-  };
-  Fetched fetch_next();
-  std::unique_ptr<BatchStager> stager_;  // batches to the device on a side stream (CUDA), else as they are
-  bool fetch_ahead_on_ = false;          // data.fetch_ahead, resolved
-  std::optional<Fetched> ahead_;         // the next step's batch, fetched during this step
-  double ahead_wait_s_ = 0;              // this step's time in fetch_ahead()
-  data::LoaderState batch_after_;        // the loader's state after the batch of the step in progress
+  // The input (input_pipeline.h): the training source and the test split, the fetch-ahead, and what a
+  // step records of its batch. Declared after memory_, so destroyed before it, with the batches it
+  // counted (on the device under data.fetch_ahead).
+  InputPipeline input_;
   uint64_t batch_hash_ = 0;           // hash of the last step's sample indices
-  std::string batch_oom_;             // why this rank's batch did not fit under the cap
-  double data_wait_s_ = 0;            // the last step's time in the loader: its own batch and the next one's
-                                      // (fetched ahead); not in step_time_s
   double window_time_ = 0;            // seconds of the steps since the last log line
   int64_t window_steps_ = 0;
 };

@@ -29,7 +29,8 @@ void TrainingRun::setup_sampling() {
     throw ConfigError("train.sample_every: model '" + cfg_.model.name + "' is not a language model; only language models sample (set 0)");
   // The tokenizer the token file records, else bytes.
   std::string path;
-  if (auto file = std::dynamic_pointer_cast<data::TokenDataset>(train_tokens_)) path = file->tokenizer_path();
+  if (const auto* train = dynamic_cast<const data::TokenTrainingSource*>(&input_.source()))
+    if (const auto* file = dynamic_cast<const data::TokenDataset*>(&train->dataset())) path = file->tokenizer_path();
   if (!path.empty()) {
     std::error_code ec;
     if (!fs::exists(path, ec))

@@ -234,73 +234,76 @@ void check_before_opening(const Config& cfg) {
 }  // namespace
 
 void TrainingRun::setup_data() {
-  // Images (HDF5 or synthetic) or a token stream, behind one stream interface.
-  const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
-  tokens_ = token_job(cfg_);
-  if (tokens_) {
-    if (cfg_.data.kind == "synthetic") {
-      train_tokens_ = synthetic_tokens(cfg_);
-    } else {
-      check_before_opening(cfg_);
-      train_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
-      if (!cfg_.data.test.empty()) test_tokens_ = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
-    }
-    data::TokenLoaderOptions to;
-    to.global_batch = cfg_.train.global_batch;
-    to.context = cfg_.model.context;
-    to.seed = cfg_.seed;
-    to.rank = env_.rank;
-    to.world_size = env_.world_size;
-    to.pin_memory = device_.is_cuda();
-    loader_ = std::make_unique<StreamOf<data::TokenLoader>>(std::make_unique<data::TokenLoader>(train_tokens_, to));
-    sample_shape_ = {cfg_.model.context};
-  } else {
-    if (cfg_.data.kind == "synthetic") {
-      train_images_ = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
-                                                                    cfg_.data.shape[1], cfg_.data.shape[2],
-                                                                    cfg_.model.num_classes, cfg_.seed);
-    } else if (encoded_image_job(cfg_)) {
-      // Decoded in the loader's workers with the train transform; the test split with the eval transform
-      // and the training split's mean/std. Batches are uint8 NHWC; forward_logits normalizes on the device.
-      train_images_ = encoded_image_dataset(cfg_, cfg_.data.train, /*train=*/true, nullptr, static_cast<int>(workers));
-      if (!cfg_.data.test.empty())
-        test_images_ = encoded_image_dataset(cfg_, cfg_.data.test, /*train=*/false, &train_images_->meta(),
-                                             static_cast<int>(workers));
-      const auto& m = train_images_->meta();
-      spdlog::info("data: {} {} with {} samples, {} classes, mean [{:.4f}, {:.4f}, {:.4f}], std [{:.4f}, {:.4f}, {:.4f}]",
-                   cfg_.data.kind, cfg_.data.train, train_images_->size(), m.num_classes, m.mean[0], m.mean[1],
-                   m.mean[2], m.std[0], m.std[1], m.std[2]);
-    } else {
-      check_before_opening(cfg_);
-      train_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
-      if (!cfg_.data.test.empty())
-        test_images_ = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
-    }
-    if (train_images_->num_classes() > cfg_.model.num_classes)
-      throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.train +
-                        " has " + std::to_string(train_images_->num_classes()) + " classes");
-    if (train_images_->size() < cfg_.train.global_batch)
-      throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
-                        std::to_string(train_images_->size()) + " samples of the training split");
-    data::LoaderOptions lo = image_loader_options(cfg_, workers);
-    lo.rank = env_.rank;
-    lo.world_size = env_.world_size;
-    lo.pin_memory = device_.is_cuda();
-    lo.uint8_batches = uint8_image_batches(cfg_, device_);
-    // uint8 batches are normalized on the device with the training split's mean/std: for stored pixels the
-    // very values the loader's float table takes (meta()). Float batches pass through as they are.
-    if (encoded_image_job(cfg_) || lo.uint8_batches)
-      set_input_normalization(forward_, train_images_->meta(), cfg_.data.normalize, device_);
-    loader_ = std::make_unique<StreamOf<data::Loader>>(std::make_unique<data::Loader>(train_images_, lo));
-    auto sh = train_images_->sample_shape();
-    sample_shape_ = {sh[0], sh[1], sh[2]};
-  }
+  // Images (HDF5 or synthetic) or a token stream, behind one training source and one evaluation source
+  // (data/samples/source.h).
+  if (token_job(cfg_)) setup_token_data();
+  else setup_image_data();
   check_test_split();
-  steps_per_epoch_ = loader_->steps_per_epoch();
+  steps_per_epoch_ = input_.source().steps_per_epoch();
   total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
                                       : std::max<int64_t>(1, steps_of_epochs(cfg_.train.epochs, "train.epochs"));
   warmup_steps_ = cfg_.schedule.warmup_steps > 0 ? cfg_.schedule.warmup_steps
                                                  : steps_of_epochs(cfg_.schedule.warmup_epochs, "schedule.warmup_epochs");
+}
+
+void TrainingRun::setup_token_data() {
+  std::shared_ptr<data::TokenSource> train, test;
+  if (cfg_.data.kind == "synthetic") {
+    train = synthetic_tokens(cfg_);
+  } else {
+    check_before_opening(cfg_);
+    train = std::make_shared<data::TokenDataset>(cfg_.data.train, cfg_.data.in_memory);
+    if (!cfg_.data.test.empty()) test = std::make_shared<data::TokenDataset>(cfg_.data.test, cfg_.data.in_memory);
+  }
+  data::TokenLoaderOptions to;
+  to.global_batch = cfg_.train.global_batch;
+  to.context = cfg_.model.context;
+  to.seed = cfg_.seed;
+  to.rank = env_.rank;
+  to.world_size = env_.world_size;
+  to.pin_memory = device_.is_cuda();
+  input_.set_sources(std::make_unique<data::TokenTrainingSource>(train, to),
+                     test ? std::make_unique<data::TokenEvalSource>(test) : nullptr);
+}
+
+void TrainingRun::setup_image_data() {
+  const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
+  std::shared_ptr<data::ImageDataset> train, test;
+  if (cfg_.data.kind == "synthetic") {
+    train = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
+                                                          cfg_.data.shape[1], cfg_.data.shape[2],
+                                                          cfg_.model.num_classes, cfg_.seed);
+  } else if (encoded_image_job(cfg_)) {
+    // Decoded in the loader's workers with the train transform; the test split with the eval transform
+    // and the training split's mean/std. Batches are uint8 NHWC; forward_logits normalizes on the device.
+    train = encoded_image_dataset(cfg_, cfg_.data.train, /*train=*/true, nullptr, static_cast<int>(workers));
+    if (!cfg_.data.test.empty())
+      test = encoded_image_dataset(cfg_, cfg_.data.test, /*train=*/false, &train->meta(), static_cast<int>(workers));
+    const auto& m = train->meta();
+    spdlog::info("data: {} {} with {} samples, {} classes, mean [{:.4f}, {:.4f}, {:.4f}], std [{:.4f}, {:.4f}, {:.4f}]",
+                 cfg_.data.kind, cfg_.data.train, train->size(), m.num_classes, m.mean[0], m.mean[1], m.mean[2],
+                 m.std[0], m.std[1], m.std[2]);
+  } else {
+    check_before_opening(cfg_);
+    train = std::make_shared<data::ImageH5Dataset>(cfg_.data.train, cfg_.data.in_memory);
+    if (!cfg_.data.test.empty()) test = std::make_shared<data::ImageH5Dataset>(cfg_.data.test, cfg_.data.in_memory);
+  }
+  if (train->num_classes() > cfg_.model.num_classes)
+    throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.train +
+                      " has " + std::to_string(train->num_classes()) + " classes");
+  if (train->size() < cfg_.train.global_batch)
+    throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
+                      std::to_string(train->size()) + " samples of the training split");
+  data::LoaderOptions lo = image_loader_options(cfg_, workers);
+  lo.rank = env_.rank;
+  lo.world_size = env_.world_size;
+  lo.pin_memory = device_.is_cuda();
+  lo.uint8_batches = uint8_image_batches(cfg_, device_);
+  // uint8 batches are normalized on the device with the training split's mean/std: for stored pixels the
+  // very values the loader's float table takes (meta()). Float batches pass through as they are.
+  if (encoded_image_job(cfg_) || lo.uint8_batches) set_input_normalization(forward_, train->meta(), cfg_.data.normalize, device_);
+  input_.set_sources(std::make_unique<data::ImageTrainingSource>(train, lo),
+                     test ? std::make_unique<data::ImageEvalSource>(test) : nullptr);
 }
 
 int64_t TrainingRun::steps_of_epochs(double epochs, const char* key) const {
@@ -323,39 +326,43 @@ void TrainingRun::check_test_split() const {
     for (int64_t d : v) s += (s.empty() ? "" : ", ") + std::to_string(d);
     return "[" + s + "]";
   };
-  if (test_images_) {
-    if (test_images_->num_classes() > cfg_.model.num_classes)
+  const std::vector<int64_t> sample_shape = input_.source().sample_shape();
+  if (const auto* images = dynamic_cast<const data::ImageEvalSource*>(input_.eval())) {
+    const data::ImageDataset& test = *images->dataset();
+    if (test.num_classes() > cfg_.model.num_classes)
       throw ConfigError("model.num_classes: " + std::to_string(cfg_.model.num_classes) + ", but " + cfg_.data.test +
-                        " (data.test) has " + std::to_string(test_images_->num_classes()) + " classes");
-    const auto sh = test_images_->sample_shape();
+                        " (data.test) has " + std::to_string(test.num_classes()) + " classes");
+    const auto sh = test.sample_shape();
     const std::vector<int64_t> test_shape(sh.begin(), sh.end());
-    std::vector<int64_t> expected = sample_shape_;  // decoded images: evaluated at data.eval_size when set
+    std::vector<int64_t> expected = sample_shape;  // decoded images: evaluated at data.eval_size when set
     if (encoded_image_job(cfg_) && cfg_.data.eval_size > 0) expected = {3, cfg_.data.eval_size, cfg_.data.eval_size};
     if (test_shape != expected)
       throw ConfigError("data.test: " + cfg_.data.test + " holds samples of shape " + shape_str(test_shape) +
-                        ", the training split " + shape_str(sample_shape_));
+                        ", the training split " + shape_str(sample_shape));
   }
-  if (test_tokens_) {
+  if (const auto* tokens = dynamic_cast<const data::TokenEvalSource*>(input_.eval())) {
+    const data::TokenSource& test = *tokens->dataset();
     // The model's vocabulary: model.vocab_size when set (at least the training file's), else the file's.
     const int64_t vocab = vocab_size(cfg_);
-    if (test_tokens_->vocab_size() > vocab)
+    if (test.vocab_size() > vocab)
       throw ConfigError("data.test: " + cfg_.data.test + " has a vocabulary of " +
-                        std::to_string(test_tokens_->vocab_size()) + " tokens, the model " + std::to_string(vocab));
-    if (test_tokens_->size() < cfg_.model.context + 1)
-      throw ConfigError("data.test: " + cfg_.data.test + " has " + std::to_string(test_tokens_->size()) +
+                        std::to_string(test.vocab_size()) + " tokens, the model " + std::to_string(vocab));
+    if (test.size() < cfg_.model.context + 1)
+      throw ConfigError("data.test: " + cfg_.data.test + " has " + std::to_string(test.size()) +
                         " tokens, fewer than model.context + 1 = " + std::to_string(cfg_.model.context + 1));
   }
 }
 
 void TrainingRun::setup_model() {
   torch::manual_seed(cfg_.seed);
-  vocab_ = tokens_ ? vocab_size(cfg_) : 0;
-  model_ = build_model(cfg_, sample_shape_, vocab_);
+  const std::vector<int64_t> sample_shape = input_.source().sample_shape();
+  vocab_ = tokens() ? vocab_size(cfg_) : 0;
+  model_ = build_model(cfg_, sample_shape, vocab_);
   if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_, vocab_);
   model_->to(device_);
-  if (cfg_.model.channels_last && !tokens_) models::to_channels_last(*model_);
+  if (cfg_.model.channels_last && !tokens()) models::to_channels_last(*model_);
   optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
-  flops_per_sample_ = model_->forward_flops(sample_shape_);
+  flops_per_sample_ = model_->forward_flops(sample_shape);
   spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
                models::count_parameters(*model_), flops_per_sample_ / 1e9);
   if (dist_) {
@@ -420,9 +427,8 @@ void TrainingRun::setup_step() {
   }
   if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
     spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
-  // The input path: off, each micro-batch crosses to the device inside the step, on the compute stream.
-  fetch_ahead_on_ = fetches_ahead(cfg_, device_);
-  stager_ = std::make_unique<BatchStager>(device_, fetch_ahead_on_);
+  // The input path: batches to the device, fetched ahead under data.fetch_ahead (input_pipeline.h).
+  input_.set_staging(device_, fetches_ahead(cfg_, device_));
   eval_micro_batch_ = cfg_.train.eval_batch;
   need_micro_batch_search_ = cfg_.train.micro_batch == -1;
   if (need_micro_batch_search_ && agreed_limit_ == 0)
@@ -441,7 +447,7 @@ void TrainingRun::load_memory_curve() {
     for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
     return s + " in " + precision;
   };
-  const std::string job = describe(cfg_.model.name, sample_shape_, precision_of(cfg_));
+  const std::string job = describe(cfg_.model.name, input_.source().sample_shape(), precision_of(cfg_));
   const std::string measured = describe(c.model, c.sample_shape, c.precision);
   if (job != measured)
     throw ConfigError("memory.curve: " + c.path + " was measured for " + measured + ", and this job is " + job +

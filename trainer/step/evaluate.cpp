@@ -4,7 +4,6 @@
 
 #include <optional>
 
-#include "data/samples/loader.h"
 #include "trainer/dist/dist.h"
 
 namespace trainer {
@@ -36,38 +35,22 @@ struct EvalSums {
   }
 };
 
-// The split in order, as batches of settings.batch samples (images or token windows).
-class SplitReader {
- public:
-  SplitReader(const EvalSplit& split, const EvalSettings& s) {
-    if (split.tokens) {
-      data::TokenEvalOptions o;
-      o.batch = s.batch;
-      o.context = s.context;
-      o.rank = s.rank;
-      o.world_size = s.world_size;
-      tokens_ = std::make_unique<data::TokenEvalLoader>(split.tokens, o);
-    } else {
-      data::EvalOptions o;
-      o.batch = s.batch;
-      o.workers = s.workers;
-      o.normalize = s.normalize;
-      o.pin_memory = s.pin_memory;
-      o.rank = s.rank;
-      o.world_size = s.world_size;
-      images_ = std::make_unique<data::EvalLoader>(split.images, o);
-    }
-  }
-  std::optional<data::Batch> next() { return tokens_ ? tokens_->next() : images_->next(); }
-
- private:
-  std::unique_ptr<data::TokenEvalLoader> tokens_;
-  std::unique_ptr<data::EvalLoader> images_;
-};
+// How `settings` reads the split: in order, as batches of settings.batch samples (images or token windows).
+data::EvalPassOptions eval_pass_options(const EvalSettings& s) {
+  data::EvalPassOptions o;
+  o.batch = s.batch;
+  o.rank = s.rank;
+  o.world_size = s.world_size;
+  o.workers = s.workers;
+  o.normalize = s.normalize;
+  o.pin_memory = s.pin_memory;
+  o.context = s.context;
+  return o;
+}
 
 }  // namespace
 
-EvalResult evaluate_split(models::ModelImpl& model, const EvalSplit& split, const EvalSettings& settings,
+EvalResult evaluate_split(models::ModelImpl& model, const data::EvalSource& split, const EvalSettings& settings,
                           MemoryBackend& memory, int64_t& micro_batch, Distributed* dist, const EvalHooks& hooks) {
   torch::NoGradGuard no_grad;
   // Data parallel: BatchNorm statistics are each rank's own (as in DDP without SyncBatchNorm); the
@@ -78,10 +61,10 @@ EvalResult evaluate_split(models::ModelImpl& model, const EvalSplit& split, cons
   }
   const bool was_training = model.is_training();
   model.eval();
-  SplitReader reader(split, settings);
+  const std::unique_ptr<data::EvalPass> reader = split.pass(eval_pass_options(settings));
   EvalSums sums(settings.forward.device);
   int64_t batches = 0;
-  while (auto b = reader.next()) {
+  while (auto b = reader->next()) {
     if (hooks.heartbeat) hooks.heartbeat();
     if (settings.max_batches > 0 && batches++ >= settings.max_batches) break;
     for (int64_t start = 0; start < b->size();) {

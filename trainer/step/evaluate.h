@@ -10,8 +10,7 @@
 #include <functional>
 #include <memory>
 
-#include "data/samples/dataset.h"
-#include "data/samples/token_loader.h"
+#include "data/samples/source.h"
 #include "models/model.h"
 #include "trainer/memory/backend.h"
 #include "trainer/numerics/forward.h"
@@ -24,12 +23,6 @@ class Distributed;
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;  ///< mean cross-entropy (nats) and accuracies over the targets
   int64_t samples = 0;                  ///< targets scored: images, or tokens
-};
-
-/// What an evaluation reads: images or a token stream (one of the two is set).
-struct EvalSplit {
-  std::shared_ptr<data::ImageDataset> images;
-  std::shared_ptr<data::TokenSource> tokens;
 };
 
 /// How an evaluation reads and runs (from_config.h's eval_settings builds it from a config).
@@ -51,11 +44,11 @@ struct EvalHooks {
   std::function<void(int64_t old_micro, int64_t new_micro)> backoff;  ///< after an OOM halved the micro-batch
 };
 
-/// One pass over `split` with `model` in eval mode (its previous mode is restored after). `micro_batch`
+/// One pass over `split` (images or tokens: data/samples/source.h) with `model` in eval mode (its previous mode is restored after). `micro_batch`
 /// (in/out) is the size forwarded at once; an OOM halves it (down to 1, then rethrows), after
 /// `memory.empty_cache()`, and it stays halved for later calls. With `dist`, rank 0's buffers (BatchNorm
 /// statistics) are broadcast first and the sums are added over ranks. One host sync, at the end.
-EvalResult evaluate_split(models::ModelImpl& model, const EvalSplit& split, const EvalSettings& settings,
+EvalResult evaluate_split(models::ModelImpl& model, const data::EvalSource& split, const EvalSettings& settings,
                           MemoryBackend& memory, int64_t& micro_batch, Distributed* dist = nullptr,
                           const EvalHooks& hooks = {});
 
