@@ -30,7 +30,7 @@
 //            timed plans in the cache.
 //   pretune  start, plus one forward and backward with benchmark on at each size of the ladder's next
 //            kPretuneRungs halvings below the start size, before the first step, while the memory is
-//            free (Step::pretune): a backoff to those sizes then finds timed plans.
+//            free (MicroBatchSearcher::pretune): a backoff to those sizes then finds timed plans.
 //   settle   the heuristics at a size's first use; once a size has held `settle_steps` clean steps, one
 //            step with benchmark on. Under the plan cache above that step finds every shape cached and
 //            times nothing; the mode is kept so that a GPU run can show it.

@@ -131,7 +131,7 @@ class Step {
   /// retries; OomGaveUp when no rung is left. Any other error propagates.
   /// `while_device_runs`, if given, is called once, in the completed attempt, when the step's work is
   /// queued and before the host waits for its values: the run fetches and stages the next step's batch
-  /// there (TrainingRun's fetch-ahead), while the device finishes this one. It must not throw.
+  /// there (InputPipeline::fetch_ahead), while the device finishes this one. It must not throw.
   StepResult run(const data::Batch& batch, int64_t step, double lr, int64_t limit,
                  const std::function<void()>& while_device_runs = {});
 
