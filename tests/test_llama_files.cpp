@@ -355,6 +355,21 @@ std::vector<double> numbers_after(const std::string& output, const std::string& 
   return v;
 }
 
+// Our Llama built from `folder`'s config.json and weights, in eval mode: its logits (as doubles) at the last
+// of `tokens` (comma-separated ids), to compare with the reference's.
+torch::Tensor our_last_logits(const fs::path& folder, const std::string& tokens) {
+  const auto arch = hf::llama_from_json(hf::read_config_json((folder / "config.json").string()),
+                                        folder.filename().string());
+  models::LlamaImpl model(arch.options);
+  trainer::load_weights(model, folder.string());
+  model.eval();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ids;
+  for (double v : numbers_after("t " + tokens, "t")) ids.push_back(static_cast<int64_t>(v));
+  const int64_t last = static_cast<int64_t>(ids.size()) - 1;
+  return model.forward(torch::tensor(ids).unsqueeze(0)).select(1, last).squeeze(0).to(torch::kDouble);
+}
+
 // A random LlamaForCausalLM (GQA, untied, Llama 3's rope scaling past its original context) and a
 // Qwen2ForCausalLM (q/k/v biases, tied), each saved by transformers in 4 shards: `trainer sample
 // --temperature 0` from the folder draws generate(do_sample=False)'s tokens, with the cache and without.
@@ -402,14 +417,7 @@ TEST(HfLibraries, FineTunedExportLoadsInTransformersWithOurLogits) {
   EXPECT_NE(l.output.find("missing 0\nunexpected 0\nclass LlamaForCausalLM\n"), std::string::npos) << l.output;
   const auto theirs = torch::tensor(numbers_after(l.output, "logits"), torch::kDouble);
 
-  const auto arch = hf::llama_from_json(hf::read_config_json((dir / "out/config.json").string()), "out");
-  models::LlamaImpl model(arch.options);
-  trainer::load_weights(model, (dir / "out").string());
-  model.eval();
-  torch::NoGradGuard no_grad;
-  std::vector<int64_t> ids;
-  for (double v : numbers_after("t " + tokens, "t")) ids.push_back(static_cast<int64_t>(v));
-  const auto ours = model.forward(torch::tensor(ids).unsqueeze(0)).select(1, 39).squeeze(0).to(torch::kDouble);
+  const auto ours = our_last_logits(dir / "out", tokens);
   ASSERT_EQ(ours.size(0), theirs.size(0));
   EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5 * theirs.abs().max().item<double>());
 
@@ -449,13 +457,7 @@ TEST(HfLibraries, BothRopeFormsGiveTransformersLogits) {
 
   const auto arch = hf::llama_from_json(hf::read_config_json((dir / "hf/config.json").string()), "hf");
   EXPECT_EQ(arch.options.rope_theta(), 10000.0);
-  models::LlamaImpl model(arch.options);
-  trainer::load_weights(model, (dir / "hf").string());
-  model.eval();
-  torch::NoGradGuard no_grad;
-  std::vector<int64_t> ids;
-  for (double v : numbers_after("t " + tokens, "t")) ids.push_back(static_cast<int64_t>(v));
-  const auto ours = model.forward(torch::tensor(ids).unsqueeze(0)).select(1, 39).squeeze(0).to(torch::kDouble);
+  const auto ours = our_last_logits(dir / "hf", tokens);
   ASSERT_EQ(ours.size(0), theirs.size(0));
   EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5 * theirs.abs().max().item<double>());
 }
