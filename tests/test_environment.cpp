@@ -2,7 +2,7 @@
 // starts (OMP_NUM_THREADS=1 in their environment). CTest runs two suites at a time on the 2-core machines
 // CI uses: two processes of two OpenMP threads each then share two cores, and a thread that reaches a
 // barrier spins while the one it waits for cannot run. LibTorch 2.11's default (a thread per core) made
-// TransformerLearning.TinyGptBeatsTheUnigramEntropyOnFortunes take 36.5 s beside a build instead of 2.7 s;
+// TransformerLearning.TinyGptBeatsTheUnigramEntropyOnFortunes take 36.5 s beside a build instead of 2-4 s;
 // Debian's LibTorch 1.13 starts with one thread already. The trainer processes a test starts set their own
 // count (train.threads), as they do for a user.
 #include <gtest/gtest.h>
