@@ -1,6 +1,6 @@
 // train.micro_batch: auto, once before the first step: where the search starts (a memory curve's
-// prediction), which activation checkpointing it searches under, what it remembers across a restart
-// (auto_search.json), and what a stop during it does. The search itself is the step's
+// prediction) and which activation checkpointing it searches under (RunMemory, run_memory.h), what it
+// remembers across a restart (auto_search.json), and what a stop during it does. The search itself is the step's
 // (MicroBatchSearcher, trainer/step/search.h).
 #include <spdlog/spdlog.h>
 
@@ -19,11 +19,7 @@ namespace trainer {
 namespace fs = std::filesystem;
 
 int64_t TrainingRun::curve_start() const {
-  if (!curve_ || cfg_.memory.activation_checkpointing == "every_k") return 0;  // no curve of that setting
-  const auto it = curve_->fits.find(step_runner_->controller().checkpointing() ? "all" : "none");
-  if (it == curve_->fits.end()) return 0;
-  // Predicted not to fit at all: start at the floor, which the search then checks first.
-  return std::max<int64_t>(1, predict_max_micro_batch(it->second, agreed_limit_, rank_batch()));
+  return memory_.curve_start(step_runner_->controller().checkpointing(), rank_batch());
 }
 
 nlohmann::json TrainingRun::search_conditions(bool checkpointing) const {
@@ -35,21 +31,21 @@ nlohmann::json TrainingRun::search_conditions(bool checkpointing) const {
   c.schedule = ScheduleConfig{};
   c.log = LogConfig{};
   c.checkpoint = CheckpointConfig{};
-  return {{"config", to_yaml(c)}, {"limit", agreed_limit_}, {"device", device_.str()},
-          {"torch", compat::torch_version()}, {"world_size", env_.world_size}, {"rank", env_.rank},
+  return {{"config", to_yaml(c)}, {"limit", memory_.agreed_limit()}, {"device", trained_.device().str()},
+          {"torch", compat::torch_version()}, {"world_size", ranks_.env().world_size}, {"rank", ranks_.env().rank},
           {"checkpointing", checkpointing}, {"start", curve_start()}};
 }
 
 MicroBatchSearch TrainingRun::auto_micro_batch(const data::Batch& batch) {
   // train.micro_batch: auto, once before the first step, on the first batch's samples. After poll(): the
   // search is a collective, which a rank whose batch did not fit would not have entered.
-  need_micro_batch_search_ = false;
+  memory_.set_need_micro_batch_search(false);
   const auto t = std::chrono::steady_clock::now();
   MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
-  std::string from = choose_checkpointing(co);  // the auto_micro_batch event's checkpointing_from
+  std::string from = memory_.choose_checkpointing(co, rank_batch());  // the auto_micro_batch event's checkpointing_from
   // A stop is honoured within the search; what it found so far is kept for the restart (auto_search.json
   // in this rank's folder), and what an earlier process found under the same conditions is not probed again.
-  SearchFindings findings((fs::path(rank_dir_) / "auto_search.json").string());
+  SearchFindings findings((fs::path(ranks_.rank_dir()) / "auto_search.json").string());
   if (!findings.problem().empty()) spdlog::warn("{}", findings.problem());
   MicroBatchSearch found = search_once(batch, co, findings);
   if (found.stopped) return found;
@@ -71,11 +67,11 @@ MicroBatchSearch TrainingRun::auto_micro_batch(const data::Batch& batch) {
   // A size chosen below the largest that fits because it ran faster: grow-back returns to it after a
   // backoff and never probes past it, a rise of the limit included (speed, not memory, chose it).
   co.max_micro_batch = found.largest > found.micro_batch ? found.micro_batch : 0;
-  MicroBatchController controller = make_controller(co, agreed_limit_);
+  MicroBatchController controller = make_controller(co, memory_.agreed_limit());
   // The probes that fitted are points of the step's memory curve: grow-back judges its probes on them
   // from the first step (trainer/memory/oom.h). In one process only: each rank probed its own sizes,
   // and every rank's controller must decide alike.
-  if (!dist_) {
+  if (!ranks_.dist()) {
     for (size_t i = other_setting; i < found.trace.size(); ++i)
       if (const auto& p = found.trace[i]; p.at("fits").get<bool>())
         controller.add_peak(p.at("micro_batch").get<int64_t>(), co.checkpointing, p.at("peak_bytes").get<int64_t>());
@@ -86,25 +82,9 @@ MicroBatchSearch TrainingRun::auto_micro_batch(const data::Batch& batch) {
   return found;
 }
 
-std::string TrainingRun::choose_checkpointing(MicroBatchOptions& co) const {
-  // memory.activation_checkpointing: auto picks the setting with the size, before the first step: the
-  // memory curve's faster setting under the limit; without a curve (or where it predicts nothing fits),
-  // recomputation only where not even the floor fits without it, the ladder's order. Every rank reaches
-  // the same choice: the curve, the agreed limit and the search's outcome are the same on all.
-  if (cfg_.memory.activation_checkpointing != "auto") return "config";
-  if (curve_) {
-    const CurveChoice c = choose_setting(*curve_, agreed_limit_, rank_batch());
-    if (c.setting != "neither") {
-      co.checkpointing = c.setting == "all";
-      return "curve";
-    }
-  }
-  return "floor_fits";
-}
-
 MicroBatchSearch TrainingRun::search_once(const data::Batch& batch, const MicroBatchOptions& co,
                                           SearchFindings& findings) {
-  step_runner_->set_controller(make_controller(co, agreed_limit_));
+  step_runner_->set_controller(make_controller(co, memory_.agreed_limit()));
   step_runner_->apply_activation_checkpointing();
   const nlohmann::json conditions = search_conditions(co.checkpointing);
   SearchControl control;
@@ -120,7 +100,8 @@ MicroBatchSearch TrainingRun::search_once(const data::Batch& batch, const MicroB
   if (!control.known.empty())
     spdlog::info("micro_batch auto: {} probe(s) of an earlier process under the same conditions are taken from {}",
                  control.known.size(), findings.path());
-  return MicroBatchSearcher(*step_runner_).find(batch, cfg_.memory.min_micro_batch, agreed_limit_, curve_start(), control);
+  return MicroBatchSearcher(*step_runner_).find(batch, cfg_.memory.min_micro_batch, memory_.agreed_limit(), curve_start(),
+                                                control);
 }
 
 void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool checkpointing, const std::string& from,
@@ -133,27 +114,27 @@ void TrainingRun::log_auto_micro_batch(const MicroBatchSearch& found, bool check
     how = "search " + found.choice["reason"].get<std::string>();
   if (found.speed.is_object()) how += "; micro-batch " + found.speed["reason"].get<std::string>();
   spdlog::info("micro_batch auto: {} fits under {} (accumulation {}, checkpointing {}: {}; {} probes in {:.2f} s, {})",
-               found.micro_batch, limit_->bytes() ? format_bytes(limit_->bytes()) : "no limit",
+               found.micro_batch, memory_.limit().bytes() ? format_bytes(memory_.limit().bytes()) : "no limit",
                step_runner_->controller().accum_steps(), checkpointing ? "on" : "off", from, found.probes, search_s,
                how);
-  metrics_.event("auto_micro_batch", {{"micro_batch", found.micro_batch},
-                                      {"largest_fitting", found.largest},
-                                      {"method_from", found.method_from},
-                                      {"method_choice", found.choice},
-                                      {"speed", found.speed},
-                                      {"accum_steps", step_runner_->controller().accum_steps()},
-                                      {"checkpointing", checkpointing},
-                                      {"checkpointing_from", from},
-                                      {"floor_fits", found.floor_fits},
-                                      {"limit", limit_->bytes()},
-                                      {"start", found.start},
-                                      {"probes", found.probes},
-                                      {"reused_probes", found.reused},
-                                      {"search_s", search_s},
-                                      {"method", found.method},
-                                      {"ended", found.ended},
-                                      {"tuned_sizes", found.tuned_sizes},
-                                      {"trace", found.trace}});
+  trackers_.metrics().event("auto_micro_batch", {{"micro_batch", found.micro_batch},
+                                                 {"largest_fitting", found.largest},
+                                                 {"method_from", found.method_from},
+                                                 {"method_choice", found.choice},
+                                                 {"speed", found.speed},
+                                                 {"accum_steps", step_runner_->controller().accum_steps()},
+                                                 {"checkpointing", checkpointing},
+                                                 {"checkpointing_from", from},
+                                                 {"floor_fits", found.floor_fits},
+                                                 {"limit", memory_.limit().bytes()},
+                                                 {"start", found.start},
+                                                 {"probes", found.probes},
+                                                 {"reused_probes", found.reused},
+                                                 {"search_s", search_s},
+                                                 {"method", found.method},
+                                                 {"ended", found.ended},
+                                                 {"tuned_sizes", found.tuned_sizes},
+                                                 {"trace", found.trace}});
 }
 
 int TrainingRun::stop_during_search(const MicroBatchSearch& found) {
@@ -161,20 +142,20 @@ int TrainingRun::stop_during_search(const MicroBatchSearch& found) {
   // and the restart (no checkpoint: a fresh start) resumes the search from them.
   const int sig = stop_requested() ? stop_signal() : SIGTERM;  // the stop came on another rank
   const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
-  telemetry_.set_stopping();
+  trackers_.telemetry().set_stopping();
   spdlog::warn("stop requested by {} during micro_batch auto's search, {}: exiting before the first step; the "
                "probes that ran to their end are kept in {} for the restart",
-               name, found.stopped_at, (fs::path(rank_dir_) / "auto_search.json").string());
-  metrics_.event("stop", {{"step", step_}, {"signal", name}, {"during", "auto_search"}, {"at", found.stopped_at},
-                          {"probes", found.probes}});
+               name, found.stopped_at, (fs::path(ranks_.rank_dir()) / "auto_search.json").string());
+  trackers_.metrics().event("stop", {{"step", progress_.step()}, {"signal", name}, {"during", "auto_search"},
+                                     {"at", found.stopped_at}, {"probes", found.probes}});
   return exit_code_for_signal(sig);
 }
 
 void TrainingRun::pretune(const data::Batch& batch) {
   // Once per process (LibTorch's cuDNN plans live as long as the process), at the size the run starts at:
   // after the auto search, before the first step.
-  need_pretune_ = false;
-  MicroBatchSearcher(*step_runner_).pretune(batch, step_);
+  memory_.pretuned();
+  MicroBatchSearcher(*step_runner_).pretune(batch, progress_.step());
 }
 
 }  // namespace trainer

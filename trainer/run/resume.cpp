@@ -10,15 +10,11 @@
 // The store (trainer/checkpoint/store.h) writes them atomically; this file decides what goes in.
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
-#include <fstream>
 
 #include "common/clock.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/run/from_config.h"
 #include "trainer/run/run.h"
-
-namespace fs = std::filesystem;
 
 namespace trainer {
 
@@ -48,35 +44,33 @@ class LiftedCap {
 
 nlohmann::json TrainingRun::state_json() const {
   nlohmann::json j;
-  j["step"] = step_;
-  j["epoch"] = epoch_;
-  j["position"] = position_;
-  j["samples_seen"] = samples_seen_;
+  progress_.write_state(j);  // step, epoch, position, samples_seen, nonfinite_in_a_row
   j["seed"] = cfg_.seed;
   j["global_batch"] = cfg_.train.global_batch;
   j["micro_batch_config"] = cfg_.train.micro_batch;
   j["controller"] = step_runner_->controller().to_json();
-  j["scaler"] = scaler_->state();
-  j["nonfinite_in_a_row"] = nonfinite_in_a_row_;
+  j["scaler"] = trained_.scaler().state();
   j["eval_micro_batch"] = eval_micro_batch_;
-  j["limit_spec"] = limit_->spec();
-  j["world_size"] = env_.world_size;
-  if (ema_) j["ema"] = {{"decay", ema_->options().decay}, {"warmup", ema_->options().warmup}, {"every", ema_->options().every}};
-  if (vocab_ > 0) j["vocab_size"] = vocab_;  // the real vocabulary: `trainer export --layout hf` drops wte's padding rows
+  j["limit_spec"] = memory_.limit().spec();
+  j["world_size"] = ranks_.env().world_size;
+  if (const ModelEma* ema = trained_.ema())
+    j["ema"] = {{"decay", ema->options().decay}, {"warmup", ema->options().warmup}, {"every", ema->options().every}};
+  // the real vocabulary: `trainer export --layout hf` drops wte's padding rows
+  if (trained_.vocab() > 0) j["vocab_size"] = trained_.vocab();
   return j;
 }
 
 std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
-  const LiftedCap lifted(*memory_);
+  const LiftedCap lifted(memory_.backend());
   // Model and optimizer are replicated; the RNG is each rank's own, so rank 0 gathers them all and
   // writes the one checkpoint (every rank calls this at the same step: the gather is a collective).
   NamedTensors rng;
-  const GeneratorStates generators = GeneratorStates::capture(device_);
-  if (dist_) {
-    auto cpus = dist_->all_gather(generators.cpu, "the RNG gather for a checkpoint");
-    auto cudas = device_.is_cuda() ? dist_->all_gather(generators.cuda, "the RNG gather for a checkpoint")
+  const GeneratorStates generators = GeneratorStates::capture(trained_.device());
+  if (Distributed* dist = ranks_.dist()) {
+    auto cpus = dist->all_gather(generators.cpu, "the RNG gather for a checkpoint");
+    auto cudas = trained_.device().is_cuda() ? dist->all_gather(generators.cuda, "the RNG gather for a checkpoint")
                                    : std::vector<torch::Tensor>{};
-    for (int64_t r = 0; r < env_.world_size; ++r) {
+    for (int64_t r = 0; r < ranks_.env().world_size; ++r) {
       const std::string suffix = r == 0 ? "" : ".rank" + std::to_string(r);
       rng.emplace_back("cpu" + suffix, cpus[r].to(torch::kByte));
       if (!cudas.empty()) rng.emplace_back("cuda" + suffix, cudas[r].to(torch::kByte));
@@ -87,9 +81,9 @@ std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
     if (generators.cuda.defined()) rng.emplace_back("cuda", generators.cuda);
   }
   CheckpointFiles files;
-  files["model.pt"] = state_dict_bytes(*model_);
-  if (ema_) files["ema.pt"] = tensors_to_bytes(ema_->state());
-  files["optimizer.pt"] = tensors_to_bytes(optimizer_->state());
+  files["model.pt"] = state_dict_bytes(*trained_.model());
+  if (trained_.ema()) files["ema.pt"] = tensors_to_bytes(trained_.ema()->state());
+  files["optimizer.pt"] = tensors_to_bytes(trained_.optimizer().state());
   files["rng.pt"] = tensors_to_bytes(rng);
   files["state.json"] = json_text(state_json(), 2);
   files["config.yaml"] = to_yaml(cfg_);
@@ -137,7 +131,8 @@ std::optional<LoadedCheckpoint> TrainingRun::find_checkpoint() const {
     ck = saver_->store().load_latest(check);
     for (const auto& w : ck ? ck->warnings : std::vector<std::string>{}) spdlog::warn("checkpoint: {}", w);
   }
-  if (dist_ && dist_->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
+  if (ranks_.dist() &&
+      ranks_.dist()->all_max({ck ? 1.0 : 0.0, ck ? 0.0 : 1.0}, "the resume agreement") == std::vector<double>{1.0, 1.0})
     throw std::runtime_error("resume: some ranks found a checkpoint in " + opts_.run_dir + " and some did not; every rank "
                              "must see the same run folder (shared storage)");
   return ck;
@@ -179,28 +174,30 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
 }
 
 void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
-  const LiftedCap lifted(*memory_);
-  load_state_dict_bytes(*model_, ck.files.at("model.pt"), /*strict=*/true);
+  const LiftedCap lifted(memory_.backend());
+  load_state_dict_bytes(*trained_.model(), ck.files.at("model.pt"), /*strict=*/true);
   std::map<std::string, torch::Tensor> opt_state;
-  for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(device_);
-  optimizer_->load_state(opt_state);
+  for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(trained_.device());
+  trained_.optimizer().load_state(opt_state);
   // Each rank's generators: "cpu"/"cuda" are rank 0's, "cpu.rank<r>"/"cuda.rank<r>" the others'. A rank
   // the checkpoint has no state for (the job grew) keeps the stream it was seeded with.
-  const std::string suffix = env_.rank == 0 ? "" : ".rank" + std::to_string(env_.rank);
+  const int64_t rank = ranks_.env().rank;
+  const std::string suffix = rank == 0 ? "" : ".rank" + std::to_string(rank);
   for (auto& [k, v] : tensors_from_bytes(ck.files.at("rng.pt"))) {
     if (k == "cpu" + suffix) set_generator_state(at::detail::getDefaultCPUGenerator(), v);
-    else if (k == "cuda" + suffix && device_.is_cuda())
-      set_generator_state(at::globalContext().defaultGenerator(device_), v);
+    else if (k == "cuda" + suffix && trained_.device().is_cuda())
+      set_generator_state(at::globalContext().defaultGenerator(trained_.device()), v);
   }
 }
 
 void TrainingRun::restore_ema(const LoadedCheckpoint& ck) {
   const bool saved = ck.files.count("ema.pt") > 0;
-  if (ema_ && saved) {
-    const LiftedCap lifted(*memory_);
-    ema_->load(tensors_from_bytes(ck.files.at("ema.pt"), ck.path + "/ema.pt"), ck.path + "/ema.pt");
-  } else if (ema_) {
-    ema_->set(*model_);
+  ModelEma* ema = trained_.ema();
+  if (ema && saved) {
+    const LiftedCap lifted(memory_.backend());
+    ema->load(tensors_from_bytes(ck.files.at("ema.pt"), ck.path + "/ema.pt"), ck.path + "/ema.pt");
+  } else if (ema) {
+    ema->set(*trained_.model());
     spdlog::info("resume: {} has no averaged weights (ema.pt); the average (train.ema_decay) starts from its "
                  "weights at step {}", ck.path, ck.step);
   } else if (saved) {
@@ -209,27 +206,23 @@ void TrainingRun::restore_ema(const LoadedCheckpoint& ck) {
 }
 
 void TrainingRun::restore_loop(const nlohmann::json& st) {
-  step_ = st.at("step");
-  epoch_ = st.at("epoch");
-  position_ = st.at("position");
-  samples_seen_ = st.at("samples_seen");
-  nonfinite_in_a_row_ = st.value("nonfinite_in_a_row", 0);
-  scaler_->load_state(st.at("scaler").get<GradScalerState>());
+  progress_.restore(st);
+  trained_.scaler().load_state(st.at("scaler").get<GradScalerState>());
   // The learned micro-batch survives a restart, unless the user changed train.micro_batch on purpose.
   // With another number of ranks the per-rank batch differs: the learned size is kept where it still
   // fits in the new slice, and the ladder's other state starts afresh.
   if (st.value("micro_batch_config", int64_t{0}) != cfg_.train.micro_batch) return;
   auto learned = MicroBatchController::from_json(st.at("controller"));
-  if (st.value("world_size", int64_t{1}) == env_.world_size) {
+  if (st.value("world_size", int64_t{1}) == ranks_.env().world_size) {
     step_runner_->set_controller(learned);
   } else {
     MicroBatchOptions co = micro_batch_options(cfg_, rank_batch());
     co.micro_batch = std::min(learned.micro_batch(), rank_batch());
     step_runner_->set_controller(MicroBatchController(co));
     spdlog::info("resume: the checkpoint was written by {} processes, this job has {}: micro-batch {} per rank",
-                 st.value("world_size", int64_t{1}), env_.world_size, co.micro_batch);
+                 st.value("world_size", int64_t{1}), ranks_.env().world_size, co.micro_batch);
   }
-  step_runner_->on_limit_changed(agreed_limit_, step_);
+  step_runner_->on_limit_changed(memory_.agreed_limit(), progress_.step());
   eval_micro_batch_ = st.value("eval_micro_batch", cfg_.train.eval_batch);
 }
 
@@ -240,36 +233,24 @@ bool TrainingRun::resume() {
   restore_tensors(*ck);
   restore_ema(*ck);
   restore_loop(nlohmann::json::parse(ck->files.at("state.json")));
-  if (dist_) {
+  if (ranks_.dist()) {
     // Every rank must have read the same checkpoint (the run folder is shared storage).
-    auto a = dist_->all_max({static_cast<double>(step_), -static_cast<double>(step_)}, "the resume agreement");
+    const auto step = static_cast<double>(progress_.step());
+    auto a = ranks_.dist()->all_max({step, -step}, "the resume agreement");
     if (a[0] != -a[1])
       throw std::runtime_error("resume: the ranks found different checkpoints (steps " + std::to_string(-a[1]) + " to " +
                                std::to_string(a[0]) + "); every rank must see the same run folder (shared storage)");
   }
-  input_.source().seek(epoch_, position_);
-  saver_->resumed_from(ck->path, step_);  // what an exit 4 names until this run saves its own
-  start_step_ = step_;
+  input_.source().seek(progress_.epoch(), progress_.position());
+  saver_->resumed_from(ck->path, progress_.step());  // what an exit 4 names until this run saves its own
   const auto& ladder = step_runner_->controller();
-  spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, step_, epoch_,
-               position_, ladder.micro_batch(), ladder.accum_steps());
-  if (tracker_) backfill_tracker(step_);
-  metrics_.event("resume", {{"step", step_}, {"path", ck->path}, {"epoch", epoch_}, {"position", position_},
-                            {"micro_batch", ladder.micro_batch()},
-                            {"checkpoint_created_unix", ck->manifest.value("created_unix", int64_t{0})}});
+  spdlog::info("resumed from {}: step {}, epoch {}, position {} (micro-batch {} x {})", ck->path, progress_.step(),
+               progress_.epoch(), progress_.position(), ladder.micro_batch(), ladder.accum_steps());
+  if (trackers_.tracker()) trackers_.backfill_tracker(progress_.step(), ranks_.rank_dir());
+  trackers_.metrics().event("resume", {{"step", progress_.step()}, {"path", ck->path}, {"epoch", progress_.epoch()},
+                                       {"position", progress_.position()}, {"micro_batch", ladder.micro_batch()},
+                                       {"checkpoint_created_unix", ck->manifest.value("created_unix", int64_t{0})}});
   return true;
-}
-
-void TrainingRun::backfill_tracker(int64_t upto) {
-  std::ifstream in((fs::path(rank_dir_) / "metrics.jsonl").string());
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() > upto)
-      continue;
-    if (j.contains("event") && j["event"] != "eval") continue;  // step lines and evaluations only
-    tracker_->observe(j);
-  }
 }
 
 }  // namespace trainer

@@ -28,31 +28,28 @@ namespace trainer {
 void TrainingRun::setup() {
   setup_distributed();
   setup_run_folder();
-  setup_observers();
+  trackers_.setup_observers(ranks_);
   setup_memory();
-  if (main_rank()) setup_tracking();  // after the GPU is named (its UUID is a tag)
+  if (main_rank()) trackers_.setup_tracking(trained_.device(), ranks_);  // after the GPU is named (its UUID is a tag)
   setup_data();
   setup_model();
-  setup_ema();
-  setup_sampling();
+  trained_.setup_ema();
+  sampler_.setup(trained_.model(), input_.source(), trained_.vocab(), main_rank());
   setup_step();
 }
 
 void TrainingRun::setup_distributed() {
   // Data parallel: the rendezvous comes first (it needs no files), so that every rank has checked the
   // run folder before any rank writes to it.
-  env_ = dist_env_from();
-  device_ = resolve_device(cfg_.train.device, env_.distributed() ? std::optional<int64_t>(env_.local_rank) : std::nullopt);
-  if (!env_.distributed()) return;
-  if (cfg_.train.global_batch % env_.world_size != 0)
-    throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) +
-                      " is not divisible by the world size " + std::to_string(env_.world_size) +
-                      " (every rank takes an equal slice of each step's samples)");
-  dist_ = std::make_unique<Distributed>(env_, resolve_backend(cfg_.dist.backend, device_), device_, cfg_.dist.timeout_s);
+  ranks_.read_env();
+  const DistEnv& env = ranks_.env();
+  trained_.set_device(
+      resolve_device(cfg_.train.device, env.distributed() ? std::optional<int64_t>(env.local_rank) : std::nullopt));
+  ranks_.connect(trained_.device());
 }
 
 void TrainingRun::setup_run_folder() {
-  rank_dir_ = main_rank() ? opts_.run_dir : (fs::path(opts_.run_dir) / ("rank" + std::to_string(env_.rank))).string();
+  ranks_.set_rank_dir(opts_.run_dir);
   // One owner before anything is written: no other process's checkpoints, metrics or logs mix with ours.
   take_run_folder();
   // The run folder must be writable before anything is trained: failing after an hour is worse.
@@ -63,19 +60,19 @@ void TrainingRun::setup_run_folder() {
   if (opts_.no_resume && main_rank())
     for (const auto& e : fs::directory_iterator(opts_.run_dir, ec))
       if (e.path().filename() != kRunLockFile) refused = true;
-  if (dist_ && dist_->all_max({refused ? 1.0 : 0.0}, "the run folder check")[0] > 0) refused = true;
+  if (ranks_.dist() && ranks_.dist()->all_max({refused ? 1.0 : 0.0}, "the run folder check")[0] > 0) refused = true;
   if (refused)
     throw std::runtime_error(opts_.run_dir + ": --no-resume needs an empty or new run folder, and this one is not "
                              "empty; use another --run-dir or remove it");
-  fs::create_directories(rank_dir_, ec);
-  if (ec) throw std::runtime_error(rank_dir_ + ": cannot create the run folder (" + ec.message() + ")");
+  fs::create_directories(ranks_.rank_dir(), ec);
+  if (ec) throw std::runtime_error(ranks_.rank_dir() + ": cannot create the run folder (" + ec.message() + ")");
   saver_ = std::make_unique<Saver>(
       cfg_.checkpoint,
       std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last), cfg_.train.device),
-      metrics_, dist_.get(), main_rank(), device_.str());
+      trackers_.metrics(), ranks_.dist(), main_rank(), trained_.device().str());
   if (main_rank()) saver_->store().check_writable();
-  setup_logging(rank_dir_, cfg_.log.level);
-  metrics_.open((fs::path(rank_dir_) / "metrics.jsonl").string());
+  setup_logging(ranks_.rank_dir(), cfg_.log.level);
+  trackers_.metrics().open((fs::path(ranks_.rank_dir()) / "metrics.jsonl").string());
 }
 
 void TrainingRun::take_run_folder() {
@@ -83,7 +80,7 @@ void TrainingRun::take_run_folder() {
   lo.config = opts_.config_file.empty() ? "built-in" : fs::path(opts_.config_file).filename().string();
   lo.command = "train";
   lo.wait_s = opts_.wait_for_run_dir_s;
-  if (!dist_) {
+  if (!ranks_.dist()) {
     run_lock_ = RunFolderLock::acquire(opts_.run_dir, lo);
     return;
   }
@@ -101,7 +98,7 @@ void TrainingRun::take_run_folder() {
       run_lock_ = RunFolderLock::try_acquire(opts_.run_dir, lo, &holder);
       state = run_lock_ ? kTaken : waited >= lo.wait_s ? kRefused : kWaiting;
     }
-    state = static_cast<int>(dist_->all_max({static_cast<double>(state)}, "the run folder's lock")[0]);
+    state = static_cast<int>(ranks_.dist()->all_max({static_cast<double>(state)}, "the run folder's lock")[0]);
     if (state == kTaken) return;
     if (state == kRefused) {
       run_lock_.reset();
@@ -117,103 +114,23 @@ void TrainingRun::take_run_folder() {
   }
 }
 
-void TrainingRun::setup_observers() {
-  if (cfg_.log.tensorboard && main_rank()) tensorboard_ = std::make_unique<TensorboardWriter>(opts_.run_dir);
-  metrics_.set_observer([this](const nlohmann::json& j) {
-    telemetry_.observe(j);
-    if (tensorboard_) tensorboard_->observe(j);
-    if (tracker_) tracker_->observe(j);
-  });
-  memory_report_ = std::make_unique<MemoryReporter>(rank_dir_, &telemetry_);
-  if (cfg_.log.http_port > 0) {
-    // One endpoint per process: the ranks on one node serve on consecutive ports.
-    http_ = std::make_unique<HttpServer>(telemetry_, cfg_.log.http_host,
-                                         static_cast<int>(cfg_.log.http_port + env_.local_rank));
-    spdlog::info("http: serving /metrics /healthz /readyz /memory on {}", http_->url());
-  }
-  if (main_rank()) {
-    std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
-    out << to_yaml(cfg_);
-  }
-  spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
-  if (!dist_) return;
-  spdlog::info("distributed: rank {} of {} (local {} of {}), {} samples of each global batch of {}", env_.rank,
-               env_.world_size, env_.local_rank, env_.local_world_size, rank_batch(), cfg_.train.global_batch);
-  telemetry_.set_info("rank", std::to_string(env_.rank));
-  telemetry_.set_info("world_size", std::to_string(env_.world_size));
-}
-
-void TrainingRun::setup_tracking() {
-  std::string uri = cfg_.log.mlflow;
-  if (uri == "off") return;
-  const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
-  const char* source = "log.mlflow";
-  if (uri.empty() && env_uri != nullptr && *env_uri != 0) {
-    uri = env_uri;
-    source = "MLFLOW_TRACKING_URI";
-  }
-  if (uri.empty()) return;
-  // A tracker that cannot be reached is a warning, never a reason to stop a job (docs/OPERATIONS.md).
-  if (const std::string why = track::check_tracking_uri(uri); !why.empty()) {
-    spdlog::warn("mlflow: {} {}; this run is not tracked", source, why);
-    return;
-  }
-  track::TrackerOptions o;
-  o.uri = uri;
-  o.experiment = !cfg_.log.mlflow_experiment.empty() ? cfg_.log.mlflow_experiment
-                 : opts_.config_file.empty()          ? "resnet20_fmnist"  // the built-in job's config
-                                                      : fs::path(opts_.config_file).stem().string();
-  o.run_dir = opts_.run_dir;
-  o.run_name = fs::absolute(opts_.run_dir).lexically_normal().filename().string();
-  if (o.run_name.empty()) o.run_name = fs::absolute(opts_.run_dir).lexically_normal().parent_path().filename().string();
-  o.params = track::params_of_yaml(to_yaml(cfg_));
-  o.tags = {{"mlflow.source.name", "trainer"},
-            {"mlflow.source.type", "JOB"},
-            {"mlflow.source.git.commit", track::build_commit()},
-            {"trainer.version", TRAINER_VERSION},
-            {"trainer.libtorch", compat::torch_version()},
-            {"trainer.host", track::host_name()},
-            {"trainer.device", device_.str()},
-            {"trainer.model", cfg_.model.name},
-            {"trainer.world_size", std::to_string(env_.world_size)},
-            {"trainer.config", opts_.config_file.empty() ? "built-in" : opts_.config_file},
-            {"trainer.run_dir", fs::absolute(opts_.run_dir).lexically_normal().string()}};
-  if (const char* user = std::getenv("USER"); user != nullptr) o.tags["mlflow.user"] = user;
-  if (const std::string v = cuda_runtime_version(); !v.empty()) o.tags["trainer.cuda"] = v;
-  if (const std::string v = cudnn_version(); !v.empty()) o.tags["trainer.cudnn"] = v;
-  const GpuIdentity& gpu = resources_->gpu();  // what the DCGM exporter's series are labelled with
-  if (!gpu.uuid.empty()) o.tags["trainer.gpu_uuid"] = gpu.uuid;
-  if (!gpu.mig_uuid.empty()) o.tags["trainer.mig_uuid"] = gpu.mig_uuid;
-  tracker_ = std::make_unique<track::MlflowTracker>(std::move(o));
-}
-
 void TrainingRun::setup_memory() {
-  forward_ = step_options(cfg_, device_).forward;
+  const torch::Device& device = trained_.device();
+  trained_.forward() = step_options(cfg_, device).forward;
   validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, cfg_.amp.enabled && cfg_.amp.scaler != "false" && cfg_.amp.dtype == "fp16",
-               device_.type());
+               device.type());
   // Host threads follow the CPUs this process may use (affinity, container quota); the processes of one
   // node share its CPUs.
-  const int threads = cpu_threads(cfg_, env_.local_world_size);
+  const int64_t local_world_size = ranks_.env().local_world_size;
+  const int threads = cpu_threads(cfg_, local_world_size);
   apply_cpu_threads(threads);
-  spdlog::info("cpu: {} threads ({} usable CPUs, {} process{} on this node)", threads, usable_cpus(),
-               env_.local_world_size, env_.local_world_size == 1 ? "" : "es");
+  spdlog::info("cpu: {} threads ({} usable CPUs, {} process{} on this node)", threads, usable_cpus(), local_world_size,
+               local_world_size == 1 ? "" : "es");
   if (cfg_.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  // cuDNN's benchmark flag is the step's to set, attempt by attempt (memory.cudnn_policy, Step::apply_cudnn);
-  // off until then. How a timing runs is set once here.
-  set_cudnn_benchmark(false);
-  cudnn_empty_cache_switch_ = set_cudnn_tuning(cfg_.memory.cudnn_benchmark_limit, cfg_.memory.cudnn_empty_cache);
-
-  // The cap is installed before the model exists so every tensor is counted. PhasePeakBackend measures
-  // the per-phase peaks the memory reports list.
-  memory_ = std::make_unique<PhasePeakBackend>(make_memory_backend(device_));
-  resources_ = std::make_unique<ResourceMonitor>(device_.is_cuda() ? std::max<int>(0, device_.index()) : -1);
-  telemetry_.set_gpu(resources_->gpu());  // UUID, GPU_I_ID: the labels of the DCGM exporter's series
-  telemetry_.set_info("device", device_.str());
-  telemetry_.set_info("model", cfg_.model.name);
-  telemetry_.set_info("version", TRAINER_VERSION);
-  limit_ = LimitFollower::make(cfg_, *memory_, device_.is_cuda());
-  agreed_limit_ = limit_->install();
-  control_ = std::make_unique<ControlFile>((fs::path(opts_.run_dir) / "control.yaml").string());
+  memory_.tune_cudnn();
+  memory_.make_backend(device);
+  trackers_.setup_resources(device);
+  memory_.install_limit(opts_.run_dir, device.is_cuda());
 }
 
 namespace {
@@ -239,11 +156,7 @@ void TrainingRun::setup_data() {
   if (token_job(cfg_)) setup_token_data();
   else setup_image_data();
   check_test_split();
-  steps_per_epoch_ = input_.source().steps_per_epoch();
-  total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps
-                                      : std::max<int64_t>(1, steps_of_epochs(cfg_.train.epochs, "train.epochs"));
-  warmup_steps_ = cfg_.schedule.warmup_steps > 0 ? cfg_.schedule.warmup_steps
-                                                 : steps_of_epochs(cfg_.schedule.warmup_epochs, "schedule.warmup_epochs");
+  progress_.plan(cfg_, input_.source().steps_per_epoch());
 }
 
 void TrainingRun::setup_token_data() {
@@ -259,15 +172,15 @@ void TrainingRun::setup_token_data() {
   to.global_batch = cfg_.train.global_batch;
   to.context = cfg_.model.context;
   to.seed = cfg_.seed;
-  to.rank = env_.rank;
-  to.world_size = env_.world_size;
-  to.pin_memory = device_.is_cuda();
+  to.rank = ranks_.env().rank;
+  to.world_size = ranks_.env().world_size;
+  to.pin_memory = trained_.device().is_cuda();
   input_.set_sources(std::make_unique<data::TokenTrainingSource>(train, to),
                      test ? std::make_unique<data::TokenEvalSource>(test) : nullptr);
 }
 
 void TrainingRun::setup_image_data() {
-  const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
+  const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, ranks_.env().local_world_size);
   std::shared_ptr<data::ImageDataset> train, test;
   if (cfg_.data.kind == "synthetic") {
     train = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
@@ -295,27 +208,16 @@ void TrainingRun::setup_image_data() {
     throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) + " is larger than the " +
                       std::to_string(train->size()) + " samples of the training split");
   data::LoaderOptions lo = image_loader_options(cfg_, workers);
-  lo.rank = env_.rank;
-  lo.world_size = env_.world_size;
-  lo.pin_memory = device_.is_cuda();
-  lo.uint8_batches = uint8_image_batches(cfg_, device_);
+  lo.rank = ranks_.env().rank;
+  lo.world_size = ranks_.env().world_size;
+  lo.pin_memory = trained_.device().is_cuda();
+  lo.uint8_batches = uint8_image_batches(cfg_, trained_.device());
   // uint8 batches are normalized on the device with the training split's mean/std: for stored pixels the
   // very values the loader's float table takes (meta()). Float batches pass through as they are.
-  if (encoded_image_job(cfg_) || lo.uint8_batches) set_input_normalization(forward_, train->meta(), cfg_.data.normalize, device_);
+  if (encoded_image_job(cfg_) || lo.uint8_batches)
+    set_input_normalization(trained_.forward(), train->meta(), cfg_.data.normalize, trained_.device());
   input_.set_sources(std::make_unique<data::ImageTrainingSource>(train, lo),
                      test ? std::make_unique<data::ImageEvalSource>(test) : nullptr);
-}
-
-int64_t TrainingRun::steps_of_epochs(double epochs, const char* key) const {
-  // llround of a product past int64's range is unspecified (here: the run trained 1 step of 1e300 epochs).
-  const double steps = epochs * static_cast<double>(steps_per_epoch_);
-  if (!(steps < 4.6e18)) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", epochs);
-    throw ConfigError(std::string(key) + ": " + text + " epochs of " + std::to_string(steps_per_epoch_) +
-                      " steps do not fit in a step counter (2^62); ask for fewer");
-  }
-  return std::llround(steps);
 }
 
 void TrainingRun::check_test_split() const {
@@ -354,72 +256,31 @@ void TrainingRun::check_test_split() const {
 }
 
 void TrainingRun::setup_model() {
-  torch::manual_seed(cfg_.seed);
-  const std::vector<int64_t> sample_shape = input_.source().sample_shape();
-  vocab_ = tokens() ? vocab_size(cfg_) : 0;
-  model_ = build_model(cfg_, sample_shape, vocab_);
-  if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_, vocab_);
-  model_->to(device_);
-  if (cfg_.model.channels_last && !tokens()) models::to_channels_last(*model_);
-  optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
-  flops_per_sample_ = model_->forward_flops(sample_shape);
-  spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
-               models::count_parameters(*model_), flops_per_sample_ / 1e9);
-  if (dist_) {
-    // Every replica starts from rank 0's weights and buffers (the same seed makes them equal already;
-    // this makes it a fact, also for init_from files that differ between nodes).
-    std::vector<torch::Tensor> state;
-    for (auto& p : model_->parameters()) state.push_back(p.data());
-    for (auto& b : model_->buffers()) state.push_back(b);
-    dist_->broadcast(state, "the initial model");
-    std::vector<torch::Tensor> params;
-    for (const auto& slot : optimizer_->params()) params.push_back(slot.param);
-    grad_sync_ = std::make_unique<GradientSync>(*dist_, params, static_cast<int64_t>(cfg_.dist.bucket_mb * (1 << 20)));
-    // Dropout masks differ between ranks, as they would between the samples of one large batch.
-    if (env_.rank > 0) torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(env_.rank));
-    spdlog::info("distributed: {} gradient buckets of up to {} MiB", grad_sync_->num_buckets(), cfg_.dist.bucket_mb);
-  }
-  GradScalerOptions so;
-  so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
-  so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
-      .growth_interval(cfg_.amp.growth_interval);
-  scaler_ = std::make_unique<GradScaler>(so);
-  model_built_ = std::chrono::steady_clock::now();
-}
-
-void TrainingRun::setup_ema() {
-  if (cfg_.train.ema_decay == 0) return;
-  // Now, before the micro-batch search and the first step: the copy is resident device memory that the
-  // ladder's decisions must see. Under data parallel every rank starts from the broadcast weights and
-  // keeps its own average of identical weights (rank 0's is saved).
-  EmaOptions o;
-  o.decay = cfg_.train.ema_decay;
-  o.warmup = cfg_.train.ema_warmup;
-  o.every = cfg_.train.ema_every;
-  ema_ = std::make_unique<ModelEma>(*model_, o);
-  spdlog::info("ema: decay {}{}, updated every {} step(s); {} on {}", o.decay, o.warmup ? " with warmup" : "", o.every,
-               format_bytes(ema_->bytes()), device_.str());
+  trained_.build(input_.source().sample_shape(), tokens());
+  if (ranks_.dist()) ranks_.replicate(trained_.model(), trained_.optimizer());
+  trained_.make_scaler();
+  progress_.model_built();
 }
 
 void TrainingRun::setup_step() {
   // Again, now that the data and the model exist: an in-memory dataset, the libraries' first use and
   // the loader's threads are memory the cap does not count, and the container does.
-  if (limit_->spec() == "auto") limit_->install();
-  agree_on_limit(false);
+  if (memory_.limit().spec() == "auto") memory_.limit().install();
+  memory_.agree_on_limit(false, ranks_.dist());
   StepParts parts;
-  parts.model = model_;
-  parts.optimizer = optimizer_.get();
-  parts.scaler = scaler_.get();
-  parts.memory = memory_.get();
-  parts.reporter = memory_report_.get();
-  parts.metrics = &metrics_;
-  parts.dist = dist_.get();
-  parts.grad_sync = grad_sync_.get();
-  StepOptions step_opts = step_options(cfg_, device_);
-  step_opts.forward = forward_;  // with the input statistics setup_data() set for uint8 images
+  parts.model = trained_.model();
+  parts.optimizer = &trained_.optimizer();
+  parts.scaler = &trained_.scaler();
+  parts.memory = &memory_.backend();
+  parts.reporter = trackers_.memory_report();
+  parts.metrics = &trackers_.metrics();
+  parts.dist = ranks_.dist();
+  parts.grad_sync = ranks_.grad_sync();
+  StepOptions step_opts = step_options(cfg_, trained_.device());
+  step_opts.forward = trained_.forward();  // with the input statistics setup_data() set for uint8 images
   try {
-    step_runner_ = std::make_unique<Step>(parts, step_opts,
-                                          make_controller(micro_batch_options(cfg_, rank_batch()), agreed_limit_));
+    step_runner_ = std::make_unique<Step>(
+        parts, step_opts, make_controller(micro_batch_options(cfg_, rank_batch()), memory_.agreed_limit()));
   } catch (const std::invalid_argument& e) {
     // train.cuda_graph: on where the job cannot capture (a CPU device, data parallel, another optimizer)
     if (std::string(e.what()).rfind("train.cuda_graph", 0) == 0) throw ConfigError(e.what());
@@ -428,31 +289,9 @@ void TrainingRun::setup_step() {
   if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
     spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
   // The input path: batches to the device, fetched ahead under data.fetch_ahead (input_pipeline.h).
-  input_.set_staging(device_, fetches_ahead(cfg_, device_));
+  input_.set_staging(trained_.device(), fetches_ahead(cfg_, trained_.device()));
   eval_micro_batch_ = cfg_.train.eval_batch;
-  need_micro_batch_search_ = cfg_.train.micro_batch == -1;
-  if (need_micro_batch_search_ && agreed_limit_ == 0)
-    spdlog::warn("train.micro_batch auto with no memory limit (memory.limit: {}): nothing bounds the search, which "
-                 "takes the whole batch, and the kernel may kill the run; set memory.limit to auto or a size",
-                 limit_->spec().empty() ? "none" : limit_->spec());
-  if (need_micro_batch_search_ && !cfg_.memory.curve.empty()) load_memory_curve();
-}
-
-void TrainingRun::load_memory_curve() {
-  // A curve of another job would only start the search far off (the answer is the search's either way),
-  // but it is almost certainly a wrong path: say so rather than run slowly.
-  MemoryCurve c = read_memory_curve(cfg_.memory.curve);
-  auto describe = [](const std::string& model, const std::vector<int64_t>& shape, const std::string& precision) {
-    std::string s = model + " on ";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
-    return s + " in " + precision;
-  };
-  const std::string job = describe(cfg_.model.name, input_.source().sample_shape(), precision_of(cfg_));
-  const std::string measured = describe(c.model, c.sample_shape, c.precision);
-  if (job != measured)
-    throw ConfigError("memory.curve: " + c.path + " was measured for " + measured + ", and this job is " + job +
-                      "; measure this job with trainer bench --memory-curve");
-  curve_ = std::move(c);
+  memory_.plan_micro_batch_search(input_.source().sample_shape());
 }
 
 }  // namespace trainer

@@ -1,4 +1,6 @@
-// train.sample_every: one short sample of text every N steps, as llm.c prints one while it trains.
+// TextSampler: train.sample_every's samples (text_sampler.h).
+#include "trainer/run/text_sampler.h"
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -8,7 +10,6 @@
 #include "data/text/tokenizer.h"
 #include "models/language_model.h"
 #include "trainer/numerics/generate.h"
-#include "trainer/run/run.h"
 
 namespace fs = std::filesystem;
 
@@ -23,13 +24,14 @@ int32_t end_of_text_id(const data::Tokenizer& tok) {
 
 }  // namespace
 
-void TrainingRun::setup_sampling() {
-  if (cfg_.train.sample_every == 0 || !main_rank()) return;
-  if (!std::dynamic_pointer_cast<models::LanguageModelImpl>(model_))
+void TextSampler::setup(const models::Model& model, const data::TrainingSource& source, int64_t vocab,
+                        bool main_rank) {
+  if (cfg_.train.sample_every == 0 || !main_rank) return;
+  if (!std::dynamic_pointer_cast<models::LanguageModelImpl>(model))
     throw ConfigError("train.sample_every: model '" + cfg_.model.name + "' is not a language model; only language models sample (set 0)");
   // The tokenizer the token file records, else bytes.
   std::string path;
-  if (const auto* train = dynamic_cast<const data::TokenTrainingSource*>(&input_.source()))
+  if (const auto* train = dynamic_cast<const data::TokenTrainingSource*>(&source))
     if (const auto* file = dynamic_cast<const data::TokenDataset*>(&train->dataset())) path = file->tokenizer_path();
   if (!path.empty()) {
     std::error_code ec;
@@ -37,10 +39,10 @@ void TrainingRun::setup_sampling() {
       throw ConfigError("train.sample_every: " + cfg_.data.train + " records the tokenizer " + path +
                         ", which is not there; the samples cannot be decoded (set train.sample_every: 0)");
     sample_tokenizer_ = std::make_shared<const data::Tokenizer>(data::Tokenizer::load(path));
-  } else if (vocab_ <= 256) {
+  } else if (vocab <= 256) {
     sample_tokenizer_ = std::make_shared<const data::Tokenizer>(data::Tokenizer::bytes());
   } else {
-    throw ConfigError("train.sample_every: the model's vocabulary is " + std::to_string(vocab_) +
+    throw ConfigError("train.sample_every: the model's vocabulary is " + std::to_string(vocab) +
                       " and the data records no tokenizer to decode samples with (byte tokens are 256); set 0");
   }
   const auto& tok = *sample_tokenizer_;
@@ -61,30 +63,30 @@ void TrainingRun::setup_sampling() {
     throw ConfigError("train.sample_prompt: " + std::to_string(sample_prompt_.size()) + " tokens; it needs 1 to model.context = " +
                       std::to_string(cfg_.model.context));
   for (int64_t id : sample_prompt_)
-    if (id >= vocab_)
+    if (id >= vocab)
       throw ConfigError("train.sample_prompt: token " + std::to_string(id) + " is outside the model's vocabulary of " +
-                        std::to_string(vocab_));
+                        std::to_string(vocab));
 }
 
-void TrainingRun::maybe_sample() {
-  if (!sample_tokenizer_ || step_ % cfg_.train.sample_every != 0) return;
-  auto& lm = dynamic_cast<models::LanguageModelImpl&>(*model_);
+void TextSampler::maybe_sample(int64_t step, models::Model& model, MetricsLog& metrics, Telemetry& telemetry) {
+  if (!sample_tokenizer_ || step % cfg_.train.sample_every != 0) return;
+  auto& lm = dynamic_cast<models::LanguageModelImpl&>(*model);
   GenerateOptions o;
   o.max_new_tokens = cfg_.train.sample_tokens;
   // The sample's own generator, seeded from the run's seed and the step: the same text again after a
   // resume, and the training's generators (dropout, data order) never drawn from.
-  o.seed = cfg_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_));
+  o.seed = cfg_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step));
   o.stop_token = end_of_text_id(*sample_tokenizer_);
   Generated g;
-  telemetry_.set_phase("sample");
+  telemetry.set_phase("sample");
   lm.eval();
   try {
     g = generate(lm, sample_prompt_, 1, o);
   } catch (const std::exception& e) {
     lm.train();
     // A sample is a view of the model, not its state: it failing (out of memory) must not stop the run.
-    spdlog::warn("sample at step {} failed, training goes on: {}", step_, error_message(e));
-    metrics_.event("sample_failed", {{"step", step_}, {"message", error_message(e)}});
+    spdlog::warn("sample at step {} failed, training goes on: {}", step, error_message(e));
+    metrics.event("sample_failed", {{"step", step}, {"message", error_message(e)}});
     return;
   }
   lm.train();
@@ -99,8 +101,8 @@ void TrainingRun::maybe_sample() {
   for (int64_t id : g.samples[0])
     if (id != eot && id < sample_tokenizer_->vocab_size()) ids.push_back(static_cast<int32_t>(id));
   const std::string text = data::replace_invalid_utf8(sample_tokenizer_->decode(ids));
-  spdlog::info("sample at step {} ({} tokens, {:.1f} tokens/s):\n{}", step_, g.new_tokens, g.tokens_per_s(), text);
-  metrics_.event("sample", {{"step", step_}, {"text", text}, {"tokens", g.new_tokens}, {"seconds", g.seconds}});
+  spdlog::info("sample at step {} ({} tokens, {:.1f} tokens/s):\n{}", step, g.new_tokens, g.tokens_per_s(), text);
+  metrics.event("sample", {{"step", step}, {"text", text}, {"tokens", g.new_tokens}, {"seconds", g.seconds}});
 }
 
 }  // namespace trainer

@@ -1,0 +1,60 @@
+// TrainedModel: the model and what updates it (trained_model.h).
+#include "trainer/run/trained_model.h"
+
+#include <spdlog/spdlog.h>
+
+#include "models/registry.h"
+#include "models/summary.h"
+#include "trainer/memory/backend.h"
+#include "trainer/run/from_config.h"
+
+namespace trainer {
+
+void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) {
+  torch::manual_seed(cfg_.seed);
+  vocab_ = tokens ? vocab_size(cfg_) : 0;
+  model_ = build_model(cfg_, sample_shape, vocab_);
+  if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_, vocab_);
+  model_->to(device_);
+  if (cfg_.model.channels_last && !tokens) models::to_channels_last(*model_);
+  optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
+  flops_per_sample_ = model_->forward_flops(sample_shape);
+  spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
+               models::count_parameters(*model_), flops_per_sample_ / 1e9);
+}
+
+void TrainedModel::make_scaler() {
+  GradScalerOptions so;
+  so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
+  so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
+      .growth_interval(cfg_.amp.growth_interval);
+  scaler_ = std::make_unique<GradScaler>(so);
+}
+
+void TrainedModel::setup_ema() {
+  if (cfg_.train.ema_decay == 0) return;
+  // Now, before the micro-batch search and the first step: the copy is resident device memory that the
+  // ladder's decisions must see. Under data parallel every rank starts from the broadcast weights and
+  // keeps its own average of identical weights (rank 0's is saved).
+  EmaOptions o;
+  o.decay = cfg_.train.ema_decay;
+  o.warmup = cfg_.train.ema_warmup;
+  o.every = cfg_.train.ema_every;
+  ema_ = std::make_unique<ModelEma>(*model_, o);
+  spdlog::info("ema: decay {}{}, updated every {} step(s); {} on {}", o.decay, o.warmup ? " with warmup" : "", o.every,
+               format_bytes(ema_->bytes()), device_.str());
+}
+
+void TrainedModel::update_ema(int64_t step) {
+  // After every optimizer step, also one the GradScaler or the finite check skipped: timm's train.py calls
+  // ModelEmaV3.update(model, step=num_updates) after each optimizer.step() whatever the scaler did. Outside
+  // the backward's peak; in place, nothing allocated.
+  if (ema_) ema_->update(*model_, step);
+}
+
+EvalResult TrainedModel::evaluate_ema(const std::function<EvalResult()>& evaluate) {
+  const EmaSwap swapped(*ema_, *model_);  // back to the trained weights when this returns or throws
+  return evaluate();
+}
+
+}  // namespace trainer
