@@ -2,24 +2,16 @@
 // that can fail on bad input (the run folder, the device, the data) runs here, before anything trains.
 #include <spdlog/spdlog.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <thread>
 
 #include "common/clock.h"
-#include "common/compat.h"
-#include "common/versions.h"
 #include "data/files/image_h5.h"
 #include "data/files/token_h5.h"
-#include "models/registry.h"
-#include "models/summary.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/run/from_config.h"
 #include "trainer/run/run.h"
-#include "trainer/track/build_info.h"
-#include "trainer/track/mlflow_client.h"
 
 namespace fs = std::filesystem;
 
