@@ -19,7 +19,7 @@ namespace trainer {
 namespace fs = std::filesystem;
 
 int64_t TrainingRun::curve_start() const {
-  if (!curve_ || cfg_.memory.activation_checkpointing == "every_k") return 0;  // no curve of that setting
+  if (!curve_ || cfg_.memory.activation_checkpointing == Checkpointing::kEveryK) return 0;  // no curve of that setting
   const auto it = curve_->fits.find(step_runner_->controller().checkpointing() ? "all" : "none");
   if (it == curve_->fits.end()) return 0;
   // Predicted not to fit at all: start at the floor, which the search then checks first.
@@ -54,7 +54,7 @@ MicroBatchSearch TrainingRun::auto_micro_batch(const data::Batch& batch) {
   MicroBatchSearch found = search_once(batch, co, findings);
   if (found.stopped) return found;
   size_t other_setting = 0;  // the trace's first probes, of a search without checkpointing that found nothing
-  if (cfg_.memory.activation_checkpointing == "auto" && !found.floor_fits && !co.checkpointing) {
+  if (cfg_.memory.activation_checkpointing == Checkpointing::kAuto && !found.floor_fits && !co.checkpointing) {
     co.checkpointing = true;
     from = "floor_does_not_fit";
     const MicroBatchSearch first = found;
@@ -91,7 +91,7 @@ std::string TrainingRun::choose_checkpointing(MicroBatchOptions& co) const {
   // memory curve's faster setting under the limit; without a curve (or where it predicts nothing fits),
   // recomputation only where not even the floor fits without it, the ladder's order. Every rank reaches
   // the same choice: the curve, the agreed limit and the search's outcome are the same on all.
-  if (cfg_.memory.activation_checkpointing != "auto") return "config";
+  if (cfg_.memory.activation_checkpointing != Checkpointing::kAuto) return "config";
   if (curve_) {
     const CurveChoice c = choose_setting(*curve_, agreed_limit_, rank_batch());
     if (c.setting != "neither") {

@@ -36,7 +36,7 @@ TrainingRun::~TrainingRun() {
   if (saver_) saver_->store().wait();  // a failure nobody collected is logged by the store
   if (tracker_) tracker_->close();  // the run's status and what is queued, for at most a few seconds
   // Let go of train.log before the run folder's lock: the next owner's lines never mix with ours.
-  if (run_lock_) setup_logging("", cfg_.log.level);
+  if (run_lock_) setup_logging("", mode_name(cfg_.log.level));
 }
 
 int TrainingRun::run() {
@@ -98,7 +98,7 @@ void TrainingRun::start(bool resumed) {
                              {"container_limit", limit_->bounds().container_bytes},
                              {"host_limit", limit_->bounds().host_bytes}, {"limit_source", limit_->source()},
                              {"rss_at_limit", limit_->rss_at_limit()},
-                             {"cudnn_policy", to_string(step_runner_->cudnn().options().mode)},
+                             {"cudnn_policy", mode_name(step_runner_->cudnn().options().mode)},
                              {"cudnn_benchmark_limit", cfg_.memory.cudnn_benchmark_limit},
                              // null: this LibTorch has no switch (common/compat.h)
                              {"cudnn_empty_cache", cudnn_empty_cache_switch_ ? nlohmann::json(cfg_.memory.cudnn_empty_cache)

@@ -48,7 +48,7 @@ void TrainingRun::setup_distributed() {
     throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) +
                       " is not divisible by the world size " + std::to_string(env_.world_size) +
                       " (every rank takes an equal slice of each step's samples)");
-  dist_ = std::make_unique<Distributed>(env_, resolve_backend(cfg_.dist.backend, device_), device_, cfg_.dist.timeout_s);
+  dist_ = std::make_unique<Distributed>(env_, comm_backend(cfg_, device_), device_, cfg_.dist.timeout_s);
 }
 
 void TrainingRun::setup_run_folder() {
@@ -74,7 +74,7 @@ void TrainingRun::setup_run_folder() {
       std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last), cfg_.train.device),
       metrics_, dist_.get(), main_rank(), device_.str());
   if (main_rank()) saver_->store().check_writable();
-  setup_logging(rank_dir_, cfg_.log.level);
+  setup_logging(rank_dir_, mode_name(cfg_.log.level));
   metrics_.open((fs::path(rank_dir_) / "metrics.jsonl").string());
 }
 
@@ -189,8 +189,7 @@ void TrainingRun::setup_tracking() {
 
 void TrainingRun::setup_memory() {
   forward_ = step_options(cfg_, device_).forward;
-  validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, cfg_.amp.enabled && cfg_.amp.scaler != "false" && cfg_.amp.dtype == "fp16",
-               device_.type());
+  validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, loss_scaling(cfg_), device_.type());
   // Host threads follow the CPUs this process may use (affinity, container quota); the processes of one
   // node share its CPUs.
   const int threads = cpu_threads(cfg_, env_.local_world_size);
@@ -248,7 +247,7 @@ void TrainingRun::setup_data() {
 
 void TrainingRun::setup_token_data() {
   std::shared_ptr<data::TokenSource> train, test;
-  if (cfg_.data.kind == "synthetic") {
+  if (cfg_.data.kind == DataKind::kSynthetic) {
     train = synthetic_tokens(cfg_);
   } else {
     check_before_opening(cfg_);
@@ -269,7 +268,7 @@ void TrainingRun::setup_token_data() {
 void TrainingRun::setup_image_data() {
   const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, env_.local_world_size);
   std::shared_ptr<data::ImageDataset> train, test;
-  if (cfg_.data.kind == "synthetic") {
+  if (cfg_.data.kind == DataKind::kSynthetic) {
     train = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
                                                           cfg_.data.shape[1], cfg_.data.shape[2],
                                                           cfg_.model.num_classes, cfg_.seed);
@@ -281,7 +280,7 @@ void TrainingRun::setup_image_data() {
       test = encoded_image_dataset(cfg_, cfg_.data.test, /*train=*/false, &train->meta(), static_cast<int>(workers));
     const auto& m = train->meta();
     spdlog::info("data: {} {} with {} samples, {} classes, mean [{:.4f}, {:.4f}, {:.4f}], std [{:.4f}, {:.4f}, {:.4f}]",
-                 cfg_.data.kind, cfg_.data.train, train->size(), m.num_classes, m.mean[0], m.mean[1], m.mean[2],
+                 mode_name(cfg_.data.kind), cfg_.data.train, train->size(), m.num_classes, m.mean[0], m.mean[1], m.mean[2],
                  m.std[0], m.std[1], m.std[2]);
   } else {
     check_before_opening(cfg_);
@@ -380,7 +379,7 @@ void TrainingRun::setup_model() {
     spdlog::info("distributed: {} gradient buckets of up to {} MiB", grad_sync_->num_buckets(), cfg_.dist.bucket_mb);
   }
   GradScalerOptions so;
-  so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
+  so.enabled(loss_scaling(cfg_));
   so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
       .growth_interval(cfg_.amp.growth_interval);
   scaler_ = std::make_unique<GradScaler>(so);
@@ -425,7 +424,7 @@ void TrainingRun::setup_step() {
     if (std::string(e.what()).rfind("train.cuda_graph", 0) == 0) throw ConfigError(e.what());
     throw;
   }
-  if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
+  if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != Switch::kOff)
     spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
   // The input path: batches to the device, fetched ahead under data.fetch_ahead (input_pipeline.h).
   input_.set_staging(device_, fetches_ahead(cfg_, device_));
