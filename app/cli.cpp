@@ -293,8 +293,8 @@ void dry_run(const Config& cfg) {
   const bool tokens = token_job(cfg);  // also checks that the data kind fits the model
   Config assumed = cfg;
   std::error_code ec;
-  if (cfg.data.kind != "synthetic" && !fs::exists(cfg.data.train, ec)) {
-    assumed.data.kind = "synthetic";
+  if (cfg.data.kind != DataKind::kSynthetic && !fs::exists(cfg.data.train, ec)) {
+    assumed.data.kind = DataKind::kSynthetic;
     std::ostringstream what;
     if (tokens) what << "model.vocab_size " << vocab_size(assumed);
     else what << "data.shape [" << cfg.data.shape[0] << ", " << cfg.data.shape[1] << ", " << cfg.data.shape[2] << "]";
@@ -336,7 +336,7 @@ int cli_main(int argc, char** argv) {
       "(then resume from what it saved); default: refuse at once, exit 2",
       cxxopts::value<double>()->default_value("0"))(
       "dry-run", "print the resolved config and a model summary, then exit")(
-      "list-keys", "print every config key")("version", "print versions")("h,help", "this help");
+      "list-keys", "print every config key (a key with a fixed set of values: with them)")("version", "print versions")("h,help", "this help");
   std::vector<std::string> sets;
   std::vector<char*> rest = take_sets(argc, argv, sets);
   int rest_argc = static_cast<int>(rest.size());
@@ -359,7 +359,11 @@ int cli_main(int argc, char** argv) {
     return kExitOk;
   }
   if (a.count("list-keys")) {
-    for (const auto& k : config_keys()) std::cout << k << "\n";
+    for (const auto& k : config_keys()) {  // a mode key with the names it takes: "data.kind: hdf5 | ..."
+      std::string names;
+      for (const auto& n : config_key_modes(k)) names += (names.empty() ? ": " : " | ") + n;
+      std::cout << k << names << "\n";
+    }
     return kExitOk;
   }
   if (!a.unmatched().empty()) throw std::runtime_error("command line: unexpected argument '" + a.unmatched()[0] + "'");

@@ -25,6 +25,8 @@ namespace compat = trainer::compat;
 
 constexpr auto kCPU = c10::DeviceType::CPU;
 constexpr auto kCUDA = c10::DeviceType::CUDA;
+constexpr auto kBf16 = trainer::AmpDtype::kBf16;  // an unknown dtype is refused as the config is read
+constexpr auto kFp16 = trainer::AmpDtype::kFp16;
 
 // Expects `statement` to throw `exc` whose what() contains `text`.
 #define EXPECT_THROW_WITH(statement, exc, text)                                     \
@@ -285,28 +287,24 @@ TEST_F(AmpBf16Cpu, TransformerLayerStepLossWithinToleranceOfFp32) {
 // ---- validate_amp -------------------------------------------------------------------------------
 
 TEST(AmpValidate, AcceptsSupportedCombinations) {
-  EXPECT_NO_THROW(trainer::validate_amp(true, "bf16", false, kCPU));
-  EXPECT_NO_THROW(trainer::validate_amp(true, "bf16", false, kCUDA));
-  EXPECT_NO_THROW(trainer::validate_amp(true, "fp16", true, kCUDA));
-  EXPECT_NO_THROW(trainer::validate_amp(false, "fp16", true, kCPU)) << "disabled amp ignores the rest";
-  EXPECT_EQ(trainer::parse_amp_dtype("bf16"), at::kBFloat16);
-  EXPECT_EQ(trainer::parse_amp_dtype("fp16"), at::kHalf);
+  EXPECT_NO_THROW(trainer::validate_amp(true, kBf16, false, kCPU));
+  EXPECT_NO_THROW(trainer::validate_amp(true, kBf16, false, kCUDA));
+  EXPECT_NO_THROW(trainer::validate_amp(true, kFp16, true, kCUDA));
+  EXPECT_NO_THROW(trainer::validate_amp(false, kFp16, true, kCPU)) << "disabled amp ignores the rest";
+  EXPECT_EQ(trainer::amp_scalar_type(kBf16), at::kBFloat16);
+  EXPECT_EQ(trainer::amp_scalar_type(kFp16), at::kHalf);
 }
 
 TEST(AmpValidate, ErrorTextsNameKeyAndFix) {
-  EXPECT_THROW_WITH(trainer::validate_amp(true, "fp16", false, kCUDA), std::invalid_argument,
+  EXPECT_THROW_WITH(trainer::validate_amp(true, kFp16, false, kCUDA), std::invalid_argument,
                     "amp.dtype: fp16 needs the loss scaler");
-  EXPECT_THROW_WITH(trainer::validate_amp(true, "fp16", false, kCUDA), std::invalid_argument,
+  EXPECT_THROW_WITH(trainer::validate_amp(true, kFp16, false, kCUDA), std::invalid_argument,
                     "set amp.scaler.enabled: true or use amp.dtype: bf16");
-  EXPECT_THROW_WITH(trainer::validate_amp(true, "bf16", true, kCUDA), std::invalid_argument,
+  EXPECT_THROW_WITH(trainer::validate_amp(true, kBf16, true, kCUDA), std::invalid_argument,
                     "amp.scaler.enabled: the loss scaler is for fp16 only");
-  EXPECT_THROW_WITH(trainer::validate_amp(true, "fp16", true, kCPU), std::invalid_argument,
+  EXPECT_THROW_WITH(trainer::validate_amp(true, kFp16, true, kCPU), std::invalid_argument,
                     "amp.dtype: fp16 is not supported on CPU");
-  EXPECT_THROW_WITH(trainer::validate_amp(true, "fp32", false, kCPU), std::invalid_argument,
-                    "amp.dtype: unknown value 'fp32'; use bf16 or fp16");
-  EXPECT_THROW_WITH(trainer::validate_amp(false, "float16", false, kCPU), std::invalid_argument,
-                    "amp.dtype: unknown value 'float16'");
-  EXPECT_THROW_WITH(trainer::validate_amp(true, "bf16", false, c10::DeviceType::Meta), std::invalid_argument,
+  EXPECT_THROW_WITH(trainer::validate_amp(true, kBf16, false, c10::DeviceType::Meta), std::invalid_argument,
                     "amp.enabled: autocast supports cpu and cuda");
 }
 

@@ -127,7 +127,7 @@ TEST(AutoSearchCost, ProbePassesAndTheProjectionOfDoubling) {
 TEST(AutoSearchChoice, CheapProbesDoubleAndDearOnesTakeTheCurve) {
   FakeDevice gpu{{0.012, 0.00015}};
   const trainer::SearchChoice g = choose_on(gpu, 1, 8, 256, 99, 256);
-  EXPECT_EQ(g.method, "doubling") << g.reason;
+  EXPECT_EQ(g.method, trainer::AutoSearch::kDoubling) << g.reason;
   EXPECT_TRUE(g.timed);
   EXPECT_NEAR(g.cost.fixed_s, 0.012, 1e-12);
   EXPECT_NEAR(g.cost.per_sample_s, 0.00015, 1e-12);
@@ -142,7 +142,7 @@ TEST(AutoSearchChoice, CheapProbesDoubleAndDearOnesTakeTheCurve) {
 
   FakeDevice cpu{{0.0, 0.4}};
   const trainer::SearchChoice c = choose_on(cpu, 1, 8, 256, 99, 256);
-  EXPECT_EQ(c.method, "curve") << c.reason;
+  EXPECT_EQ(c.method, trainer::AutoSearch::kCurve) << c.reason;
   EXPECT_NEAR(c.projected_s, two_passes_each(cpu.truth, kProbesTo99), 1e-9);  // 0.8 x 849 = 679.2 s
   EXPECT_NE(c.reason.find("over the 8.00 s budget"), std::string::npos) << c.reason;
   const nlohmann::json j = c.to_json();
@@ -156,20 +156,20 @@ TEST(AutoSearchChoice, CheapProbesDoubleAndDearOnesTakeTheCurve) {
 // pass (exact in binary) and twenty passes: 10 s.
 TEST(AutoSearchChoice, AProjectionAtTheBudgetDoubles) {
   FakeDevice dev{{0.5, 0.0}};
-  EXPECT_EQ(choose_on(dev, 1, 8, 256, 99, 256, 10.0).method, "doubling");
+  EXPECT_EQ(choose_on(dev, 1, 8, 256, 99, 256, 10.0).method, trainer::AutoSearch::kDoubling);
   EXPECT_DOUBLE_EQ(choose_on(dev, 1, 8, 256, 99, 256, 10.0).projected_s, 10.0);
-  EXPECT_EQ(choose_on(dev, 1, 8, 256, 99, 256, 9.999).method, "curve");
+  EXPECT_EQ(choose_on(dev, 1, 8, 256, 99, 256, 9.999).method, trainer::AutoSearch::kCurve);
   // At the default budget of 8 s: 0.4 s a pass is 8 s (within floating-point rounding: 0.4 is not exact).
   FakeDevice near{{0.399, 0.0}}, over{{0.401, 0.0}};
-  EXPECT_EQ(choose_on(near, 1, 8, 256, 99, 256).method, "doubling");
-  EXPECT_EQ(choose_on(over, 1, 8, 256, 99, 256).method, "curve");
+  EXPECT_EQ(choose_on(near, 1, 8, 256, 99, 256).method, trainer::AutoSearch::kDoubling);
+  EXPECT_EQ(choose_on(over, 1, 8, 256, 99, 256).method, trainer::AutoSearch::kCurve);
 }
 
 TEST(AutoSearchChoice, ASecondProbeThatFailedSearchesBelowItAndPredictionsAreClamped) {
   // 8 did not fit: doubling searches [1, 7] from the floor; one second a pass, largest 5: 2 (fits), 4
   // (fits), 7 (fails), bisect 4..7: 5 (fits), 6 (fails): five probes of two passes.
   const trainer::SearchChoice c = trainer::choose_search({1.0, 0.0}, 1, 8, false, 256, 5, 256, 100.0);
-  EXPECT_EQ(c.method, "doubling");
+  EXPECT_EQ(c.method, trainer::AutoSearch::kDoubling);
   EXPECT_DOUBLE_EQ(c.projected_s, 10.0);
   EXPECT_EQ(c.predicted, 5);
   // A prediction outside what the probes allow is clamped into it.
@@ -178,7 +178,7 @@ TEST(AutoSearchChoice, ASecondProbeThatFailedSearchesBelowItAndPredictionsAreCla
   EXPECT_NE(testutil::error_text([] { trainer::choose_search({}, 8, 8, true, 256, 99, 256); }).find("lo < second"),
             std::string::npos);
   const trainer::SearchChoice u = trainer::untimed_search_choice();
-  EXPECT_EQ(u.method, "curve");
+  EXPECT_EQ(u.method, trainer::AutoSearch::kCurve);
   EXPECT_FALSE(u.timed);
   EXPECT_NE(u.reason.find("carry no timing"), std::string::npos);
 }

@@ -60,7 +60,7 @@ struct Rig {
     model->train();
     optimizer = std::make_unique<trainer::Optimizer>(trainer::param_slots(*model, false), cfg.optim);
     scaler = std::make_unique<trainer::GradScaler>(
-        trainer::GradScalerOptions().enabled(cfg.amp.enabled && cfg.amp.dtype == "fp16"));
+        trainer::GradScalerOptions().enabled(cfg.amp.enabled && cfg.amp.dtype == trainer::AmpDtype::kFp16));
     reporter = std::make_unique<trainer::MemoryReporter>(dir.str());
     metrics.open((dir / "metrics.jsonl").string());
     trainer::StepParts parts;
@@ -123,13 +123,13 @@ trainer::Config small_job(const std::string& policy, int64_t global = 16) {
   trainer::Config c;
   c.model.name = "resnet20";
   c.model.num_classes = 10;
-  c.optim.name = "sgd";
+  c.optim.name = trainer::OptimKind::kSgd;
   c.optim.lr = 0.05;
   c.train.global_batch = global;
   c.train.micro_batch = 0;
   c.memory.grow_after = 1000;
   c.memory.headroom = 0;
-  c.memory.cudnn_policy = policy;
+  c.memory.cudnn_policy = trainer::mode_from_name<trainer::CudnnMode>(policy);
   return c;
 }
 const std::vector<int64_t> kSmall = {3, 12, 12};
@@ -322,7 +322,7 @@ TEST(AutoSearch, TheCurveFindsNinetyPercentOfTheExhaustiveAnswerInFewProbes) {
     r.memory->set_limit(cap);
     auto search = [&](const std::string& how) {
       trainer::Config c = cfg;
-      c.memory.auto_search = how;
+      c.memory.auto_search = trainer::mode_from_name<trainer::AutoSearch>(how);
       trainer::StepParts parts;
       parts.model = r.model;
       parts.optimizer = r.optimizer.get();
@@ -432,7 +432,7 @@ TEST(AutoSearch, TheRunRecordsTheSearchTheProbesFlagsAndTheRecovery) {
 TEST(AutoSearch, AStopEndsTheProbeAtABlockAndItsFindingsResumeTheSearch) {
   const int64_t G = 40;
   trainer::Config cfg = small_job("off", G);
-  cfg.memory.auto_search = "curve";  // a function of the outcomes alone (auto's choice is timed)
+  cfg.memory.auto_search = trainer::AutoSearch::kCurve;  // a function of the outcomes alone (auto's choice is timed)
   Rig r(cfg, kSmall);
   ASSERT_EQ(r.model->num_blocks(), 9);
   const data::Batch b = r.batch(1);
@@ -623,14 +623,14 @@ trainer::Config gpu_job(int64_t global, const std::string& policy) {
   c.model.num_classes = 1000;
   c.model.channels_last = true;
   c.amp.enabled = true;
-  c.amp.dtype = "fp16";
-  c.optim.name = "sgd";
+  c.amp.dtype = trainer::AmpDtype::kFp16;
+  c.optim.name = trainer::OptimKind::kSgd;
   c.optim.lr = 0.1;
   c.train.global_batch = global;
   c.train.micro_batch = 0;
   c.memory.grow_after = 1000;
   c.memory.headroom = 0;
-  c.memory.cudnn_policy = policy;
+  c.memory.cudnn_policy = trainer::mode_from_name<trainer::CudnnMode>(policy);
   return c;
 }
 

@@ -1,6 +1,9 @@
 // Config: precedence (defaults < YAML < --set), types, unknown keys, validation and the YAML dump.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
+
 #include "test_util.h"
 #include "trainer/config/config.h"
 
@@ -146,6 +149,117 @@ TEST(Config, ShippedConfigsAreValid) {
     ++n;
   }
   EXPECT_GE(n, 2);
+}
+
+// ---- modes: the keys with a fixed set of values, enums read by their names (config.h) -------------------
+
+namespace {
+
+// E's name table: one distinct name per value, each read back as its value; anything else refused with the
+// names allowed.
+template <class E>
+void expect_names_round_trip(const std::string& what) {
+  const std::vector<std::string>& names = trainer::mode_names<E>();
+  ASSERT_EQ(names.size(), trainer::kModeCount<E>) << what;
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size()) << what << ": a name twice";
+  for (size_t i = 0; i < trainer::kModeCount<E>; ++i) {
+    const E value = static_cast<E>(i);
+    EXPECT_EQ(trainer::mode_name(value), names[i]) << what;
+    EXPECT_EQ(trainer::mode_from_name<E>(names[i]), value) << what << " " << names[i];
+  }
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  EXPECT_EQ(testutil::error_text([] { trainer::mode_from_name<E>("no_such_mode"); }),
+            "'no_such_mode' is not one of: " + list)
+      << what;
+}
+
+}  // namespace
+
+TEST(ConfigModes, EveryEnumsNamesRoundTrip) {
+  expect_names_round_trip<trainer::Switch>("Switch");
+  expect_names_round_trip<trainer::DataKind>("DataKind");
+  expect_names_round_trip<trainer::AutoAugment>("AutoAugment");
+  expect_names_round_trip<trainer::OptimKind>("OptimKind");
+  expect_names_round_trip<trainer::OptimImpl>("OptimImpl");
+  expect_names_round_trip<trainer::ScheduleKind>("ScheduleKind");
+  expect_names_round_trip<trainer::LossKind>("LossKind");
+  expect_names_round_trip<trainer::MixMode>("MixMode");
+  expect_names_round_trip<trainer::SnapshotMode>("SnapshotMode");
+  expect_names_round_trip<trainer::AmpDtype>("AmpDtype");
+  expect_names_round_trip<trainer::ScalerMode>("ScalerMode");
+  expect_names_round_trip<trainer::Checkpointing>("Checkpointing");
+  expect_names_round_trip<trainer::LadderSizes>("LadderSizes");
+  expect_names_round_trip<trainer::AutoSearch>("AutoSearch");
+  expect_names_round_trip<trainer::CudnnMode>("CudnnMode");
+  expect_names_round_trip<trainer::LogLevel>("LogLevel");
+  expect_names_round_trip<trainer::DistBackend>("DistBackend");
+  // The names that are YAML's booleans stay strings: amp.scaler's true and false.
+  EXPECT_EQ(trainer::mode_name(trainer::ScalerMode::kOn), "true");
+  EXPECT_EQ(trainer::mode_name(trainer::ScalerMode::kOff), "false");
+}
+
+// Every mode key, every name it takes: read from --set and from YAML, dumped as the quoted name (as when
+// modes were strings, so a resolved_config.yaml reads the same), and read back from the dump.
+TEST(ConfigModes, EveryKeyTakesItsNamesAndDumpsThem) {
+  size_t mode_keys = 0;
+  for (const auto& key : trainer::config_keys()) {
+    const std::vector<std::string> names = trainer::config_key_modes(key);
+    if (names.empty()) continue;
+    ++mode_keys;
+    const std::string section = key.substr(0, key.find('.')), leaf = key.substr(key.find('.') + 1);
+    for (const auto& name : names) {
+      Config c;
+      trainer::apply_override(c, key + "=" + name);
+      const std::string y = trainer::to_yaml(c);
+      EXPECT_NE(y.find("  " + leaf + ": \"" + name + "\"\n"), std::string::npos) << key << "=" << name << "\n" << y;
+      Config from_yaml;
+      trainer::apply_yaml_text(from_yaml, section + ":\n  " + leaf + ": " + name + "\n", "t.yaml");
+      EXPECT_EQ(trainer::to_yaml(from_yaml), y) << key << "=" << name;
+      Config back;
+      trainer::apply_yaml_text(back, y, "dump");
+      EXPECT_EQ(trainer::to_yaml(back), y) << key << "=" << name;
+    }
+  }
+  EXPECT_EQ(mode_keys, 19u);
+  EXPECT_TRUE(trainer::config_key_modes("train.device").empty()) << "cuda:N: an open set, a string";
+  EXPECT_EQ(trainer::config_key_modes("memory.cudnn_policy"),
+            (std::vector<std::string>{"always", "off", "start", "pretune", "settle"}));
+}
+
+// A misspelt mode is refused as it is read: one line naming the file (or the --set) and the key, and the
+// names the key takes; the ConfigError exits 2 as every config error.
+TEST(ConfigModes, AMisspeltModeIsRefusedNamingTheKeyAndTheNames) {
+  Config c;
+  EXPECT_EQ(testutil::error_text([&] { trainer::apply_yaml_text(c, "data:\n  kind: hdf55\n", "my.yaml"); }),
+            "my.yaml: key 'data.kind': 'hdf55' is not one of: hdf5, packed_images, image_folder, synthetic, tokens");
+  EXPECT_EQ(testutil::error_text([&] { trainer::apply_yaml_text(c, "optim: {name: adam}", "my.yaml"); }),
+            "my.yaml: key 'optim.name': 'adam' is not one of: sgd, adamw, lamb");
+  EXPECT_EQ(testutil::error_text([&] { trainer::apply_override(c, "amp.scaler=yes"); }),
+            "--set amp.scaler=yes: key 'amp.scaler': 'yes' is not one of: auto, true, false");
+  EXPECT_EQ(testutil::error_text([&] { trainer::apply_override(c, "log.level=INFO"); }),
+            "--set log.level=INFO: key 'log.level': 'INFO' is not one of: trace, debug, info, warn, error")
+      << "names are case-sensitive";
+  EXPECT_EQ(testutil::error_text([&] { trainer::apply_override(c, "dist.backend="); }),
+            "--set dist.backend=: key 'dist.backend': '' is not one of: auto, gloo, nccl");
+  expect_config_error([&] { trainer::apply_yaml_text(c, "train: {cuda_graph: [on]}", "my.yaml"); },
+                      {"my.yaml", "train.cuda_graph", "expected a string, got a list"});
+  EXPECT_EQ(trainer::to_yaml(c), trainer::to_yaml(Config{})) << "a refused value changes nothing";
+  // The command line: exit 2, the one line.
+  const auto r = testutil::run(testutil::trainer_bin() + " --dry-run --set memory.auto_search=bisect");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "error: --set memory.auto_search=bisect: key 'memory.auto_search': 'bisect' is not one of: auto, "
+                      "curve, doubling\n");
+}
+
+// --list-keys: a mode key with its names, from the same table.
+TEST(ConfigModes, ListKeysShowsEachModesNames) {
+  const auto r = testutil::run(testutil::trainer_bin() + " --list-keys");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\ndata.kind: hdf5 | packed_images | image_folder | synthetic | tokens\n"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("\ntrain.device\n"), std::string::npos) << r.output;
+  EXPECT_EQ(static_cast<size_t>(std::count(r.output.begin(), r.output.end(), '\n')), trainer::config_keys().size());
 }
 
 }  // namespace test_config

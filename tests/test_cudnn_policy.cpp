@@ -190,8 +190,8 @@ TEST(CudnnPolicy, RecordsFirstUsesTimingsAndReruns) {
 
 TEST(CudnnPolicy, NamesAndBadOptions) {
   for (const char* n : {"always", "off", "start", "pretune", "settle"})
-    EXPECT_STREQ(trainer::to_string(trainer::cudnn_mode_from(n)), n);
-  EXPECT_EQ(testutil::error_text([] { trainer::cudnn_mode_from("fast"); }),
+    EXPECT_EQ(trainer::mode_name(trainer::mode_from_name<CudnnMode>(n)), n);
+  EXPECT_EQ(testutil::error_text([] { trainer::mode_from_name<CudnnMode>("fast"); }),
             "'fast' is not one of: always, off, start, pretune, settle");
   CudnnPolicyOptions o;
   o.settle_steps = 0;
@@ -206,28 +206,28 @@ TEST(CudnnPolicy, NamesAndBadOptions) {
 // with the key (exit 2 through the command line, as every config error).
 TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
   const trainer::Config d = trainer::load_config("", {"train.steps=1", "train.epochs=0"});
-  EXPECT_EQ(d.memory.cudnn_policy, "off") << "timing cost an H200 4.6-13.1 s before the first step, for nothing after";
+  EXPECT_EQ(d.memory.cudnn_policy, CudnnMode::kOff) << "timing cost an H200 4.6-13.1 s before the first step, for nothing after";
   EXPECT_EQ(trainer::step_options(d, torch::Device(torch::kCPU)).cudnn.mode, CudnnMode::kOff);
   EXPECT_EQ(CudnnPolicyOptions().mode, CudnnMode::kOff) << "the policy's own default is the config's";
-  EXPECT_EQ(d.memory.auto_search, "auto");
-  EXPECT_EQ(trainer::step_options(d, torch::Device(torch::kCPU)).auto_search, "auto");
+  EXPECT_EQ(d.memory.auto_search, trainer::AutoSearch::kAuto);
+  EXPECT_EQ(trainer::step_options(d, torch::Device(torch::kCPU)).auto_search, trainer::AutoSearch::kAuto);
   EXPECT_EQ(trainer::load_config("", {"train.steps=1", "train.epochs=0", "memory.auto_search=curve"}).memory.auto_search,
-            "curve");
+            trainer::AutoSearch::kCurve);
   EXPECT_EQ(trainer::load_config("", {"train.steps=1", "train.epochs=0", "memory.cudnn_policy=start"}).memory.cudnn_policy,
-            "start");
-  EXPECT_EQ(d.memory.ladder_sizes, "any");
+            CudnnMode::kStart);
+  EXPECT_EQ(d.memory.ladder_sizes, trainer::LadderSizes::kAny);
   EXPECT_EQ(d.memory.cudnn_benchmark_limit, 0);
   EXPECT_TRUE(d.memory.cudnn_empty_cache);
   const trainer::Config c = trainer::load_config(
       "", {"train.steps=1", "train.epochs=0", "memory.cudnn_policy=pretune", "memory.auto_search=doubling", "memory.ladder_sizes=halvings",
            "memory.cudnn_benchmark_limit=3", "memory.cudnn_empty_cache=false"});
-  EXPECT_EQ(c.memory.cudnn_policy, "pretune");
+  EXPECT_EQ(c.memory.cudnn_policy, CudnnMode::kPretune);
   EXPECT_EQ(c.memory.cudnn_benchmark_limit, 3);
   EXPECT_FALSE(c.memory.cudnn_empty_cache);
   const auto o = trainer::step_options(c, torch::Device(torch::kCPU));
   EXPECT_EQ(o.cudnn.mode, CudnnMode::kPretune);
   EXPECT_FALSE(o.cudnn.retry_tuning_oom) << "no timing on the CPU";
-  EXPECT_EQ(o.auto_search, "doubling");
+  EXPECT_EQ(o.auto_search, trainer::AutoSearch::kDoubling);
   EXPECT_TRUE(trainer::micro_batch_options(c, 8).halvings_only);
   // A deterministic run never times (timing may choose other algorithms from run to run).
   EXPECT_EQ(trainer::step_options(trainer::load_config("", {"train.steps=1", "train.epochs=0", "train.deterministic=true"}),
@@ -237,10 +237,12 @@ TEST(CudnnPolicyConfig, KeysAreReadAndBadValuesNamed) {
   auto error = [](const std::string& set) {
     return testutil::error_text([&] { trainer::load_config("", {"train.steps=1", "train.epochs=0", set}); });
   };
-  EXPECT_EQ(error("memory.cudnn_policy=fast"),
-            "config: key 'memory.cudnn_policy': 'fast' is not one of: always, off, start, pretune, settle");
-  EXPECT_EQ(error("memory.auto_search=bisect"), "config: key 'memory.auto_search': 'bisect' is not one of: auto, curve, doubling");
-  EXPECT_EQ(error("memory.ladder_sizes=powers"), "config: key 'memory.ladder_sizes': 'powers' is not one of: any, halvings");
+  EXPECT_EQ(error("memory.cudnn_policy=fast"), "--set memory.cudnn_policy=fast: key 'memory.cudnn_policy': 'fast' is "
+                                               "not one of: always, off, start, pretune, settle");
+  EXPECT_EQ(error("memory.auto_search=bisect"),
+            "--set memory.auto_search=bisect: key 'memory.auto_search': 'bisect' is not one of: auto, curve, doubling");
+  EXPECT_EQ(error("memory.ladder_sizes=powers"),
+            "--set memory.ladder_sizes=powers: key 'memory.ladder_sizes': 'powers' is not one of: any, halvings");
   EXPECT_EQ(error("memory.cudnn_benchmark_limit=-1"),
             "config: key 'memory.cudnn_benchmark_limit': must be in [0, 10000] (0 = LibTorch's default, 10)");
 }

@@ -125,10 +125,11 @@ TEST(DistEnv, BadVariablesAreOneLineErrors) {
 }
 
 TEST(DistEnv, BackendFollowsTheDevice) {
-  EXPECT_EQ(trainer::resolve_backend("auto", torch::Device(torch::kCPU)), "gloo");
-  EXPECT_EQ(trainer::resolve_backend("gloo", torch::Device(torch::kCPU)), "gloo");
+  EXPECT_EQ(trainer::resolve_backend(std::nullopt, torch::Device(torch::kCPU)), trainer::CommBackend::kGloo) << "auto";
+  EXPECT_EQ(trainer::resolve_backend(trainer::CommBackend::kGloo, torch::Device(torch::kCPU)), trainer::CommBackend::kGloo);
+  EXPECT_STREQ(trainer::to_string(trainer::CommBackend::kNccl), "nccl");
   try {
-    trainer::resolve_backend("nccl", torch::Device(torch::kCPU));
+    trainer::resolve_backend(trainer::CommBackend::kNccl, torch::Device(torch::kCPU));
     ADD_FAILURE() << "nccl on the CPU must be refused";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("nccl needs a CUDA device"), std::string::npos) << e.what();

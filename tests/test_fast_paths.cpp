@@ -55,7 +55,7 @@ struct Net : torch::nn::Module {
 void fused_matches_foreach(const torch::Device& device) {
   for (const std::string name : {"sgd", "sgd_nesterov", "sgd_no_momentum", "adamw"}) {
     trainer::OptimConfig c;
-    c.name = name == "adamw" ? "adamw" : "sgd";
+    c.name = name == "adamw" ? trainer::OptimKind::kAdamW : trainer::OptimKind::kSgd;
     c.lr = name == "adamw" ? 0.01 : 0.05;
     c.momentum = name == "sgd_no_momentum" ? 0.0 : 0.9;
     c.nesterov = name == "sgd_nesterov";
@@ -71,7 +71,7 @@ void fused_matches_foreach(const torch::Device& device) {
     }
     trainer::Optimizer multi(trainer::param_slots(*a, false), c, /*foreach=*/true);
     trainer::OptimConfig cf = c;
-    cf.implementation = "fused";
+    cf.implementation = trainer::OptimImpl::kFused;
     trainer::Optimizer fused(trainer::param_slots(*b, false), cf);
     ASSERT_EQ(fused.implementation(), "fused");
     const auto bias_before = b->fc2->bias.detach().clone();
@@ -130,9 +130,9 @@ TEST(TrainOptimizer, ImplementationKeyIsCheckedWhereLibTorchLacksTheKernels) {
   trainer::Optimizer plain(trainer::param_slots(net, false), c);
   EXPECT_FALSE(plain.skips_on_device());
   EXPECT_THROW(plain.step_unless(0.1, torch::zeros({1})), std::logic_error) << "only the fused kernels read a skip";
-  c.implementation = "foreach";
+  c.implementation = trainer::OptimImpl::kForeach;
   EXPECT_EQ(trainer::Optimizer(trainer::param_slots(net, false), c).implementation(), "foreach");
-  c.implementation = "fused";
+  c.implementation = trainer::OptimImpl::kFused;
   const std::string err = testutil::error_text([&] { trainer::Optimizer(trainer::param_slots(net, false), c); });
   const std::string cfg_err = testutil::error_text([] { trainer::load_config("", {"optim.implementation=fused"}); });
   if (trainer::compat::kHasFusedOptimizers) {
@@ -218,10 +218,10 @@ TEST(GptVocabPadding, PaddingRowsStayZeroUnderAdamWWithWeightDecay) {
   for (const char* impl : {"plain", "foreach"}) {
     auto m = tiny_gpt(64);
     trainer::OptimConfig c;
-    c.name = "adamw";
+    c.name = trainer::OptimKind::kAdamW;
     c.lr = 1e-2;
     c.weight_decay = 0.1;
-    c.implementation = impl;
+    c.implementation = trainer::mode_from_name<trainer::OptimImpl>(impl);
     trainer::Optimizer opt(trainer::param_slots(*m, false), c);
     auto w = m->named_parameters()["transformer.wte.weight"];
     const auto real_before = w.narrow(0, 0, 300).detach().clone();
@@ -340,8 +340,8 @@ TEST(StepSnapshot, BatchedPutsBackWhatThePerBufferSnapshotPutsBack) {
 }
 
 TEST(StepSnapshot, SnapshotKeyIsChecked) {
-  EXPECT_EQ(trainer::load_config("", {}).train.snapshot, "batched");
-  EXPECT_EQ(trainer::load_config("", {"train.snapshot=per_buffer"}).train.snapshot, "per_buffer");
+  EXPECT_EQ(trainer::load_config("", {}).train.snapshot, trainer::SnapshotMode::kBatched);
+  EXPECT_EQ(trainer::load_config("", {"train.snapshot=per_buffer"}).train.snapshot, trainer::SnapshotMode::kPerBuffer);
   EXPECT_NE(testutil::error_text([] { trainer::load_config("", {"train.snapshot=lazy"}); })
                 .find("key 'train.snapshot'"),
             std::string::npos);

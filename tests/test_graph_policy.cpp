@@ -6,6 +6,8 @@
 // test_hostile.cpp.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+#include "trainer/config/config.h"
 #include "trainer/step/graph_policy.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
@@ -14,7 +16,7 @@ namespace test_graph_policy {
 using trainer::GraphAction;
 using trainer::GraphJob;
 using trainer::GraphKey;
-using trainer::GraphMode;
+using trainer::Switch;
 using trainer::GraphPolicy;
 using trainer::GraphPolicyOptions;
 
@@ -28,7 +30,7 @@ GraphJob cuda_job() {
   return j;
 }
 
-GraphPolicy policy(GraphMode mode = GraphMode::kAuto, int64_t warmup = 2, GraphJob job = cuda_job()) {
+GraphPolicy policy(Switch mode = Switch::kAuto, int64_t warmup = 2, GraphJob job = cuda_job()) {
   GraphPolicyOptions o;
   o.mode = mode;
   o.warmup_steps = warmup;
@@ -60,15 +62,11 @@ std::vector<std::string> kinds(GraphPolicy& p) {
 
 }  // namespace
 
-TEST(GraphPolicy, NamesItsModesAndRefusesAnUnknownOne) {
-  for (GraphMode m : {GraphMode::kAuto, GraphMode::kOn, GraphMode::kOff})
-    EXPECT_EQ(trainer::graph_mode_from(trainer::to_string(m)), m);
-  try {
-    trainer::graph_mode_from("maybe");
-    FAIL() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("train.cuda_graph: 'maybe' is not one of: auto, on, off"), std::string::npos);
-  }
+TEST(GraphPolicy, TheKeyNamesItsModesAndRefusesAnUnknownOne) {
+  for (Switch m : {Switch::kAuto, Switch::kOn, Switch::kOff})
+    EXPECT_EQ(trainer::load_config("", {"train.cuda_graph=" + trainer::mode_name(m)}).train.cuda_graph, m);
+  EXPECT_EQ(testutil::error_text([] { trainer::load_config("", {"train.cuda_graph=maybe"}); }),
+            "--set train.cuda_graph=maybe: key 'train.cuda_graph': 'maybe' is not one of: auto, on, off");
 }
 
 TEST(GraphPolicy, AutoRunsEagerlyWhereTheJobCannotCaptureAndOnRefusesIt) {
@@ -83,28 +81,28 @@ TEST(GraphPolicy, AutoRunsEagerlyWhereTheJobCannotCaptureAndOnRefusesIt) {
   for (const auto& [job, fragment] : std::vector<std::pair<GraphJob, std::string>>{
            {cpu, "CUDA device"}, {ddp, "data parallel"}, {plain, "fused optimizer"}, {mixed, "Mixup and CutMix"}}) {
     EXPECT_NE(trainer::graph_ineligible_reason(job).find(fragment), std::string::npos);
-    GraphPolicy a = policy(GraphMode::kAuto, 1, job);
+    GraphPolicy a = policy(Switch::kAuto, 1, job);
     EXPECT_FALSE(a.enabled());
     EXPECT_NE(a.disabled_reason().find(fragment), std::string::npos);
     for (int i = 0; i < 5; ++i) EXPECT_EQ(step(a, key({64})), GraphAction::kEager);
     EXPECT_TRUE(a.take_events().empty()) << "auto off a GPU is silent";
     try {
-      policy(GraphMode::kOn, 1, job);
+      policy(Switch::kOn, 1, job);
       FAIL() << "on accepted for " << fragment;
     } catch (const std::invalid_argument& e) {
       EXPECT_EQ(std::string(e.what()).rfind("train.cuda_graph: on, but ", 0), 0u) << e.what();
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   }
-  GraphPolicy off = policy(GraphMode::kOff);
+  GraphPolicy off = policy(Switch::kOff);
   EXPECT_FALSE(off.enabled());
   EXPECT_EQ(off.disabled_reason(), "train.cuda_graph is off");
   for (int i = 0; i < 5; ++i) EXPECT_EQ(step(off, key({64})), GraphAction::kEager);
-  EXPECT_THROW(policy(GraphMode::kAuto, 0), std::invalid_argument);
+  EXPECT_THROW(policy(Switch::kAuto, 0), std::invalid_argument);
 }
 
 TEST(GraphPolicy, CapturesAfterTheWarmupThenReplays) {
-  GraphPolicy p = policy(GraphMode::kOn, 2);
+  GraphPolicy p = policy(Switch::kOn, 2);
   EXPECT_TRUE(p.enabled());
   const std::vector<GraphAction> want = {GraphAction::kEager, GraphAction::kEager, GraphAction::kCapture,
                                          GraphAction::kReplay, GraphAction::kReplay};
@@ -125,7 +123,7 @@ TEST(GraphPolicy, CapturesAfterTheWarmupThenReplays) {
 }
 
 TEST(GraphPolicy, TheWarmupCountsCleanStepsOfOneLayoutOnly) {
-  GraphPolicy p = policy(GraphMode::kAuto, 3);
+  GraphPolicy p = policy(Switch::kAuto, 3);
   EXPECT_EQ(step(p, key({64})), GraphAction::kEager);
   EXPECT_EQ(step(p, key({64})), GraphAction::kEager);
   EXPECT_EQ(step(p, key({32, 32})), GraphAction::kEager) << "another layout starts the count again";
@@ -153,7 +151,7 @@ TEST(GraphPolicy, ANewLayoutACutLimitCheckpointingOrAnotherShapeReleasesTheGraph
       {"a short last batch", shape, "the batch's shape changed"},
   };
   for (const auto& c : cases) {
-    GraphPolicy p = policy(GraphMode::kAuto, 1);
+    GraphPolicy p = policy(Switch::kAuto, 1);
     EXPECT_EQ(step(p, key({64})), GraphAction::kEager);
     EXPECT_EQ(step(p, key({64})), GraphAction::kCapture);
     p.take_events();
@@ -168,7 +166,7 @@ TEST(GraphPolicy, ANewLayoutACutLimitCheckpointingOrAnotherShapeReleasesTheGraph
 }
 
 TEST(GraphPolicy, CheckpointedStepsStayEagerAndTheLayoutAfterThemIsCapturedAgain) {
-  GraphPolicy p = policy(GraphMode::kAuto, 1);
+  GraphPolicy p = policy(Switch::kAuto, 1);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(step(p, key({16}, 8 * kGiB, true)), GraphAction::kEager);
   EXPECT_EQ(p.captures(), 0);
   EXPECT_EQ(step(p, key({16})), GraphAction::kEager) << "the first step without recomputation warms up";
@@ -176,7 +174,7 @@ TEST(GraphPolicy, CheckpointedStepsStayEagerAndTheLayoutAfterThemIsCapturedAgain
 }
 
 TEST(GraphPolicy, AnOomReleasesTheGraphAndTheLaddersRungWarmsUpBeforeItsCapture) {
-  GraphPolicy p = policy(GraphMode::kAuto, 2);
+  GraphPolicy p = policy(Switch::kAuto, 2);
   step(p, key({64}));
   step(p, key({64}));
   ASSERT_EQ(p.decide(key({64})), GraphAction::kCapture);
@@ -197,7 +195,7 @@ TEST(GraphPolicy, AnOomReleasesTheGraphAndTheLaddersRungWarmsUpBeforeItsCapture)
 }
 
 TEST(GraphPolicy, ACutLimitRestartsTheWarmup) {
-  GraphPolicy p = policy(GraphMode::kAuto, 2);
+  GraphPolicy p = policy(Switch::kAuto, 2);
   step(p, key({64}, 8 * kGiB));
   EXPECT_EQ(step(p, key({64}, 6 * kGiB)), GraphAction::kEager) << "one clean step under the new cap so far";
   EXPECT_EQ(step(p, key({64}, 6 * kGiB)), GraphAction::kEager);
@@ -205,7 +203,7 @@ TEST(GraphPolicy, ACutLimitRestartsTheWarmup) {
 }
 
 TEST(GraphPolicy, AFailedCaptureTurnsGraphsOffForTheRunWithOneEvent) {
-  GraphPolicy p = policy(GraphMode::kOn, 1);
+  GraphPolicy p = policy(Switch::kOn, 1);
   step(p, key({64}));
   ASSERT_EQ(p.decide(key({64})), GraphAction::kCapture);
   p.on_capture_failed("operation not permitted when stream is capturing");

@@ -37,7 +37,7 @@ std::vector<trainer::ParamSlot> slots_of(const std::vector<Tensor>& ts) {
 
 OptimConfig lamb(double wd, double max_grad_norm, bool trust_clip, bool always_adapt) {
   OptimConfig c;
-  c.name = "lamb";
+  c.name = trainer::OptimKind::kLamb;
   c.weight_decay = wd;
   c.lamb_max_grad_norm = max_grad_norm;
   c.trust_clip = trust_clip;
@@ -143,11 +143,11 @@ TEST(Lamb, RunsPlainOnly) {
   OptimConfig c = lamb(0.01, 1.0, false, false);
   EXPECT_EQ(trainer::Optimizer(slots, c).implementation(), "plain") << "auto";
   for (const char* impl : {"foreach", "fused"}) {
-    c.implementation = impl;
+    c.implementation = trainer::mode_from_name<trainer::OptimImpl>(impl);
     const std::string err = testutil::error_text([&] { trainer::Optimizer(slots, c); });
     EXPECT_NE(err.find("optim.implementation: " + std::string(impl) + " has no lamb version"), std::string::npos) << err;
   }
-  c.implementation = "auto";
+  c.implementation = trainer::OptimImpl::kAuto;
   const std::string err = testutil::error_text([&] { trainer::Optimizer(slots, c, /*foreach=*/true); });
   EXPECT_NE(err.find("has no lamb version"), std::string::npos) << err;
 }

@@ -31,7 +31,7 @@ MixOptions options(double mixup, double cutmix, const std::string& mode, double 
   MixOptions o;
   o.mixup_alpha = mixup;
   o.cutmix_alpha = cutmix;
-  o.mode = mode;
+  o.mode = trainer::mode_from_name<trainer::MixMode>(mode);
   o.prob = prob;
   return o;
 }
@@ -172,7 +172,7 @@ TEST(Mix, EqualsTimmGivenTheSameDraws) {
                                  {{"x", x}, {"target", y}, {"drawn", vec(d.drawn, torch::kDouble)},
                                   {"cutmix", vec(cut, torch::kLong).to(torch::kUInt8)}, {"cy", vec(d.cy, torch::kLong)},
                                   {"cx", vec(d.cx, torch::kLong)}});
-      list << k << " " << o.mode << "\n";
+      list << k << " " << trainer::mode_name(o.mode) << "\n";
       cases.push_back({o, step, d});
     }
   }
@@ -185,7 +185,7 @@ TEST(Mix, EqualsTimmGivenTheSameDraws) {
     std::map<std::string, torch::Tensor> ref;
     for (auto& [name, t] : trainer::read_safetensors((dir / ("out" + std::to_string(i) + ".safetensors")).string()).tensors)
       ref[name] = t;
-    const std::string what = o.mode + " mixup " + std::to_string(o.mixup_alpha) + " cutmix " +
+    const std::string what = trainer::mode_name(o.mode) + " mixup " + std::to_string(o.mixup_alpha) + " cutmix " +
                              std::to_string(o.cutmix_alpha) + " step " + std::to_string(step);
     EXPECT_TRUE(trainer::mix_images(x, x.flip(0), d, 0).equal(ref.at("x"))) << what;
     EXPECT_TRUE(mixed_in_pieces(x, d).equal(ref.at("x"))) << what;
@@ -227,7 +227,7 @@ TEST(MixLoss, SoftTargetsAndBceEqualTorch) {
   EXPECT_TRUE(ids.equal(torch_ids));
 
   trainer::LossOptions bce;
-  bce.kind = "bce";
+  bce.kind = trainer::LossKind::kBce;
   bce.label_smoothing = 0.1;
   auto smooth = torch::full({n, c}, 0.1 / c);
   smooth.scatter_(1, labels.unsqueeze(1), 1 - 0.1 + 0.1 / c);

@@ -48,8 +48,8 @@ struct Rig {
   // unless a test asks: the others hook gradients, which a captured graph would keep).
   explicit Rig(int64_t micro_batch, int64_t grow_after = 1000, bool allow_checkpointing = true, int64_t min_micro = 1,
                trainer::GradScalerOptions scaling = trainer::GradScalerOptions().enabled(false),
-               const std::string& implementation = "auto", bool skip_on_device = true,
-               torch::Device device = torch::Device(torch::kCPU), const std::string& cuda_graph = "off") {
+               trainer::OptimImpl implementation = trainer::OptimImpl::kAuto, bool skip_on_device = true,
+               torch::Device device = torch::Device(torch::kCPU), trainer::Switch cuda_graph = trainer::Switch::kOff) {
     at::set_num_threads(1);
     // The capped allocator first, so that the weights and the optimizer state count against the cap.
     memory = std::make_unique<trainer::PhasePeakBackend>(device.is_cuda() ? trainer::make_memory_backend(device)
@@ -60,7 +60,7 @@ struct Rig {
                                  models::ModelOptions().vocab_size(kVocab).context(kContext).dropout(0.2));
     model->to(device);
     trainer::Config cfg;
-    cfg.optim.name = "adamw";
+    cfg.optim.name = trainer::OptimKind::kAdamW;
     cfg.optim.lr = 1e-2;
     cfg.optim.weight_decay = 0;
     cfg.optim.implementation = implementation;
@@ -194,7 +194,7 @@ TEST(StepInProcess, TheNextBatchIsFetchedOnceAStepWhileTheDeviceRuns) {
   // One rig at a time: the cap counts every live tensor of the process.
   const auto run = [&](bool fused_skip, bool with_hook) {
     Outcome o;
-    Rig rig(8, 1000, true, 1, trainer::GradScalerOptions().enabled(false), fused_skip ? "fused" : "auto", fused_skip);
+    Rig rig(8, 1000, true, 1, trainer::GradScalerOptions().enabled(false), fused_skip ? trainer::OptimImpl::kFused : trainer::OptimImpl::kAuto, fused_skip);
     // The first value of every parameter, read in place: the hook allocates nothing under the cap (an
     // allocation there that failed would be the step's OOM).
     const auto firsts = [&] {
@@ -287,7 +287,7 @@ void expect_the_device_skips_as_the_host_does(torch::Device device) {
   if (!trainer::compat::kHasFusedOptimizers) GTEST_SKIP() << "LibTorch " << trainer::compat::torch_version() << " has no fused optimizer kernels";
   const auto scaling = trainer::GradScalerOptions().init_scale(1024.0).growth_interval(1).growth_factor(2.0);
   const auto run = [&](bool on_device, bool scaled) {
-    Rig rig(8, 1000, true, 1, scaled ? scaling : trainer::GradScalerOptions().enabled(false), "fused", on_device, device);
+    Rig rig(8, 1000, true, 1, scaled ? scaling : trainer::GradScalerOptions().enabled(false), trainer::OptimImpl::kFused, on_device, device);
     std::vector<trainer::StepResult> res = run_steps(rig, 1, 2, 0);
     const auto before = rig.state();
     // Step 3's gradient of one weight made infinite (with a scaler: its inf; without: the norm's).
@@ -337,8 +337,8 @@ TEST(StepInProcess, ACudaGraphRunGivesTheLossesAndWeightsOfTheEagerRun) {
   const torch::Device cuda(torch::kCUDA, 0);
   const auto scaling = trainer::GradScalerOptions().init_scale(1024.0).growth_interval(3);
   const int64_t limit = int64_t{8} << 30;
-  const auto run = [&](const std::string& mode) {
-    Rig rig(4, 1000, true, 1, scaling, "fused", true, cuda, mode);  // two micro-batches of 4
+  const auto run = [&](trainer::Switch mode) {
+    Rig rig(4, 1000, true, 1, scaling, trainer::OptimImpl::kFused, true, cuda, mode);  // two micro-batches of 4
     std::vector<trainer::StepResult> res;
     for (int64_t s = 1; s <= 8; ++s) {
       auto b = batch(s);
@@ -346,8 +346,8 @@ TEST(StepInProcess, ACudaGraphRunGivesTheLossesAndWeightsOfTheEagerRun) {
     }
     return std::make_pair(res, rig.state());
   };
-  const auto [eager, eager_state] = run("off");
-  const auto [graph, graph_state] = run("on");
+  const auto [eager, eager_state] = run(trainer::Switch::kOff);
+  const auto [graph, graph_state] = run(trainer::Switch::kOn);
   const std::vector<std::string> how = {"eager", "eager", "capture", "replay", "replay",
                                         "eager", "eager", "capture"};  // step 6: the cut limit released it
   ASSERT_EQ(graph.size(), how.size());

@@ -42,7 +42,7 @@ double compare_with_libtorch(const trainer::OptimConfig& cfg, int steps) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : b->parameters()) (p.dim() >= 2 || cfg.decay_norm_and_bias ? decay : no_decay).push_back(p);
   std::unique_ptr<torch::optim::Optimizer> ref;
-  if (cfg.name == "sgd") {
+  if (cfg.name == trainer::OptimKind::kSgd) {
     auto o = torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum).nesterov(cfg.nesterov);
     auto od = o;
     od.weight_decay(cfg.weight_decay);
@@ -84,7 +84,7 @@ double compare_with_libtorch(const trainer::OptimConfig& cfg, int steps) {
 
 TEST(TrainOptimizer, SgdNesterovMatchesLibTorch) {
   trainer::OptimConfig c;
-  c.name = "sgd";
+  c.name = trainer::OptimKind::kSgd;
   c.lr = 0.05;
   c.momentum = 0.9;
   c.nesterov = true;
@@ -99,7 +99,7 @@ TEST(TrainOptimizer, SgdNesterovMatchesLibTorch) {
 
 TEST(TrainOptimizer, AdamWMatchesLibTorch) {
   trainer::OptimConfig c;
-  c.name = "adamw";
+  c.name = trainer::OptimKind::kAdamW;
   c.lr = 0.01;
   c.weight_decay = 0.1;
   EXPECT_LT(compare_with_libtorch(c, 6), 1e-6);
@@ -115,7 +115,7 @@ namespace {
 void foreach_matches_plain(const torch::Device& device) {
   for (const std::string name : {"sgd", "sgd_nesterov", "sgd_no_momentum", "adamw"}) {
     trainer::OptimConfig c;
-    c.name = name == "adamw" ? "adamw" : "sgd";
+    c.name = name == "adamw" ? trainer::OptimKind::kAdamW : trainer::OptimKind::kSgd;
     c.lr = name == "adamw" ? 0.01 : 0.05;
     c.momentum = name == "sgd_no_momentum" ? 0.0 : 0.9;
     c.nesterov = name == "sgd_nesterov";
@@ -213,7 +213,7 @@ TEST(TrainOptimizer, StateRoundTrip) {
   torch::manual_seed(0);
   auto net = std::make_shared<Net>();
   trainer::OptimConfig c;
-  c.name = "adamw";
+  c.name = trainer::OptimKind::kAdamW;
   trainer::Optimizer opt(trainer::param_slots(*net, false), c);
   net->forward(torch::randn({4, 6})).sum().backward();
   opt.step(0.01);
@@ -238,14 +238,14 @@ TEST(TrainOptimizer, StateRoundTrip) {
 
 TEST(TrainSchedule, WarmupCosineAndStepByHand) {
   trainer::ScheduleConfig s;
-  s.name = "cosine";
+  s.name = trainer::ScheduleKind::kCosine;
   s.min_lr = 0.0;
   EXPECT_DOUBLE_EQ(trainer::learning_rate(s, 1.0, 0, 110, 10), 0.1);    // warmup: (0+1)/10
   EXPECT_DOUBLE_EQ(trainer::learning_rate(s, 1.0, 9, 110, 10), 1.0);
   EXPECT_DOUBLE_EQ(trainer::learning_rate(s, 1.0, 10, 110, 10), 1.0);   // cosine starts at the peak
   EXPECT_NEAR(trainer::learning_rate(s, 1.0, 60, 110, 10), 0.5, 1e-12);  // half way
   EXPECT_NEAR(trainer::learning_rate(s, 1.0, 110, 110, 10), 0.0, 1e-12);
-  s.name = "step";
+  s.name = trainer::ScheduleKind::kStep;
   s.milestones = {5, 8};
   s.gamma = 0.1;
   EXPECT_DOUBLE_EQ(trainer::learning_rate(s, 1.0, 4, 10, 0), 1.0);

@@ -254,13 +254,6 @@ void apply_augment_op(ImageU8 img, AugmentOp op, double m) {
   }
 }
 
-AutoAugmentKind auto_augment_kind(const std::string& name) {
-  if (name == "none") return AutoAugmentKind::None;
-  if (name == "randaugment") return AutoAugmentKind::RandAugment;
-  if (name == "trivialaugment") return AutoAugmentKind::TrivialAugmentWide;
-  throw std::invalid_argument("auto augment: '" + name + "' is not one of none, randaugment, trivialaugment");
-}
-
 std::vector<float> linspace_f32(double start, double end, int64_t steps) {
   // ATen's scalar formula: from the start for the first half, from the end for the second.
   const float s = static_cast<float>(start), e = static_cast<float>(end);

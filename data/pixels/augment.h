@@ -86,9 +86,8 @@ void apply_augment_op(ImageU8 img, AugmentOp op, double magnitude);
 
 // ---- the policies ---------------------------------------------------------------------------------------
 
+/// data.auto_augment's policies (data/ does not see the config: trainer/run/from_config.cpp maps the key).
 enum class AutoAugmentKind { None, RandAugment, TrivialAugmentWide };
-/// "none" | "randaugment" | "trivialaugment"; throws std::invalid_argument for anything else.
-AutoAugmentKind auto_augment_kind(const std::string& name);
 
 /// An _augmentation_space: per op its magnitudes (float32, as torchvision's tensors; empty for the ops
 /// whose magnitude is the scalar 0) and whether a draw flips the sign.

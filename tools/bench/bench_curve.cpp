@@ -27,7 +27,13 @@ using namespace bench;
 
 namespace {
 
-const std::vector<std::string> kSettings = {"none", "all"};  // memory.activation_checkpointing
+// memory.activation_checkpointing: the settings a curve is measured at.
+const std::vector<std::string> kSettings = {mode_name(Checkpointing::kNone), mode_name(Checkpointing::kAll)};
+
+// The job's own setting among those (every_k and auto count as none).
+const std::string& own_setting(const Config& cfg) {
+  return mode_name(cfg.memory.activation_checkpointing == Checkpointing::kAll ? Checkpointing::kAll : Checkpointing::kNone);
+}
 
 std::string curve_failed(const Job& j, const std::string& what) {
   return job_failed(j, "bench --memory-curve: " + what);
@@ -237,7 +243,7 @@ json auto_side_by_side(const CurvePlan& p, int64_t limit, const fs::path& curve_
     row["picks_agree"] = row["with_start"]["micro_batch"] == row["without_start"]["micro_batch"];
     rounds.push_back(row);
   }
-  return {{"setting", p.cfg.memory.activation_checkpointing == "all" ? "all" : "none"},
+  return {{"setting", own_setting(p.cfg)},
           {"rounds", rounds},
           {"search_s_median_with_start", median_of(times[true])},
           {"search_s_median_without_start", median_of(times[false])},
@@ -266,7 +272,7 @@ json check(const CurvePlan& p, const json& prediction, int64_t limit, const fs::
   truth["best"] = best;
   truth["choice_agrees"] = prediction["choice"] == best;
   // micro_batch: auto runs with the job's own setting; when nothing fits there, it has nothing to find.
-  const std::string own = p.cfg.memory.activation_checkpointing == "all" ? "all" : "none";
+  const std::string& own = own_setting(p.cfg);
   truth["auto"] = truth[own]["micro_batch"].get<int64_t>() > 0 ? auto_side_by_side(p, limit, curve_file, tag)
                                                                : json(nullptr);
   truth["joint"] = best != "neither" ? joint_run(p, limit, curve_file, truth, tag) : json(nullptr);

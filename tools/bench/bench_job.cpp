@@ -113,7 +113,7 @@ Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::
     watcher.stop();
     job.watch_source = watcher.source();
   }
-  setup_logging("", base.log.level);  // let go of the run folder's train.log
+  setup_logging("", mode_name(base.log.level));  // let go of the run folder's train.log
   return job;
 }
 

@@ -41,7 +41,7 @@ json loader_result(const Config& cfg, const BenchOptions& opts, double sps, int6
 json bench_token_loader(const Config& cfg, const BenchOptions& opts, int threads) {
   // The token loader has no workers: next() cuts the windows in the caller's thread, as in training.
   std::shared_ptr<data::TokenSource> tds;
-  if (cfg.data.kind == "synthetic") {
+  if (cfg.data.kind == DataKind::kSynthetic) {
     tds = synthetic_tokens(cfg);
   } else {
     check_data_file(cfg, cfg.data.train, cfg.data.in_memory);
@@ -69,7 +69,7 @@ json bench_image_loader(const Config& cfg, const BenchOptions& opts, int threads
   const int64_t workers = cfg.data.workers > 0 ? cfg.data.workers : threads;
   if (encoded) {
     ds = encoded_image_dataset(cfg, cfg.data.train, /*train=*/true, nullptr, static_cast<int>(workers));
-  } else if (cfg.data.kind == "synthetic") {
+  } else if (cfg.data.kind == DataKind::kSynthetic) {
     ds = std::make_shared<data::SyntheticImageDataset>(cfg.data.synthetic_size, cfg.data.shape[0], cfg.data.shape[1],
                                                        cfg.data.shape[2], cfg.model.num_classes, cfg.seed);
   } else {

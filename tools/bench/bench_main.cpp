@@ -143,7 +143,7 @@ int run_curve(const cxxopts::ParseResult& a, const BenchOptions& opts, const Con
 // The one-line summary of a training or loader result.
 void print_summary(const json& j, const Config& cfg, const std::string& out) {
   if (j["mode"] == "loader") {
-    std::cerr << "bench: loader " << cfg.data.kind << " " << j["samples_per_s"].get<double>() << " samples/s with "
+    std::cerr << "bench: loader " << mode_name(cfg.data.kind) << " " << j["samples_per_s"].get<double>() << " samples/s with "
               << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;
   } else {
     // The headline figures by wall time over the timed steps; the step times beside them.

@@ -47,7 +47,7 @@ Config eval_config(const EvalCommand& c, const std::optional<LoadedCheckpoint>& 
 
 std::string split_path(const Config& cfg, const std::string& split) {
   if (split != "test" && split != "train") return split;
-  if (cfg.data.kind == "synthetic")
+  if (cfg.data.kind == DataKind::kSynthetic)
     throw ConfigError("eval: data.kind synthetic has no " + split + " split; give --split FILE");
   const std::string& path = split == "test" ? cfg.data.test : cfg.data.train;
   if (path.empty()) throw ConfigError("eval: data." + split + " is empty; give --split train or --split FILE");
@@ -58,7 +58,7 @@ std::string split_path(const Config& cfg, const std::string& split) {
 // where that file is not at hand, the split's.
 int64_t model_vocab(const Config& cfg, const data::TokenSource& split) {
   std::error_code ec;
-  if (cfg.data.kind == "tokens" && cfg.model.vocab_size == 0 && !fs::exists(cfg.data.train, ec)) return split.vocab_size();
+  if (cfg.data.kind == DataKind::kTokens && cfg.model.vocab_size == 0 && !fs::exists(cfg.data.train, ec)) return split.vocab_size();
   return vocab_size(cfg);
 }
 

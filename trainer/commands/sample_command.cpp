@@ -61,7 +61,7 @@ struct Loaded {
 // The vocabulary the run's model was built with, and the tokenizer its token file records.
 int64_t run_vocab(const Config& cfg, std::string& tokenizer_path) {
   std::error_code ec;
-  if (cfg.data.kind == "tokens") {
+  if (cfg.data.kind == DataKind::kTokens) {
     if (!fs::exists(cfg.data.train, ec)) {
       if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
       fail("the run's token file data.train (" + cfg.data.train +

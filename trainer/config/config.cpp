@@ -15,6 +15,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <variant>
 
 namespace trainer {
@@ -22,6 +23,7 @@ namespace trainer {
 using config_internal::fail;
 using config_internal::Field;
 using config_internal::fields;
+using config_internal::ModeRef;
 
 [[noreturn]] void config_internal::fail(const std::string& source, const std::string& key, const std::string& what) {
   throw ConfigError(source + ": " + (key.empty() ? "" : "key '" + key + "': ") + what);
@@ -47,11 +49,23 @@ T scalar_as(const YAML::Node& n, const std::string& source, const std::string& k
   }
 }
 
+// A mode key takes one of its enum's names, and nothing else (an empty value is the name "").
+void assign_mode(const ModeRef& m, const YAML::Node& n, const std::string& source, const std::string& key) {
+  const std::string name = n.IsNull() ? "" : scalar_as<std::string>(n, source, key, "a string");
+  try {
+    m.set(mode_index(*m.names, name));
+  } catch (const std::invalid_argument& e) {
+    fail(source, key, e.what());  // "'fast' is not one of: ..."
+  }
+}
+
 void assign(Field& f, const YAML::Node& n, const std::string& source) {
   std::visit(
-      [&](auto* p) {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, int64_t>) {
+      [&](const auto& p) {  // a typed pointer, or a ModeRef
+        using T = std::remove_pointer_t<std::decay_t<decltype(p)>>;
+        if constexpr (std::is_same_v<T, ModeRef>) {
+          assign_mode(p, n, source, f.key);
+        } else if constexpr (std::is_same_v<T, int64_t>) {
           if (f.allow_auto && n.IsScalar() && n.Scalar() == "auto") *p = -1;
           else *p = scalar_as<int64_t>(n, source, f.key, f.allow_auto ? "an integer or 'auto'" : "an integer");
         } else if constexpr (std::is_same_v<T, uint64_t>) {
@@ -206,9 +220,11 @@ std::string to_yaml(const Config& cfg) {
     }
     out << YAML::Key << leaf << YAML::Value;
     std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+        [&](const auto& p) {  // a typed pointer, or a ModeRef
+          using T = std::remove_pointer_t<std::decay_t<decltype(p)>>;
+          if constexpr (std::is_same_v<T, ModeRef>) {
+            out << YAML::DoubleQuoted << (*p.names)[p.get()];  // quoted, as when modes were strings
+          } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
             out << YAML::Flow << YAML::BeginSeq;
             for (auto v : *p) out << v;
             out << YAML::EndSeq;

@@ -5,6 +5,7 @@
 // error messages (unknown key, wrong type: naming the key and the file) and the YAML dump.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -17,8 +18,97 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// ---- modes -------------------------------------------------------------------------------------------
+// A key whose value is one of a fixed set of names is an enum. The name is read once, at the config's edge
+// (YAML, --set: a name outside the set is refused there, naming the file or --set, the key and the names
+// it takes), and code compares enumerators, so a misspelt mode does not compile. Each enum's names are
+// written once, in the field table (config_fields.cpp), in the enum's order: the reading, the YAML dump
+// (resolved_config.yaml, a checkpoint's config.yaml), --list-keys and the refusals all go through them.
+// The keys that stay strings take open sets: paths, byte sizes (memory.limit, memory.auto_reserve), a
+// device (train.device: cuda:N), URLs and text, and model.name (the model registry's names).
+
+/// How many values the mode E has, declared beside E; its name table (config_fields.cpp) must list exactly
+/// that many names, or the table does not compile.
+template <class E>
+inline constexpr size_t kModeCount = 0;
+
+/// auto | on | off (data.uint8_batches, data.fetch_ahead, train.cuda_graph); auto decides by the job,
+/// as each key says.
+enum class Switch { kAuto, kOn, kOff };
+template <> inline constexpr size_t kModeCount<Switch> = 3;
+/// data.kind: hdf5 | packed_images | image_folder | synthetic | tokens.
+enum class DataKind { kHdf5, kPackedImages, kImageFolder, kSynthetic, kTokens };
+template <> inline constexpr size_t kModeCount<DataKind> = 5;
+/// data.auto_augment: none | randaugment | trivialaugment.
+enum class AutoAugment { kNone, kRandAugment, kTrivialAugment };
+template <> inline constexpr size_t kModeCount<AutoAugment> = 3;
+/// optim.name: sgd | adamw | lamb.
+enum class OptimKind { kSgd, kAdamW, kLamb };
+template <> inline constexpr size_t kModeCount<OptimKind> = 3;
+/// optim.implementation: auto | plain | foreach | fused. What an optimizer runs is never auto
+/// (Optimizer::implementation).
+enum class OptimImpl { kAuto, kPlain, kForeach, kFused };
+template <> inline constexpr size_t kModeCount<OptimImpl> = 4;
+/// schedule.name: constant | cosine | step.
+enum class ScheduleKind { kConstant, kCosine, kStep };
+template <> inline constexpr size_t kModeCount<ScheduleKind> = 3;
+/// train.loss: cross_entropy | bce.
+enum class LossKind { kCrossEntropy, kBce };
+template <> inline constexpr size_t kModeCount<LossKind> = 2;
+/// train.mix_mode: batch | elem.
+enum class MixMode { kBatch, kElem };
+template <> inline constexpr size_t kModeCount<MixMode> = 2;
+/// train.snapshot: batched | per_buffer.
+enum class SnapshotMode { kBatched, kPerBuffer };
+template <> inline constexpr size_t kModeCount<SnapshotMode> = 2;
+/// amp.dtype: bf16 | fp16.
+enum class AmpDtype { kBf16, kFp16 };
+template <> inline constexpr size_t kModeCount<AmpDtype> = 2;
+/// amp.scaler: auto | true | false (kOn is `true`, kOff `false`).
+enum class ScalerMode { kAuto, kOn, kOff };
+template <> inline constexpr size_t kModeCount<ScalerMode> = 3;
+/// memory.activation_checkpointing: none | all | every_k | auto.
+enum class Checkpointing { kNone, kAll, kEveryK, kAuto };
+template <> inline constexpr size_t kModeCount<Checkpointing> = 4;
+/// memory.ladder_sizes: any | halvings.
+enum class LadderSizes { kAny, kHalvings };
+template <> inline constexpr size_t kModeCount<LadderSizes> = 2;
+/// memory.auto_search: auto | curve | doubling.
+enum class AutoSearch { kAuto, kCurve, kDoubling };
+template <> inline constexpr size_t kModeCount<AutoSearch> = 3;
+/// memory.cudnn_policy: always | off | start | pretune | settle (trainer/step/cudnn_policy.h).
+enum class CudnnMode { kAlways, kOff, kStart, kPretune, kSettle };
+template <> inline constexpr size_t kModeCount<CudnnMode> = 5;
+/// log.level: trace | debug | info | warn | error (spdlog's names for its levels).
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
+template <> inline constexpr size_t kModeCount<LogLevel> = 5;
+/// dist.backend: auto | gloo | nccl.
+enum class DistBackend { kAuto, kGloo, kNccl };
+template <> inline constexpr size_t kModeCount<DistBackend> = 3;
+
+/// The names of the mode E's values, in the enum's order: the one list they are written in
+/// (config_fields.cpp, for each enum above).
+template <class E>
+const std::vector<std::string>& mode_names();
+
+/// The name of `value`, as YAML and the dump write it.
+template <class E>
+const std::string& mode_name(E value) {
+  return mode_names<E>().at(static_cast<size_t>(value));
+}
+
+/// The index of `name` in `names`; std::invalid_argument "'<name>' is not one of: <names, comma-separated>"
+/// when it is none of them.
+size_t mode_index(const std::vector<std::string>& names, const std::string& name);
+
+/// The value of E named `name`; std::invalid_argument as mode_index otherwise.
+template <class E>
+E mode_from_name(const std::string& name) {
+  return static_cast<E>(mode_index(mode_names<E>(), name));
+}
+
 struct ModelConfig {
-  std::string name = "resnet20";  ///< a name from models::model_names()
+  std::string name = "resnet20";  ///< a name from models::model_names() (a string: the registry holds the names)
   int64_t num_classes = 10;       ///< classifier outputs
   bool zero_init_residual = false;  ///< last BN of each residual branch starts at 0
   bool channels_last = false;     ///< NHWC memory format for weights and inputs
@@ -40,7 +130,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "hdf5";                         ///< hdf5 (images) | packed_images | image_folder | tokens | synthetic (images or tokens, as the model takes)
+  DataKind kind = DataKind::kHdf5;                   ///< hdf5 (images) | packed_images | image_folder | tokens | synthetic (images or tokens, as the model takes)
   std::string train = "datasets/fmnist/train.h5";    ///< training split: an HDF5 file, or image_folder's DIR/train
   std::string test = "datasets/fmnist/test.h5";      ///< evaluation split ("" = no evaluation)
   bool in_memory = true;                             ///< read the HDF5 file once into memory
@@ -52,18 +142,18 @@ struct DataConfig {
   int64_t crop_padding = 0;                          ///< random crop after zero padding (0 = off; packed_images, image_folder: instead of RandomResizedCrop)
   bool hflip = false;                                ///< random horizontal flip
   bool normalize = true;                             ///< subtract mean, divide by std
-  std::string auto_augment = "none";                 ///< none | randaugment | trivialaugment (torchvision's RandAugment, TrivialAugmentWide; training only)
+  AutoAugment auto_augment = AutoAugment::kNone;     ///< none | randaugment | trivialaugment (torchvision's RandAugment, TrivialAugmentWide; training only)
   int64_t randaugment_ops = 2;                       ///< randaugment: operations per sample (num_ops)
   int64_t randaugment_magnitude = 9;                 ///< randaugment: magnitude bin in [0, 30] (of 31)
   double random_erasing = 0;                         ///< RandomErasing's probability after normalization (0 = off; training only)
   /// Stored pixels (hdf5, synthetic images) in training batches: auto | on | off. on: uint8 NHWC, converted,
   /// normalized and erased on the device, as decoded images always are (a quarter of the bytes to copy);
   /// off: float32, normalized and erased by the loader; auto: on for a CUDA device, off elsewhere.
-  std::string uint8_batches = "auto";
+  Switch uint8_batches = Switch::kAuto;
   /// The next step's batch fetched while the device runs this step, its copy queued on a side stream:
   /// auto | on | off. auto: on for a CUDA device; on: also on the CPU (the same order, nothing to overlap);
   /// off: each micro-batch crosses to the device inside its step, on the compute stream.
-  std::string fetch_ahead = "auto";
+  Switch fetch_ahead = Switch::kAuto;
   int64_t size = 224;                                ///< packed_images, image_folder: side of a decoded sample
   /// packed_images, image_folder: side of an evaluation sample (0 = data.size). The published recipes train
   /// smaller than they test (RSB A3: 160 and 224; torchvision's: 176 and 224); a ResNet takes any size.
@@ -75,7 +165,7 @@ struct DataConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";     ///< sgd | adamw | lamb (timm's Lamb: trainer/numerics/optim.h)
+  OptimKind name = OptimKind::kSgd;  ///< sgd | adamw | lamb (timm's Lamb: trainer/numerics/optim.h)
   double lr = 0.1;              ///< peak learning rate (after warmup)
   double momentum = 0.9;        ///< sgd
   bool nesterov = true;         ///< sgd
@@ -95,11 +185,11 @@ struct OptimConfig {
   /// How the update runs (trainer/numerics/optim.h): auto (fused on CUDA with LibTorch 2.4+, foreach on CUDA
   /// before, plain on the CPU; lamb: plain), plain (tensor by tensor), foreach (multi-tensor ops), fused (one
   /// fused kernel per group: LibTorch 2.4+). lamb runs plain only.
-  std::string implementation = "auto";
+  OptimImpl implementation = OptimImpl::kAuto;
 };
 
 struct ScheduleConfig {
-  std::string name = "cosine";        ///< constant | cosine | step
+  ScheduleKind name = ScheduleKind::kCosine;  ///< constant | cosine | step
   int64_t warmup_steps = 0;           ///< linear warmup from 0 to optim.lr
   double warmup_epochs = 0.0;         ///< alternative to warmup_steps (converted with steps per epoch)
   double min_lr = 0.0;                ///< cosine floor
@@ -118,7 +208,7 @@ struct TrainConfig {
   /// Label smoothing s: targets (1 - s) one_hot + s / classes, as PyTorch's cross_entropy applies it; under
   /// Mixup/CutMix folded into the mixed targets, with BCE into its one-hot targets (trainer/numerics/loss.h).
   double label_smoothing = 0.0;
-  std::string loss = "cross_entropy";  ///< cross_entropy | bce (binary cross-entropy over the classes, as ResNet Strikes Back)
+  LossKind loss = LossKind::kCrossEntropy;  ///< cross_entropy | bce (binary cross-entropy over the classes, as ResNet Strikes Back)
   double bce_target_threshold = 0.0;   ///< bce: targets above it become 1, the rest 0 (0 = off; RSB: 0.2)
   bool bce_sum_classes = false;        ///< bce: sum over the classes instead of their mean
   /// Mixup and CutMix with timm's semantics (trainer/mix/mixing.h): each alpha > 0 turns one on.
@@ -126,19 +216,19 @@ struct TrainConfig {
   double cutmix_alpha = 0.0;           ///< CutMix's lam ~ Beta(alpha, alpha) (0 = off)
   double mix_prob = 1.0;               ///< probability that a batch (or a sample, mix_mode elem) is mixed
   double mix_switch_prob = 0.5;        ///< with both alphas: probability of CutMix rather than Mixup
-  std::string mix_mode = "batch";      ///< batch (one draw per step and rank) | elem (one per sample)
+  MixMode mix_mode = MixMode::kBatch;  ///< batch (one draw per step and rank) | elem (one per sample)
   bool fused_loss = true;       ///< the cross-entropy in one CUDA kernel each way (trainer/numerics/loss.h); CPU: plain
-  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
+  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N (a string: N is any device number)
   int64_t threads = 0;          ///< intra-op threads (0 = CPUs this process may use)
   bool deterministic = false;   ///< deterministic algorithms (bitwise-reproducible runs)
   /// How a step saves the buffers (BatchNorm statistics) that a retried step restores (trainer/step/step.h):
   /// batched (one copy per dtype) or per_buffer (a copy per buffer, the earlier way; kept to be measured).
-  std::string snapshot = "batched";
+  SnapshotMode snapshot = SnapshotMode::kBatched;
   /// The whole step (every micro-batch's forward and backward, the unscale, the clip, the update) as one
   /// CUDA graph, captured once per micro-batch layout and replayed (trainer/step/graph_policy.h): auto
   /// (on where it can run: a CUDA device, one process, the fused optimizer; off elsewhere) | on (an error
   /// where it cannot) | off.
-  std::string cuda_graph = "auto";
+  Switch cuda_graph = Switch::kAuto;
   /// GPT models: every N optimizer steps, one short sample of text from sample_prompt, written to train.log,
   /// metrics.jsonl (a "sample" event) and TensorBoard's text tab (0 = off). Rank 0, eval mode, a generator
   /// of its own seeded from seed and the step: the training's random numbers are not touched.
@@ -155,8 +245,8 @@ struct TrainConfig {
 
 struct AmpConfig {
   bool enabled = false;           ///< autocast forward passes
-  std::string dtype = "bf16";     ///< bf16 | fp16
-  std::string scaler = "auto";    ///< auto (on for fp16, off for bf16) | true | false
+  AmpDtype dtype = AmpDtype::kBf16;  ///< bf16 | fp16
+  ScalerMode scaler = ScalerMode::kAuto;  ///< auto (on for fp16, off for bf16) | true | false
   double init_scale = 65536.0;    ///< GradScaler initial loss scale
   double growth_factor = 2.0;     ///< scale *= this after growth_interval clean steps
   double backoff_factor = 0.5;    ///< scale *= this after a step with inf/NaN gradients
@@ -164,19 +254,19 @@ struct AmpConfig {
 };
 
 struct MemoryConfig {
-  std::string limit = "none";                 ///< byte size ("6GiB", "300MiB"), auto, or none
+  std::string limit = "none";                 ///< byte size ("6GiB", "300MiB"), auto, or none (a string: sizes are open)
   double auto_margin = -1;  ///< auto: fraction of the limit kept free; -1: measured default (0.1 CUDA, 0.3 CPU)
-  std::string auto_reserve = "0";             ///< auto on CPU: bytes kept for non-tensor memory that grows later
+  std::string auto_reserve = "0";             ///< auto on CPU: bytes kept for non-tensor memory that grows later (a byte size)
   std::string curve;                          ///< micro_batch auto: start at this bench --memory-curve JSON's prediction
   int64_t min_micro_batch = 1;                ///< backoff floor before the next rung
-  std::string activation_checkpointing = "none";  ///< none | all | every_k | auto
+  Checkpointing activation_checkpointing = Checkpointing::kNone;  ///< none | all | every_k | auto
   int64_t checkpoint_every_k = 2;             ///< every_k: checkpoint blocks 0, k, 2k, ...
   bool ladder_checkpointing = true;           ///< the OOM ladder may turn checkpointing on
   int64_t grow_after = 50;                    ///< clean steps with headroom before probing a larger micro-batch
   double headroom = 0.25;                     ///< grow only when peak < (1 - headroom) * limit
-  std::string ladder_sizes = "any";           ///< any | halvings: grow-back probes only sizes reached by halving
-  std::string auto_search = "auto";           ///< micro_batch auto: auto (by probe cost; fastest size) | curve | doubling
-  std::string cudnn_policy = "off";           ///< always | off | start | pretune | settle: when cuDNN times algorithms
+  LadderSizes ladder_sizes = LadderSizes::kAny;  ///< any | halvings: grow-back probes only sizes reached by halving
+  AutoSearch auto_search = AutoSearch::kAuto;   ///< micro_batch auto: auto (by probe cost; fastest size) | curve | doubling
+  CudnnMode cudnn_policy = CudnnMode::kOff;     ///< always | off | start | pretune | settle: when cuDNN times algorithms
   int64_t cudnn_benchmark_limit = 0;          ///< algorithms cuDNN times per new shape (0 = LibTorch's default, 10)
   bool cudnn_empty_cache = true;              ///< empty the CUDA cache after each cuDNN timing (LibTorch's default)
 };
@@ -197,7 +287,7 @@ struct CheckpointConfig {
 
 struct LogConfig {
   int64_t every = 20;               ///< log line and host sync every N steps
-  std::string level = "info";       ///< trace | debug | info | warn | error
+  LogLevel level = LogLevel::kInfo;  ///< trace | debug | info | warn | error
   int64_t http_port = 0;            ///< metrics/probe endpoint (0 = off)
   std::string http_host = "127.0.0.1";
   bool tensorboard = false;
@@ -211,7 +301,7 @@ struct LogConfig {
 /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, as torchrun and PyTorchJob set them), not
 /// from the config: one config serves any number of processes.
 struct DistConfig {
-  std::string backend = "auto";  ///< auto (nccl on CUDA, gloo on CPU) | gloo | nccl
+  DistBackend backend = DistBackend::kAuto;  ///< auto (nccl on CUDA, gloo on CPU) | gloo | nccl
   double timeout_s = 600.0;      ///< a collective (or the rendezvous) that waits longer is an error
   double bucket_mb = 25.0;       ///< gradient all-reduce bucket size, MiB
 };
@@ -243,6 +333,8 @@ void validate(const Config& cfg);
 std::string to_yaml(const Config& cfg);
 /// Every dotted key, in declaration order (for --help and tests).
 std::vector<std::string> config_keys();
+/// The names a mode key takes, in its enum's order (--list-keys); empty for a key of another kind.
+std::vector<std::string> config_key_modes(const std::string& key);
 
 /// defaults < file < overrides, then validate. An empty path means the built-in job
 /// (configs/resnet20_fmnist.yaml, embedded at build time).

@@ -22,14 +22,6 @@ namespace {
 struct Checks {
   const Config& c;
   void bad(const std::string& key, const std::string& what) const { fail("config", key, what); }
-  void one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) const {
-    std::string list;
-    for (const char* o : ok) {
-      if (v == o) return;
-      list += (list.empty() ? "" : ", ") + std::string(o);
-    }
-    bad(key, "'" + v + "' is not one of: " + list);
-  }
 
   void model_and_data() const {
     const auto names = models::model_names();
@@ -40,25 +32,26 @@ struct Checks {
     }
     if (c.model.num_classes < 1 || c.model.num_classes > kMaxClasses)
       bad("model.num_classes", "must be in [1, " + std::to_string(kMaxClasses) + "], got " + std::to_string(c.model.num_classes));
-    one_of("data.kind", c.data.kind, {"hdf5", "packed_images", "image_folder", "synthetic", "tokens"});
     // synthetic serves both: images of data.shape to an image model, tokens to a language model.
     const models::ModelTraits& model = models::model_traits(c.model.name);
     const bool language_model = model.language_model();
-    const bool encoded_images = c.data.kind == "packed_images" || c.data.kind == "image_folder";
-    if (language_model && (c.data.kind == "hdf5" || encoded_images))
-      bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is '" + c.data.kind +
-                            "' (images); set data.kind: tokens or synthetic, or an image model");
-    if (!language_model && c.data.kind == "tokens")
+    const bool encoded_images = c.data.kind == DataKind::kPackedImages || c.data.kind == DataKind::kImageFolder;
+    if (language_model && (c.data.kind == DataKind::kHdf5 || encoded_images))
+      bad("model.name", "'" + c.model.name + "' is a language model and needs tokens, but data.kind is '" +
+                            mode_name(c.data.kind) + "' (images); set data.kind: tokens or synthetic, or an image model");
+    if (!language_model && c.data.kind == DataKind::kTokens)
       bad("model.name", "'" + c.model.name + "' is an image model, but data.kind is 'tokens'; set data.kind: hdf5 "
                             "or synthetic, or a language model (gpt2, gpt_tiny)");
     sizes();
-    if (c.data.kind != "synthetic" && c.data.train.empty()) bad("data.train", std::string(c.data.kind == "image_folder" ? "a folder" : "an HDF5 file") + " is required for data.kind " + c.data.kind);
+    if (c.data.kind != DataKind::kSynthetic && c.data.train.empty())
+      bad("data.train", std::string(c.data.kind == DataKind::kImageFolder ? "a folder" : "an HDF5 file") +
+                            " is required for data.kind " + mode_name(c.data.kind));
     if (c.model.context < 0 || c.model.context > kMaxContext)
       bad("model.context", "must be in [0, " + std::to_string(kMaxContext) + "] (0 = the model's own)");
     if (c.model.vocab_size < 0 || c.model.vocab_size > INT32_MAX) bad("model.vocab_size", "must be in [0, 2^31) (0 = the data's)");
     if (c.model.vocab_multiple < 1 || c.model.vocab_multiple > 4096)
       bad("model.vocab_multiple", "must be in [1, 4096] (1 = no padding), got " + std::to_string(c.model.vocab_multiple));
-    if (c.data.kind == "tokens" && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
+    if (c.data.kind == DataKind::kTokens && c.model.context == 0) bad("model.context", "data.kind tokens needs the tokens per sample");
     if (c.model.dropout < 0 || c.model.dropout >= 1) bad("model.dropout", "must be in [0, 1)");
     if (!c.model.init_skip.empty() && c.model.init_from.empty())
       bad("model.init_skip", "names keys to leave out of model.init_from, which is not set");
@@ -72,21 +65,19 @@ struct Checks {
       bad("model.hf_config", "is read for model.name: llama only (model '" + c.model.name + "' has its own shape)");
     if (c.model.vocab_multiple > 1 && language_model && !model.pads_vocab)
       bad("model.vocab_multiple", "pads GPT models' vocabulary; '" + c.model.name + "' takes 1");
-    if (c.data.kind == "synthetic" && !language_model) {
+    if (c.data.kind == DataKind::kSynthetic && !language_model) {
       if (c.data.shape.size() != 3 ||
           std::any_of(c.data.shape.begin(), c.data.shape.end(), [](int64_t d) { return d < 1 || d > kMaxSide; }))
         bad("data.shape", "must be three integers (C, H, W) in [1, " + std::to_string(kMaxSide) + "]");
       if (c.data.shape[0] * c.data.shape[1] * c.data.shape[2] > kMaxSampleElements)
         bad("data.shape", "a sample of more than " + std::to_string(kMaxSampleElements) + " values (C * H * W)");
     }
-    if (c.data.kind == "synthetic" && c.data.synthetic_size < c.train.global_batch)
+    if (c.data.kind == DataKind::kSynthetic && c.data.synthetic_size < c.train.global_batch)
       bad("data.synthetic_size", "must be at least train.global_batch");
     if (c.data.workers < 0) bad("data.workers", "must be >= 0");
     if (c.data.prefetch < 1) bad("data.prefetch", "must be >= 1");
     if (!(c.data.check_timeout_s > 0)) bad("data.check_timeout_s", "must be > 0");
     if (c.data.crop_padding < 0) bad("data.crop_padding", "must be >= 0");
-    one_of("data.uint8_batches", c.data.uint8_batches, {"auto", "on", "off"});
-    one_of("data.fetch_ahead", c.data.fetch_ahead, {"auto", "on", "off"});
     augmentations(language_model);
     if (c.data.size < 1 || c.data.size > 4096) bad("data.size", "must be in [1, 4096]");
     if (c.data.eval_size < 0 || c.data.eval_size > 4096) bad("data.eval_size", "must be in [1, 4096], or 0 (= data.size)");
@@ -104,13 +95,12 @@ struct Checks {
 
   // The training-only augmentations of images (data/pixels/augment.h).
   void augmentations(bool language_model) const {
-    one_of("data.auto_augment", c.data.auto_augment, {"none", "randaugment", "trivialaugment"});
     if (c.data.randaugment_ops < 0 || c.data.randaugment_ops > 64) bad("data.randaugment_ops", "must be in [0, 64]");
     if (c.data.randaugment_magnitude < 0 || c.data.randaugment_magnitude > 30)
       bad("data.randaugment_magnitude", "must be in [0, 30] (31 magnitude bins)");
     if (!(c.data.random_erasing >= 0 && c.data.random_erasing <= 1))
       bad("data.random_erasing", "must be a probability in [0, 1]");
-    if (language_model && c.data.auto_augment != "none")
+    if (language_model && c.data.auto_augment != AutoAugment::kNone)
       bad("data.auto_augment", "augments images; the language model " + c.model.name + " reads tokens (set none)");
     if (language_model && c.data.random_erasing > 0)
       bad("data.random_erasing", "erases image boxes; the language model " + c.model.name + " reads tokens (set 0)");
@@ -145,26 +135,24 @@ struct Checks {
   }
 
   void optimizer_and_schedule() const {
-    one_of("optim.name", c.optim.name, {"sgd", "adamw", "lamb"});
     if (!(c.optim.lr > 0)) bad("optim.lr", "must be > 0");
     if (c.optim.momentum < 0 || c.optim.momentum >= 1) bad("optim.momentum", "must be in [0, 1)");
-    if (c.optim.nesterov && c.optim.name == "sgd" && c.optim.momentum == 0) bad("optim.nesterov", "needs optim.momentum > 0");
+    if (c.optim.nesterov && c.optim.name == OptimKind::kSgd && c.optim.momentum == 0) bad("optim.nesterov", "needs optim.momentum > 0");
     if (c.optim.weight_decay < 0) bad("optim.weight_decay", "must be >= 0");
     if (c.optim.beta1 < 0 || c.optim.beta1 >= 1) bad("optim.beta1", "must be in [0, 1)");
     if (c.optim.beta2 < 0 || c.optim.beta2 >= 1) bad("optim.beta2", "must be in [0, 1)");
     if (!(c.optim.eps > 0)) bad("optim.eps", "must be > 0");
     if (c.optim.grad_clip < 0) bad("optim.grad_clip", "must be >= 0 (0 = off)");
     if (!(c.optim.lamb_max_grad_norm >= 0)) bad("optim.lamb_max_grad_norm", "must be >= 0 (0 = off)");
-    one_of("optim.implementation", c.optim.implementation, {"auto", "plain", "foreach", "fused"});
-    if (c.optim.name == "lamb" && c.optim.implementation != "auto" && c.optim.implementation != "plain")
-      bad("optim.implementation", c.optim.implementation + " has no lamb version (lamb runs plain); use auto or plain");
-    if (c.optim.implementation == "fused" && !compat::kHasFusedOptimizers)
+    if (c.optim.name == OptimKind::kLamb && c.optim.implementation != OptimImpl::kAuto &&
+        c.optim.implementation != OptimImpl::kPlain)
+      bad("optim.implementation", mode_name(c.optim.implementation) + " has no lamb version (lamb runs plain); use auto or plain");
+    if (c.optim.implementation == OptimImpl::kFused && !compat::kHasFusedOptimizers)
       bad("optim.implementation", "fused needs LibTorch 2.4 or later (this is " + compat::torch_version() +
                                       "); use auto, plain or foreach");
     // A captured step needs the fused update, which reads its rate and its skip on the device.
-    if (c.optim.name == "lamb" && c.train.cuda_graph == "on")
+    if (c.optim.name == OptimKind::kLamb && c.train.cuda_graph == Switch::kOn)
       bad("train.cuda_graph", "on needs the fused SGD/AdamW update; lamb has none (use auto or off)");
-    one_of("schedule.name", c.schedule.name, {"constant", "cosine", "step"});
     if (c.schedule.warmup_steps < 0) bad("schedule.warmup_steps", "must be >= 0");
     if (c.schedule.warmup_epochs < 0) bad("schedule.warmup_epochs", "must be >= 0");
     if (c.schedule.warmup_steps > 0 && c.schedule.warmup_epochs > 0)
@@ -172,24 +160,22 @@ struct Checks {
     if (c.schedule.min_lr < 0 || c.schedule.min_lr > c.optim.lr) bad("schedule.min_lr", "must be in [0, optim.lr]");
     if (!std::is_sorted(c.schedule.milestones.begin(), c.schedule.milestones.end()))
       bad("schedule.milestones", "must be increasing");
-    if (c.schedule.name == "step" && c.schedule.milestones.empty()) bad("schedule.milestones", "the step schedule needs milestones");
+    if (c.schedule.name == ScheduleKind::kStep && c.schedule.milestones.empty()) bad("schedule.milestones", "the step schedule needs milestones");
   }
 
   // The image recipes' losses and Mixup/CutMix (trainer/numerics/loss.h, trainer/mix/mixing.h).
   void recipe_losses() const {
-    one_of("train.loss", c.train.loss, {"cross_entropy", "bce"});
     if (!(c.train.bce_target_threshold >= 0 && c.train.bce_target_threshold < 1))
       bad("train.bce_target_threshold", "must be in [0, 1) (0 = off)");
     if (!(c.train.mixup_alpha >= 0)) bad("train.mixup_alpha", "must be >= 0 (0 = no Mixup)");
     if (!(c.train.cutmix_alpha >= 0)) bad("train.cutmix_alpha", "must be >= 0 (0 = no CutMix)");
     if (!(c.train.mix_prob >= 0 && c.train.mix_prob <= 1)) bad("train.mix_prob", "must be in [0, 1]");
     if (!(c.train.mix_switch_prob >= 0 && c.train.mix_switch_prob <= 1)) bad("train.mix_switch_prob", "must be in [0, 1]");
-    one_of("train.mix_mode", c.train.mix_mode, {"batch", "elem"});
     const bool language_model = models::model_traits(c.model.name).language_model();
     if (language_model && (c.train.mixup_alpha > 0 || c.train.cutmix_alpha > 0))
       bad(c.train.mixup_alpha > 0 ? "train.mixup_alpha" : "train.cutmix_alpha",
           "mixes images; model '" + c.model.name + "' is a language model (set 0)");
-    if (language_model && c.train.loss != "cross_entropy")
+    if (language_model && c.train.loss != LossKind::kCrossEntropy)
       bad("train.loss", "bce is for image classifiers; model '" + c.model.name + "' is a language model");
   }
 
@@ -207,8 +193,6 @@ struct Checks {
     if (c.train.label_smoothing < 0 || c.train.label_smoothing >= 1) bad("train.label_smoothing", "must be in [0, 1)");
     recipe_losses();
     if (c.train.threads < 0) bad("train.threads", "must be >= 0 (0 = usable CPUs)");
-    one_of("train.snapshot", c.train.snapshot, {"batched", "per_buffer"});
-    one_of("train.cuda_graph", c.train.cuda_graph, {"auto", "on", "off"});
     if (c.train.sample_every < 0) bad("train.sample_every", "must be >= 0 (0 = off)");
     if (c.train.sample_every > 0 && !models::model_traits(c.model.name).language_model())
       bad("train.sample_every", "model '" + c.model.name + "' is not a language model; only GPT models sample (set 0)");
@@ -225,11 +209,9 @@ struct Checks {
   }
 
   void amp() const {
-    one_of("amp.dtype", c.amp.dtype, {"bf16", "fp16"});
-    one_of("amp.scaler", c.amp.scaler, {"auto", "true", "false"});
-    if (c.amp.enabled && c.amp.dtype == "fp16" && c.amp.scaler == "false")
+    if (c.amp.enabled && c.amp.dtype == AmpDtype::kFp16 && c.amp.scaler == ScalerMode::kOff)
       bad("amp.scaler", "fp16 needs the loss scaler (gradients underflow without it); set amp.scaler: auto or true");
-    if (c.amp.enabled && c.amp.dtype == "bf16" && c.amp.scaler == "true")
+    if (c.amp.enabled && c.amp.dtype == AmpDtype::kBf16 && c.amp.scaler == ScalerMode::kOn)
       bad("amp.scaler", "bf16 has fp32's exponent range and must not use the loss scaler; set amp.scaler: auto or false");
     if (!(c.amp.init_scale > 0)) bad("amp.init_scale", "must be > 0");
     if (!(c.amp.growth_factor > 1)) bad("amp.growth_factor", "must be > 1");
@@ -252,13 +234,9 @@ struct Checks {
       bad("memory.auto_reserve", "'" + c.memory.auto_reserve + "' is not a byte size (write 96MiB, 100MB, 0)");
     }
     if (c.memory.min_micro_batch < 1) bad("memory.min_micro_batch", "must be at least 1");
-    one_of("memory.activation_checkpointing", c.memory.activation_checkpointing, {"none", "all", "every_k", "auto"});
     if (c.memory.checkpoint_every_k < 1) bad("memory.checkpoint_every_k", "must be at least 1");
     if (c.memory.grow_after < 1) bad("memory.grow_after", "must be at least 1");
     if (c.memory.headroom < 0 || c.memory.headroom >= 1) bad("memory.headroom", "must be in [0, 1)");
-    one_of("memory.ladder_sizes", c.memory.ladder_sizes, {"any", "halvings"});
-    one_of("memory.auto_search", c.memory.auto_search, {"auto", "curve", "doubling"});
-    one_of("memory.cudnn_policy", c.memory.cudnn_policy, {"always", "off", "start", "pretune", "settle"});
     if (c.memory.cudnn_benchmark_limit < 0 || c.memory.cudnn_benchmark_limit > 10000)
       bad("memory.cudnn_benchmark_limit", "must be in [0, 10000] (0 = LibTorch's default, 10)");
     if (c.checkpoint.every_steps < 0) bad("checkpoint.every_steps", "must be >= 0");
@@ -267,9 +245,7 @@ struct Checks {
       bad("checkpoint.keep_last", "must be in [1, 1000000]");
     if (c.checkpoint.max_failures < 1) bad("checkpoint.max_failures", "must be at least 1");
     if (c.log.every < 1) bad("log.every", "must be at least 1");
-    one_of("log.level", c.log.level, {"trace", "debug", "info", "warn", "error"});
     if (c.log.http_port < 0 || c.log.http_port > 65535) bad("log.http_port", "must be in [0, 65535]");
-    one_of("dist.backend", c.dist.backend, {"auto", "gloo", "nccl"});
     if (c.dist.timeout_s <= 0) bad("dist.timeout_s", "must be positive");
     if (c.dist.bucket_mb <= 0) bad("dist.bucket_mb", "must be positive");
   }

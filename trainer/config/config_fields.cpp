@@ -1,11 +1,84 @@
 // The field table: one entry per config key, a typed pointer into a Config, section by section. It
 // drives the YAML reading, --set, the errors that name a key and the dump (config.cpp); config_keys().
+// Before it, the names of every mode (config.h), the only place they are written.
 #include "trainer/config/config_internal.h"
+
+#include <stdexcept>
 
 namespace trainer {
 
 using config_internal::Field;
 using config_internal::fields;
+using config_internal::mode;
+using config_internal::ModeRef;
+
+namespace {
+
+// E's names, in its enum's order: a list of another length than the enum's (kModeCount<E>) does not compile.
+template <class E, size_t N>
+std::vector<std::string> listed(const char* const (&names)[N]) {
+  static_assert(N == kModeCount<E>, "a mode's table names each value of its enum once, in the enum's order");
+  return {names, names + N};
+}
+
+// The names of each mode, by enum (mode_names below).
+std::vector<std::string> names_of(Switch) { return listed<Switch>({"auto", "on", "off"}); }
+std::vector<std::string> names_of(DataKind) {
+  return listed<DataKind>({"hdf5", "packed_images", "image_folder", "synthetic", "tokens"});
+}
+std::vector<std::string> names_of(AutoAugment) { return listed<AutoAugment>({"none", "randaugment", "trivialaugment"}); }
+std::vector<std::string> names_of(OptimKind) { return listed<OptimKind>({"sgd", "adamw", "lamb"}); }
+std::vector<std::string> names_of(OptimImpl) { return listed<OptimImpl>({"auto", "plain", "foreach", "fused"}); }
+std::vector<std::string> names_of(ScheduleKind) { return listed<ScheduleKind>({"constant", "cosine", "step"}); }
+std::vector<std::string> names_of(LossKind) { return listed<LossKind>({"cross_entropy", "bce"}); }
+std::vector<std::string> names_of(MixMode) { return listed<MixMode>({"batch", "elem"}); }
+std::vector<std::string> names_of(SnapshotMode) { return listed<SnapshotMode>({"batched", "per_buffer"}); }
+std::vector<std::string> names_of(AmpDtype) { return listed<AmpDtype>({"bf16", "fp16"}); }
+std::vector<std::string> names_of(ScalerMode) { return listed<ScalerMode>({"auto", "true", "false"}); }
+std::vector<std::string> names_of(Checkpointing) { return listed<Checkpointing>({"none", "all", "every_k", "auto"}); }
+std::vector<std::string> names_of(LadderSizes) { return listed<LadderSizes>({"any", "halvings"}); }
+std::vector<std::string> names_of(AutoSearch) { return listed<AutoSearch>({"auto", "curve", "doubling"}); }
+std::vector<std::string> names_of(CudnnMode) {
+  return listed<CudnnMode>({"always", "off", "start", "pretune", "settle"});
+}
+std::vector<std::string> names_of(LogLevel) { return listed<LogLevel>({"trace", "debug", "info", "warn", "error"}); }
+std::vector<std::string> names_of(DistBackend) { return listed<DistBackend>({"auto", "gloo", "nccl"}); }
+
+}  // namespace
+
+template <class E>
+const std::vector<std::string>& mode_names() {
+  static const std::vector<std::string> names = names_of(E{});
+  return names;
+}
+
+// Every mode of config.h: the definitions of mode_names<E>() that the other files call.
+template const std::vector<std::string>& mode_names<Switch>();
+template const std::vector<std::string>& mode_names<DataKind>();
+template const std::vector<std::string>& mode_names<AutoAugment>();
+template const std::vector<std::string>& mode_names<OptimKind>();
+template const std::vector<std::string>& mode_names<OptimImpl>();
+template const std::vector<std::string>& mode_names<ScheduleKind>();
+template const std::vector<std::string>& mode_names<LossKind>();
+template const std::vector<std::string>& mode_names<MixMode>();
+template const std::vector<std::string>& mode_names<SnapshotMode>();
+template const std::vector<std::string>& mode_names<AmpDtype>();
+template const std::vector<std::string>& mode_names<ScalerMode>();
+template const std::vector<std::string>& mode_names<Checkpointing>();
+template const std::vector<std::string>& mode_names<LadderSizes>();
+template const std::vector<std::string>& mode_names<AutoSearch>();
+template const std::vector<std::string>& mode_names<CudnnMode>();
+template const std::vector<std::string>& mode_names<LogLevel>();
+template const std::vector<std::string>& mode_names<DistBackend>();
+
+size_t mode_index(const std::vector<std::string>& names, const std::string& name) {
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return i;
+    list += (i ? ", " : "") + names[i];
+  }
+  throw std::invalid_argument("'" + name + "' is not one of: " + list);
+}
 
 namespace {
 
@@ -29,7 +102,7 @@ std::vector<Field> model_fields(Config& c) {  // the model
 
 std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
   return {
-      {"data.kind", &c.data.kind, false},
+      {"data.kind", mode(&c.data.kind), false},
       {"data.train", &c.data.train, false},
       {"data.test", &c.data.test, false},
       {"data.in_memory", &c.data.in_memory, false},
@@ -41,12 +114,12 @@ std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
       {"data.crop_padding", &c.data.crop_padding, false},
       {"data.hflip", &c.data.hflip, false},
       {"data.normalize", &c.data.normalize, false},
-      {"data.auto_augment", &c.data.auto_augment, false},
+      {"data.auto_augment", mode(&c.data.auto_augment), false},
       {"data.randaugment_ops", &c.data.randaugment_ops, false},
       {"data.randaugment_magnitude", &c.data.randaugment_magnitude, false},
       {"data.random_erasing", &c.data.random_erasing, false},
-      {"data.uint8_batches", &c.data.uint8_batches, false},
-      {"data.fetch_ahead", &c.data.fetch_ahead, false},
+      {"data.uint8_batches", mode(&c.data.uint8_batches), false},
+      {"data.fetch_ahead", mode(&c.data.fetch_ahead), false},
       {"data.size", &c.data.size, false},
       {"data.eval_size", &c.data.eval_size, false},
       {"data.scale", &c.data.scale, false},
@@ -58,7 +131,7 @@ std::vector<Field> data_fields(Config& c) {  // the data and its augmentation
 
 std::vector<Field> optim_fields(Config& c) {  // the optimizer
   return {
-      {"optim.name", &c.optim.name, false},
+      {"optim.name", mode(&c.optim.name), false},
       {"optim.lr", &c.optim.lr, false},
       {"optim.momentum", &c.optim.momentum, false},
       {"optim.nesterov", &c.optim.nesterov, false},
@@ -71,13 +144,13 @@ std::vector<Field> optim_fields(Config& c) {  // the optimizer
       {"optim.lamb_max_grad_norm", &c.optim.lamb_max_grad_norm, false},
       {"optim.trust_clip", &c.optim.trust_clip, false},
       {"optim.always_adapt", &c.optim.always_adapt, false},
-      {"optim.implementation", &c.optim.implementation, false},
+      {"optim.implementation", mode(&c.optim.implementation), false},
   };
 }
 
 std::vector<Field> schedule_fields(Config& c) {  // the learning-rate schedule
   return {
-      {"schedule.name", &c.schedule.name, false},
+      {"schedule.name", mode(&c.schedule.name), false},
       {"schedule.warmup_steps", &c.schedule.warmup_steps, false},
       {"schedule.warmup_epochs", &c.schedule.warmup_epochs, false},
       {"schedule.min_lr", &c.schedule.min_lr, false},
@@ -96,20 +169,20 @@ std::vector<Field> train_fields(Config& c) {  // the loop
       {"train.eval_batch", &c.train.eval_batch, false},
       {"train.eval_batches", &c.train.eval_batches, false},
       {"train.label_smoothing", &c.train.label_smoothing, false},
-      {"train.loss", &c.train.loss, false},
+      {"train.loss", mode(&c.train.loss), false},
       {"train.bce_target_threshold", &c.train.bce_target_threshold, false},
       {"train.bce_sum_classes", &c.train.bce_sum_classes, false},
       {"train.mixup_alpha", &c.train.mixup_alpha, false},
       {"train.cutmix_alpha", &c.train.cutmix_alpha, false},
       {"train.mix_prob", &c.train.mix_prob, false},
       {"train.mix_switch_prob", &c.train.mix_switch_prob, false},
-      {"train.mix_mode", &c.train.mix_mode, false},
+      {"train.mix_mode", mode(&c.train.mix_mode), false},
       {"train.fused_loss", &c.train.fused_loss, false},
       {"train.device", &c.train.device, false},
       {"train.threads", &c.train.threads, false},
       {"train.deterministic", &c.train.deterministic, false},
-      {"train.snapshot", &c.train.snapshot, false},
-      {"train.cuda_graph", &c.train.cuda_graph, false},
+      {"train.snapshot", mode(&c.train.snapshot), false},
+      {"train.cuda_graph", mode(&c.train.cuda_graph), false},
       {"train.sample_every", &c.train.sample_every, false},
       {"train.sample_tokens", &c.train.sample_tokens, false},
       {"train.sample_prompt", &c.train.sample_prompt, false},
@@ -122,8 +195,8 @@ std::vector<Field> train_fields(Config& c) {  // the loop
 std::vector<Field> amp_fields(Config& c) {  // mixed precision
   return {
       {"amp.enabled", &c.amp.enabled, false},
-      {"amp.dtype", &c.amp.dtype, false},
-      {"amp.scaler", &c.amp.scaler, false},
+      {"amp.dtype", mode(&c.amp.dtype), false},
+      {"amp.scaler", mode(&c.amp.scaler), false},
       {"amp.init_scale", &c.amp.init_scale, false},
       {"amp.growth_factor", &c.amp.growth_factor, false},
       {"amp.backoff_factor", &c.amp.backoff_factor, false},
@@ -138,14 +211,14 @@ std::vector<Field> memory_fields(Config& c) {  // memory: the cap, the ladder, t
       {"memory.auto_reserve", &c.memory.auto_reserve, false},
       {"memory.curve", &c.memory.curve, false},
       {"memory.min_micro_batch", &c.memory.min_micro_batch, false},
-      {"memory.activation_checkpointing", &c.memory.activation_checkpointing, false},
+      {"memory.activation_checkpointing", mode(&c.memory.activation_checkpointing), false},
       {"memory.checkpoint_every_k", &c.memory.checkpoint_every_k, false},
       {"memory.ladder_checkpointing", &c.memory.ladder_checkpointing, false},
       {"memory.grow_after", &c.memory.grow_after, false},
       {"memory.headroom", &c.memory.headroom, false},
-      {"memory.ladder_sizes", &c.memory.ladder_sizes, false},
-      {"memory.auto_search", &c.memory.auto_search, false},
-      {"memory.cudnn_policy", &c.memory.cudnn_policy, false},
+      {"memory.ladder_sizes", mode(&c.memory.ladder_sizes), false},
+      {"memory.auto_search", mode(&c.memory.auto_search), false},
+      {"memory.cudnn_policy", mode(&c.memory.cudnn_policy), false},
       {"memory.cudnn_benchmark_limit", &c.memory.cudnn_benchmark_limit, false},
       {"memory.cudnn_empty_cache", &c.memory.cudnn_empty_cache, false},
   };
@@ -165,7 +238,7 @@ std::vector<Field> checkpoint_fields(Config& c) {  // checkpoints
 std::vector<Field> log_fields(Config& c) {  // logs and endpoints
   return {
       {"log.every", &c.log.every, false},
-      {"log.level", &c.log.level, false},
+      {"log.level", mode(&c.log.level), false},
       {"log.http_port", &c.log.http_port, false},
       {"log.http_host", &c.log.http_host, false},
       {"log.tensorboard", &c.log.tensorboard, false},
@@ -176,7 +249,7 @@ std::vector<Field> log_fields(Config& c) {  // logs and endpoints
 
 std::vector<Field> dist_fields(Config& c) {  // data parallelism
   return {
-      {"dist.backend", &c.dist.backend, false},
+      {"dist.backend", mode(&c.dist.backend), false},
       {"dist.timeout_s", &c.dist.timeout_s, false},
       {"dist.bucket_mb", &c.dist.bucket_mb, false},
   };
@@ -198,6 +271,13 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
   for (const auto& f : fields(c)) keys.push_back(f.key);
   return keys;
+}
+
+std::vector<std::string> config_key_modes(const std::string& key) {
+  Config c;
+  for (const auto& f : fields(c))
+    if (const auto* m = std::get_if<ModeRef>(&f.ref); m && f.key == key) return *m->names;
+  return {};
 }
 
 }  // namespace trainer

@@ -68,21 +68,22 @@ DistEnv dist_env_from(const std::function<const char*(const char*)>& get_in) {
   return e;
 }
 
-std::string resolve_backend(const std::string& spec, const torch::Device& device) {
-  std::string b = spec == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : spec;
-  if (b == "nccl" && !device.is_cuda())
+const char* to_string(CommBackend backend) { return backend == CommBackend::kNccl ? "nccl" : "gloo"; }
+
+CommBackend resolve_backend(std::optional<CommBackend> wanted, const torch::Device& device) {
+  const CommBackend b = wanted.value_or(device.is_cuda() ? CommBackend::kNccl : CommBackend::kGloo);
+  if (b == CommBackend::kNccl && !device.is_cuda())
     throw std::runtime_error("dist.backend: nccl needs a CUDA device (train.device is " + device.str() + "); use gloo");
 #if !TRAINER_HAS_NCCL
-  if (b == "nccl")
+  if (b == CommBackend::kNccl)
     throw std::runtime_error("dist.backend: nccl, but this trainer was built without NCCL (a LibTorch with CUDA and "
                              "NCCL headers); use gloo");
 #endif
 #if !TRAINER_HAS_GLOO
-  if (b == "gloo")
+  if (b == CommBackend::kGloo)
     throw std::runtime_error("dist.backend: gloo, but this trainer was built without Gloo headers (Debian: "
                              "libgloo-dev); run scripts/install-deps.sh and rebuild");
 #endif
-  if (b != "gloo" && b != "nccl") throw std::runtime_error("dist.backend: unknown backend '" + spec + "'");
   return b;
 }
 
@@ -95,7 +96,7 @@ struct Distributed::Impl {
   std::string where;  // "rank r of W" for messages
 };
 
-Distributed::Distributed(const DistEnv& env, const std::string& backend, const torch::Device& device, double timeout_s)
+Distributed::Distributed(const DistEnv& env, CommBackend backend, const torch::Device& device, double timeout_s)
     : impl_(std::make_unique<Impl>()), env_(env), backend_(backend), device_(device) {
   impl_->timeout_s = timeout_s;
   impl_->where = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
@@ -120,7 +121,7 @@ Distributed::Distributed(const DistEnv& env, const std::string& backend, const t
                              " within " + seconds_text(timeout_s) + ": " + error_message(e).substr(0, 300));
   }
   try {
-    if (backend == "gloo") {
+    if (backend == CommBackend::kGloo) {
 #if TRAINER_HAS_GLOO
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       // The interface Gloo talks on: GLOO_SOCKET_IFNAME as in PyTorch; loopback for a job on one host that
@@ -145,11 +146,11 @@ Distributed::Distributed(const DistEnv& env, const std::string& backend, const t
 #endif
     }
   } catch (const std::exception& e) {
-    throw std::runtime_error("distributed: " + impl_->where + " could not form the " + backend + " process group (store " +
+    throw std::runtime_error("distributed: " + impl_->where + " could not form the " + std::string(to_string(backend)) + " process group (store " +
                              at + ", timeout " + seconds_text(timeout_s) + "): " + error_message(e).substr(0, 300));
   }
-  if (!impl_->pg) throw std::runtime_error("distributed: backend '" + backend + "' is not built in");
-  spdlog::info("distributed: {} ({}), store {}{}, timeout {}", impl_->where, backend, at,
+  if (!impl_->pg) throw std::runtime_error("distributed: backend '" + std::string(to_string(backend)) + "' is not built in");
+  spdlog::info("distributed: {} ({}), store {}{}, timeout {}", impl_->where, to_string(backend), at,
                env.agent_store ? " (torchrun's)" : "", seconds_text(timeout_s));
 }
 
@@ -200,17 +201,17 @@ std::vector<double> reduce_doubles(compat::C10dBackend& pg, const std::vector<do
 }  // namespace
 
 std::vector<double> Distributed::all_sum(const std::vector<double>& values, const std::string& what) {
-  torch::Device dev = backend_ == "nccl" ? device_ : torch::Device(torch::kCPU);
+  torch::Device dev = backend_ == CommBackend::kNccl ? device_ : torch::Device(torch::kCPU);
   return reduce_doubles(*impl_->pg, values, c10d::ReduceOp::SUM, dev, what, impl_->where, impl_->timeout_s);
 }
 
 std::vector<double> Distributed::all_max(const std::vector<double>& values, const std::string& what) {
-  torch::Device dev = backend_ == "nccl" ? device_ : torch::Device(torch::kCPU);
+  torch::Device dev = backend_ == CommBackend::kNccl ? device_ : torch::Device(torch::kCPU);
   return reduce_doubles(*impl_->pg, values, c10d::ReduceOp::MAX, dev, what, impl_->where, impl_->timeout_s);
 }
 
 std::vector<torch::Tensor> Distributed::all_gather(const torch::Tensor& t, const std::string& what) {
-  torch::Device dev = backend_ == "nccl" ? device_ : torch::Device(torch::kCPU);
+  torch::Device dev = backend_ == CommBackend::kNccl ? device_ : torch::Device(torch::kCPU);
   auto in = t.contiguous().to(dev);
   std::vector<std::vector<at::Tensor>> out(1);
   for (int64_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty_like(in));

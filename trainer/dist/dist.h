@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,19 +38,27 @@ struct DistEnv {
 /// not a number, out of range, or missing for a job of several processes.
 DistEnv dist_env_from(const std::function<const char*(const char*)>& get = nullptr);
 
-/// The backend `spec` (auto | gloo | nccl) resolves to on `device`: nccl for CUDA, gloo for CPU.
+/// The kind of process group a job runs: c10d's Gloo or NCCL. Its own enum, not the config's dist.backend
+/// (trainer/config/config.h, which this folder does not see): that one also says `auto`, which
+/// resolve_backend turns into one of these (trainer/run/from_config.h maps the key).
+enum class CommBackend { kGloo, kNccl };
+
+/// "gloo", "nccl": c10d's names, for messages.
+const char* to_string(CommBackend backend);
+
+/// The backend `wanted` resolves to on `device` (nullopt = auto: nccl for CUDA, gloo for CPU).
 /// Throws std::runtime_error when this build lacks it (NCCL without CUDA, or a LibTorch built without
 /// it) or when it cannot serve the device (nccl on the CPU).
-std::string resolve_backend(const std::string& spec, const torch::Device& device);
+CommBackend resolve_backend(std::optional<CommBackend> wanted, const torch::Device& device);
 
 /// The process group of one job: rendezvous at construction, then blocking collectives. Not
 /// thread-safe: one thread (the training loop) issues them, in the same order on every rank.
 class Distributed {
  public:
   /// Rendezvous through a TCP store at env.master_addr:env.master_port (hosted by rank 0, or by torchrun's
-  /// agent) and a process group of `backend` ("gloo" or "nccl"). Throws std::runtime_error after
+  /// agent) and a process group of `backend`. Throws std::runtime_error after
   /// `timeout_s` if the other ranks do not arrive, naming the address.
-  Distributed(const DistEnv& env, const std::string& backend, const torch::Device& device, double timeout_s);
+  Distributed(const DistEnv& env, CommBackend backend, const torch::Device& device, double timeout_s);
   ~Distributed();
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
@@ -57,7 +66,7 @@ class Distributed {
   int64_t rank() const { return env_.rank; }
   int64_t world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
-  const std::string& backend() const { return backend_; }
+  CommBackend backend() const { return backend_; }
 
   /// Overwrites `tensors` (same shapes and dtypes on every rank, on the process group's device) with
   /// rank 0's values.
@@ -76,7 +85,7 @@ class Distributed {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   DistEnv env_;
-  std::string backend_;
+  CommBackend backend_;
   torch::Device device_;
 };
 

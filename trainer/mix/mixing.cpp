@@ -89,7 +89,6 @@ void check_mix_options(const MixOptions& o) {
   if (!(o.cutmix_alpha >= 0)) bad("train.cutmix_alpha must be >= 0 (0 = no CutMix)");
   if (!(o.prob >= 0 && o.prob <= 1)) bad("train.mix_prob must be in [0, 1]");
   if (!(o.switch_prob >= 0 && o.switch_prob <= 1)) bad("train.mix_switch_prob must be in [0, 1]");
-  if (o.mode != "batch" && o.mode != "elem") bad("train.mix_mode must be batch or elem, got '" + o.mode + "'");
 }
 
 MixBox cutmix_box(int64_t height, int64_t width, double lam, int64_t cy, int64_t cx, bool in_float32) {
@@ -116,7 +115,7 @@ double beta_sample(double alpha, uint64_t key) {
 MixDraw draw_mix(const MixOptions& o, int64_t batch, int64_t height, int64_t width, uint64_t seed, int64_t step,
                  int64_t rank) {
   MixDraw out;
-  out.per_batch = o.mode == "batch";
+  out.per_batch = o.mode == MixMode::kBatch;
   const auto n = static_cast<size_t>(batch);
   out.lam.assign(n, 1.0);
   out.drawn.assign(n, 1.0);

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/config.h"
+
 namespace trainer {
 
 struct MixOptions {
@@ -35,13 +37,13 @@ struct MixOptions {
   double cutmix_alpha = 0;  ///< train.cutmix_alpha: Beta(alpha, alpha) for CutMix's lam; 0 = no CutMix
   double prob = 1.0;        ///< train.mix_prob: probability that a batch (an element) is mixed at all
   double switch_prob = 0.5; ///< train.mix_switch_prob: with both alphas, probability of CutMix over Mixup
-  std::string mode = "batch";  ///< train.mix_mode: batch (one lam and box per batch) | elem (per sample)
+  MixMode mode = MixMode::kBatch;  ///< train.mix_mode: batch (one lam and box per batch) | elem (per sample)
   bool correct_lam = true;  ///< lam from the clipped box's area (timm's correct_lam)
 
   bool enabled() const { return mixup_alpha > 0 || cutmix_alpha > 0; }
 };
 
-/// Throws std::invalid_argument naming the first bad field (alphas >= 0, probabilities in [0, 1], mode).
+/// Throws std::invalid_argument naming the first bad field (alphas >= 0, probabilities in [0, 1]).
 void check_mix_options(const MixOptions& o);
 
 /// A CutMix box in a H x W image: rows [y0, y1), columns [x0, x1) (empty when y0 == y1 or x0 == x1).

@@ -13,7 +13,6 @@ namespace {
 class AdamW : public OptimizerRule {
  public:
   using OptimizerRule::OptimizerRule;
-  const char* name() const override { return "adamw"; }
   const char* scope() const override { return "Optimizer.step#AdamW.step"; }
 
   void allocate_state(const std::vector<ParamSlot>& params) override {

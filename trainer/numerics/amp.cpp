@@ -43,15 +43,11 @@ AutocastGuard::~AutocastGuard() {
   compat::set_autocast_dtype(device_, prev_dtype_);
 }
 
-at::ScalarType parse_amp_dtype(const std::string& dtype) {
-  if (dtype == "bf16") return at::kBFloat16;
-  if (dtype == "fp16") return at::kHalf;
-  throw std::invalid_argument("amp.dtype: unknown value '" + dtype + "'; use bf16 or fp16");
-}
+at::ScalarType amp_scalar_type(AmpDtype dtype) { return dtype == AmpDtype::kFp16 ? at::kHalf : at::kBFloat16; }
 
-void validate_amp(bool enabled, const std::string& dtype, bool scaler_enabled, c10::DeviceType device) {
-  const at::ScalarType type = parse_amp_dtype(dtype);
+void validate_amp(bool enabled, AmpDtype dtype, bool scaler_enabled, c10::DeviceType device) {
   if (!enabled) return;
+  const at::ScalarType type = amp_scalar_type(dtype);
   check_autocast_device(device, "amp.enabled");
   if (type == at::kHalf && device == c10::DeviceType::CPU) {
     throw std::invalid_argument(

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/config.h"
+
 namespace trainer {
 
 // ---- autocast ------------------------------------------------------------------------------------
@@ -48,19 +50,17 @@ class AutocastGuard {
   at::ScalarType prev_dtype_;
 };
 
-/// "bf16" -> at::kBFloat16, "fp16" -> at::kHalf. Throws std::invalid_argument naming `amp.dtype`
-/// otherwise.
-at::ScalarType parse_amp_dtype(const std::string& dtype);
+/// amp.dtype's tensor type: bf16 -> at::kBFloat16, fp16 -> at::kHalf.
+at::ScalarType amp_scalar_type(AmpDtype dtype);
 
 /// Checks an `amp` configuration before training starts. Throws std::invalid_argument, naming the
-/// config keys, for: an unknown `dtype` (always, even when disabled); and when `enabled`:
-/// fp16 without the loss scaler (fp16 gradients underflow), bf16 with the scaler (bf16 has fp32's
+/// config keys, when `enabled`, for: fp16 without the loss scaler (fp16 gradients underflow), bf16 with the scaler (bf16 has fp32's
 /// exponent range, scaling only costs time), fp16 on CPU (CPU autocast in LibTorch 1.13 supports
 /// bf16 only; kept an error on 2.x too, so a config means the same on both), and a device other than
 /// CPU or CUDA.
 /// When `enabled` is false the scaler setting is ignored: build the scaler with
 /// `enabled = amp.enabled && amp.scaler.enabled`.
-void validate_amp(bool enabled, const std::string& dtype, bool scaler_enabled, c10::DeviceType device);
+void validate_amp(bool enabled, AmpDtype dtype, bool scaler_enabled, c10::DeviceType device);
 
 // ---- loss scaling --------------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ void norm_into(torch::Tensor out, const torch::Tensor& t) {
 class Lamb : public OptimizerRule {
  public:
   using OptimizerRule::OptimizerRule;
-  const char* name() const override { return "lamb"; }
   const char* scope() const override { return "Optimizer.step#Lamb.step"; }
   // No fused LAMB kernel in LibTorch; the multi-tensor ops would allocate their results mid-step.
   bool has_foreach() const override { return false; }

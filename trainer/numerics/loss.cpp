@@ -161,10 +161,10 @@ torch::Tensor smoothed_one_hot(const torch::Tensor& labels, int64_t classes, dou
 torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targets, const LossOptions& options,
                           int64_t columns) {
   const bool soft = targets.is_floating_point();
-  if (options.kind == "cross_entropy" && !soft) return summed_cross_entropy(logits, targets, options, columns);
+  if (options.kind == LossKind::kCrossEntropy && !soft) return summed_cross_entropy(logits, targets, options, columns);
   if (columns < 0) columns = logits.size(-1);
 #ifdef TRAINER_WITH_CUDA
-  if (options.kind == "cross_entropy" && fused_loss_runs(logits, options)) {
+  if (options.kind == LossKind::kCrossEntropy && fused_loss_runs(logits, options)) {
     if (columns > logits.size(-1))
       throw std::invalid_argument("summed_loss: " + std::to_string(columns) + " real columns of " +
                                   std::to_string(logits.size(-1)));
@@ -176,8 +176,7 @@ torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targ
   if (t.sizes() != x.sizes())
     throw std::invalid_argument("summed_loss: soft targets of shape " + c10::str(t.sizes()) + " for logits " +
                                 c10::str(x.sizes()));
-  if (options.kind == "cross_entropy") return (-t * torch::log_softmax(x, -1)).sum();
-  if (options.kind != "bce") throw std::invalid_argument("summed_loss: unknown loss '" + options.kind + "'");
+  if (options.kind == LossKind::kCrossEntropy) return (-t * torch::log_softmax(x, -1)).sum();
   // Rows of an undecodable sample (all-zero targets from class ids) add nothing, as in cross-entropy.
   const auto kept = soft ? torch::Tensor() : targets.reshape({-1}).ge(0).logical_and(targets.reshape({-1}).lt(columns));
   if (options.bce_target_threshold > 0) t = t.gt(options.bce_target_threshold).to(torch::kFloat);

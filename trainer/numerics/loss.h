@@ -26,14 +26,14 @@
 
 #include <torch/torch.h>
 
-#include <string>
+#include "trainer/config/config.h"
 
 namespace trainer {
 
 struct LossOptions {
   double label_smoothing = 0;  ///< train.label_smoothing
   bool fused = true;           ///< train.fused_loss: the fused kernel where it can run (fused_loss_runs)
-  std::string kind = "cross_entropy";  ///< train.loss: cross_entropy | bce
+  LossKind kind = LossKind::kCrossEntropy;  ///< train.loss: cross_entropy | bce
   double bce_target_threshold = 0;     ///< train.bce_target_threshold: binarize targets above it (0 = off)
   bool bce_sum_classes = false;        ///< train.bce_sum_classes: sum over classes instead of the mean
 };

@@ -27,25 +27,21 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 
 Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
     : params_(std::move(params)), rule_(make_optimizer_rule(cfg)) {
-  const std::string& impl = cfg.implementation;
+  const OptimImpl impl = foreach ? (*foreach ? OptimImpl::kForeach : OptimImpl::kPlain) : cfg.implementation;
   if (!rule_->has_foreach() && !rule_->has_fused()) {
-    if (foreach.value_or(false) || (!foreach && impl != "auto" && impl != "plain"))
-      throw std::invalid_argument("optim.implementation: " + (foreach ? std::string("foreach") : impl) + " has no " +
-                                  rule_->name() + " version (" + rule_->name() + " runs plain); use auto or plain");
-    impl_ = Impl::plain;
+    if (impl != OptimImpl::kAuto && impl != OptimImpl::kPlain)
+      throw std::invalid_argument("optim.implementation: " + mode_name(impl) + " has no " + rule_->name() +
+                                  " version (" + rule_->name() + " runs plain); use auto or plain");
+    impl_ = OptimImpl::kPlain;
     return;
   }
-  if (foreach) impl_ = *foreach ? Impl::foreach : Impl::plain;
   // auto: the fused kernels on CUDA where LibTorch has them (1.035x GPT-2's step on an H200, 1.014x
   // ResNet-50's: docs/BENCHMARKS.md), else the multi-tensor ops; on the CPU the plain loop.
-  else if (impl == "auto")
-    impl_ = !on_cuda(params_) ? Impl::plain : compat::kHasFusedOptimizers ? Impl::fused : Impl::foreach;
-  else if (impl == "plain") impl_ = Impl::plain;
-  else if (impl == "foreach") impl_ = Impl::foreach;
-  else if (impl == "fused") impl_ = Impl::fused;
+  if (impl == OptimImpl::kAuto)
+    impl_ = !on_cuda(params_) ? OptimImpl::kPlain : compat::kHasFusedOptimizers ? OptimImpl::kFused : OptimImpl::kForeach;
   else
-    throw std::invalid_argument("optim.implementation: unknown value '" + impl + "'; use auto, plain, foreach or fused");
-  if (impl_ == Impl::fused && !compat::kHasFusedOptimizers)
+    impl_ = impl;
+  if (impl_ == OptimImpl::kFused && !compat::kHasFusedOptimizers)
     throw std::invalid_argument("optim.implementation: fused needs LibTorch 2.4 or later (this is " +
                                 compat::torch_version() + "); use auto, plain or foreach");
 }
@@ -54,9 +50,7 @@ Optimizer::~Optimizer() = default;
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
-std::string Optimizer::implementation() const {
-  return impl_ == Impl::fused ? "fused" : impl_ == Impl::foreach ? "foreach" : "plain";
-}
+std::string Optimizer::implementation() const { return mode_name(impl_); }
 
 void Optimizer::zero_grad() {
   for (auto& s : params_) s.param.mutable_grad() = torch::Tensor();
@@ -69,14 +63,14 @@ void Optimizer::step(double lr) {
   RECORD_USER_SCOPE(rule_->scope());
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
-  if (impl_ == Impl::fused) step_fused(lr);
-  else if (impl_ == Impl::foreach) rule_->step_foreach(params_, lr, steps_ + 1);
+  if (impl_ == OptimImpl::kFused) step_fused(lr);
+  else if (impl_ == OptimImpl::kForeach) rule_->step_foreach(params_, lr, steps_ + 1);
   else rule_->step_plain(params_, lr, steps_ + 1);
   ++steps_;
 }
 
 void Optimizer::step_unless(double lr, const torch::Tensor& skip) {
-  if (impl_ != Impl::fused) throw std::logic_error("Optimizer::step_unless: needs optim.implementation fused");
+  if (impl_ != OptimImpl::kFused) throw std::logic_error("Optimizer::step_unless: needs optim.implementation fused");
   RECORD_USER_SCOPE(rule_->scope());
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
@@ -84,7 +78,7 @@ void Optimizer::step_unless(double lr, const torch::Tensor& skip) {
 }
 
 void Optimizer::set_device_scalars(double lr) {
-  if (impl_ != Impl::fused) throw std::logic_error("Optimizer::set_device_scalars: needs optim.implementation fused");
+  if (impl_ != OptimImpl::kFused) throw std::logic_error("Optimizer::set_device_scalars: needs optim.implementation fused");
   const auto device = params_.empty() ? torch::Device(torch::kCPU) : params_.front().param.device();
   const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
   if (!device_lr_.defined() || device_lr_.device() != device) device_lr_ = torch::zeros({1}, opts);
@@ -94,7 +88,7 @@ void Optimizer::set_device_scalars(double lr) {
 }
 
 void Optimizer::step_unless_device(const torch::Tensor& skip) {
-  if (impl_ != Impl::fused || !device_lr_.defined())
+  if (impl_ != OptimImpl::kFused || !device_lr_.defined())
     throw std::logic_error("Optimizer::step_unless_device: needs optim.implementation fused and set_device_scalars()");
   RECORD_USER_SCOPE(rule_->scope());
   allocate_state();
@@ -177,12 +171,12 @@ torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_no
 double learning_rate(const ScheduleConfig& schedule, double peak_lr, int64_t step, int64_t total_steps,
                      int64_t warmup_steps) {
   if (step < warmup_steps) return peak_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-  if (schedule.name == "cosine") {
+  if (schedule.name == ScheduleKind::kCosine) {
     int64_t span = std::max<int64_t>(1, total_steps - warmup_steps);
     double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
     return schedule.min_lr + (peak_lr - schedule.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }
-  if (schedule.name == "step") {
+  if (schedule.name == ScheduleKind::kStep) {
     double lr = peak_lr;
     for (int64_t m : schedule.milestones)
       if (step >= m) lr *= schedule.gamma;

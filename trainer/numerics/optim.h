@@ -84,7 +84,7 @@ class Optimizer {
   /// Throws c10::OutOfMemoryError only before any parameter changed.
   void step(double lr);
   /// Whether step_unless() can run: the fused kernels, which read a skip flag on the device.
-  bool skips_on_device() const { return impl_ == Impl::fused; }
+  bool skips_on_device() const { return impl_ == OptimImpl::kFused; }
   /// The update of step(), left undone on the device where `skip` (a one-element float32 tensor on the
   /// parameters' device) holds 1: the step's caller needs no host read of its non-finite check before
   /// the update (PyTorch's found_inf for fused optimizers). steps() stays as it was until the caller, once
@@ -106,7 +106,7 @@ class Optimizer {
   void allocate_state();
   /// Completed steps (AdamW's and LAMB's bias corrections count these).
   int64_t steps() const { return steps_; }
-  bool foreach() const { return impl_ == Impl::foreach; }
+  bool foreach() const { return impl_ == OptimImpl::kForeach; }
   /// "plain", "foreach" or "fused": what step() runs.
   std::string implementation() const;
 
@@ -118,14 +118,13 @@ class Optimizer {
   void load_state(const std::map<std::string, torch::Tensor>& state);
 
  private:
-  enum class Impl { plain, foreach, fused };
   /// The fused kernels with the rate `lr`, or with the tensors of set_device_scalars() when `from_device`.
   void step_fused(double lr, const torch::Tensor& skip = {}, bool from_device = false);
 
   std::vector<ParamSlot> params_;
   std::unique_ptr<OptimizerRule> rule_;  // sgd, adamw or lamb: its arithmetic and its state
   int64_t steps_ = 0;
-  Impl impl_ = Impl::plain;
+  OptimImpl impl_ = OptimImpl::kPlain;  // what step() runs: plain, foreach or fused (auto resolved)
   torch::Tensor fused_step_;  // fused AdamW: the step count as a float32 scalar on the parameters' device
   torch::Tensor device_lr_;   // set_device_scalars(): the rate as a float32 one-element tensor there
 };

@@ -10,18 +10,20 @@
 namespace trainer {
 
 std::unique_ptr<OptimizerRule> make_optimizer_rule(const OptimConfig& cfg) {
-  if (cfg.name == "sgd") return make_sgd(cfg);
-  if (cfg.name == "adamw") return make_adamw(cfg);
-  if (cfg.name == "lamb") return make_lamb(cfg);
-  throw std::invalid_argument("optim.name: unknown optimizer '" + cfg.name + "'");
+  switch (cfg.name) {
+    case OptimKind::kSgd: return make_sgd(cfg);
+    case OptimKind::kAdamW: return make_adamw(cfg);
+    case OptimKind::kLamb: return make_lamb(cfg);
+  }
+  throw std::logic_error("make_optimizer_rule: an optim.name out of range");
 }
 
 void OptimizerRule::step_foreach(const std::vector<ParamSlot>&, double, int64_t) {
-  throw std::logic_error(std::string("optimizer ") + name() + " has no foreach implementation");
+  throw std::logic_error("optimizer " + name() + " has no foreach implementation");
 }
 
 void OptimizerRule::step_fused(const std::vector<ParamSlot>&, const FusedScalars&, const torch::Tensor&) {
-  throw std::logic_error(std::string("optimizer ") + name() + " has no fused implementation");
+  throw std::logic_error("optimizer " + name() + " has no fused implementation");
 }
 
 std::vector<size_t> with_gradient(const std::vector<ParamSlot>& params) {

@@ -42,7 +42,7 @@ class OptimizerRule {
   virtual ~OptimizerRule() = default;
 
   /// optim.name's value: "sgd", "adamw", "lamb".
-  virtual const char* name() const = 0;
+  const std::string& name() const { return mode_name(cfg_.name); }
   /// The profiler scope torch.optim (timm for LAMB) records its steps under.
   virtual const char* scope() const = 0;
   /// Whether the multi-tensor and the fused implementations exist for this rule.
@@ -66,7 +66,7 @@ class OptimizerRule {
   OptimConfig cfg_;
 };
 
-/// The rule of optim.name; std::invalid_argument for a name there is none of.
+/// The rule of optim.name.
 std::unique_ptr<OptimizerRule> make_optimizer_rule(const OptimConfig& cfg);
 
 // The rules, one file each.

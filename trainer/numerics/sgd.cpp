@@ -11,7 +11,6 @@ namespace {
 class Sgd : public OptimizerRule {
  public:
   using OptimizerRule::OptimizerRule;
-  const char* name() const override { return "sgd"; }
   const char* scope() const override { return "Optimizer.step#SGD.step"; }
 
   void allocate_state(const std::vector<ParamSlot>& params) override {

@@ -50,7 +50,7 @@ MicroBatchSearch TrainingRun::auto_micro_batch(const data::Batch& batch) {
   MicroBatchSearch found = search_once(batch, co, findings);
   if (found.stopped) return found;
   size_t other_setting = 0;  // the trace's first probes, of a search without checkpointing that found nothing
-  if (cfg_.memory.activation_checkpointing == "auto" && !found.floor_fits && !co.checkpointing) {
+  if (cfg_.memory.activation_checkpointing == Checkpointing::kAuto && !found.floor_fits && !co.checkpointing) {
     co.checkpointing = true;
     from = "floor_does_not_fit";
     const MicroBatchSearch first = found;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <stdexcept>
 
 namespace trainer {
 
@@ -46,9 +47,9 @@ torch::Device resolve_device(const std::string& spec, std::optional<int64_t> loc
 
 data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, bool in_memory) {
   data::H5CheckOptions o;
-  o.kind = token_job(cfg)                         ? data::H5FileKind::tokens
-           : cfg.data.kind == "packed_images" ? data::H5FileKind::packed_images
-                                              : data::H5FileKind::images;
+  o.kind = token_job(cfg)                             ? data::H5FileKind::tokens
+           : cfg.data.kind == DataKind::kPackedImages ? data::H5FileKind::packed_images
+                                                      : data::H5FileKind::images;
   o.in_memory = in_memory;
   o.timeout_s = cfg.data.check_timeout_s;
   o.timeout_hint = " (then raise data.check_timeout_s)";
@@ -57,10 +58,10 @@ data::H5CheckResult check_data_file(const Config& cfg, const std::string& path, 
 
 bool token_job(const Config& cfg) {
   const bool language = models::model_traits(cfg.model.name).language_model();
-  if (cfg.data.kind == "tokens" && !language)
+  if (cfg.data.kind == DataKind::kTokens && !language)
     throw ConfigError("data.kind: tokens needs a language model (gpt2, gpt_tiny); model.name is " + cfg.model.name);
-  if ((cfg.data.kind == "hdf5" || encoded_image_job(cfg)) && language)
-    throw ConfigError("data.kind: " + cfg.data.kind + " holds images; the language model " + cfg.model.name +
+  if ((cfg.data.kind == DataKind::kHdf5 || encoded_image_job(cfg)) && language)
+    throw ConfigError("data.kind: " + mode_name(cfg.data.kind) + " holds images; the language model " + cfg.model.name +
                       " reads tokens or synthetic");
   return language;
 }
@@ -71,10 +72,20 @@ void log_data_check(const std::string& path, const data::H5CheckResult& r) {
 
 namespace {
 
+// data.auto_augment as data/'s own enum (data/ does not see the config).
+data::AutoAugmentKind auto_augment_kind(AutoAugment a) {
+  switch (a) {
+    case AutoAugment::kNone: return data::AutoAugmentKind::None;
+    case AutoAugment::kRandAugment: return data::AutoAugmentKind::RandAugment;
+    case AutoAugment::kTrivialAugment: return data::AutoAugmentKind::TrivialAugmentWide;
+  }
+  throw std::logic_error("auto_augment_kind: a data.auto_augment out of range");
+}
+
 // data.auto_augment and its RandAugment keys (training only: the eval transform and loader ignore them).
 data::AutoAugmentOptions auto_augment_of(const Config& cfg) {
   data::AutoAugmentOptions a;
-  a.kind = data::auto_augment_kind(cfg.data.auto_augment);
+  a.kind = auto_augment_kind(cfg.data.auto_augment);
   a.num_ops = cfg.data.randaugment_ops;
   a.magnitude = cfg.data.randaugment_magnitude;
   return a;
@@ -82,7 +93,9 @@ data::AutoAugmentOptions auto_augment_of(const Config& cfg) {
 
 }  // namespace
 
-bool encoded_image_job(const Config& cfg) { return cfg.data.kind == "packed_images" || cfg.data.kind == "image_folder"; }
+bool encoded_image_job(const Config& cfg) {
+  return cfg.data.kind == DataKind::kPackedImages || cfg.data.kind == DataKind::kImageFolder;
+}
 
 std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, const std::string& path, bool train,
                                                           const data::ImageMeta* stats, int threads) {
@@ -99,7 +112,7 @@ std::shared_ptr<data::ImageDataset> encoded_image_dataset(const Config& cfg, con
   t.auto_augment = auto_augment_of(cfg);
   t.seed = cfg.seed;
   t.limits.max_pixels = cfg.data.max_image_pixels;
-  if (cfg.data.kind == "packed_images") {
+  if (cfg.data.kind == DataKind::kPackedImages) {
     log_data_check(path, check_data_file(cfg, path, cfg.data.in_memory));
     return std::make_shared<data::PackedImageDataset>(path, t, cfg.data.in_memory);
   }
@@ -125,8 +138,8 @@ data::LoaderOptions image_loader_options(const Config& cfg, int64_t workers) {
 
 namespace {
 // An auto | on | off key whose auto means on for a CUDA device.
-bool on_for_cuda(const std::string& value, const torch::Device& device) {
-  return value == "on" || (value == "auto" && device.is_cuda());
+bool on_for_cuda(Switch value, const torch::Device& device) {
+  return value == Switch::kOn || (value == Switch::kAuto && device.is_cuda());
 }
 }  // namespace
 
@@ -152,7 +165,7 @@ std::vector<int64_t> sample_shape(const Config& cfg) {
     if (cfg.model.context < 1) throw ConfigError("model.context: a language model needs the tokens per sample");
     return {cfg.model.context};
   }
-  if (cfg.data.kind == "synthetic") return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
+  if (cfg.data.kind == DataKind::kSynthetic) return {cfg.data.shape[0], cfg.data.shape[1], cfg.data.shape[2]};
   if (encoded_image_job(cfg)) return {3, cfg.data.size, cfg.data.size};  // decoded RGB at data.size
   check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
   auto s = data::ImageH5Dataset(cfg.data.train, /*in_memory=*/false).sample_shape();
@@ -178,15 +191,16 @@ std::optional<models::LlamaOptions> hf_architecture(const Config& cfg) {
 int64_t vocab_size(const Config& cfg) {
   if (const auto arch = hf_architecture(cfg)) {
     // The architecture's vocabulary is the model's; the data's ids must fall inside it.
-    const int64_t data = cfg.data.kind == "tokens" ? (check_data_file(cfg, cfg.data.train, false),
-                                                      data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size())
-                                                   : 0;
+    const int64_t data = cfg.data.kind == DataKind::kTokens
+                             ? (check_data_file(cfg, cfg.data.train, false),
+                                data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size())
+                             : 0;
     if (data > arch->vocab_size())
       throw ConfigError("model.hf_config: " + hf_config_path(cfg) + " has vocab_size " + std::to_string(arch->vocab_size()) +
                         ", smaller than the vocabulary " + std::to_string(data) + " of " + cfg.data.train);
     return arch->vocab_size();
   }
-  if (cfg.data.kind != "tokens") return cfg.model.vocab_size > 0 ? cfg.model.vocab_size : models::registered_vocab_size(cfg.model.name);
+  if (cfg.data.kind != DataKind::kTokens) return cfg.model.vocab_size > 0 ? cfg.model.vocab_size : models::registered_vocab_size(cfg.model.name);
   check_data_file(cfg, cfg.data.train, /*in_memory=*/false);
   const int64_t file = data::TokenDataset(cfg.data.train, /*in_memory=*/false).vocab_size();
   if (cfg.model.vocab_size == 0) return file;
@@ -229,7 +243,18 @@ void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t voca
   }
 }
 
-std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? cfg.amp.dtype : "fp32"; }
+CommBackend comm_backend(const Config& cfg, const torch::Device& device) {
+  std::optional<CommBackend> wanted;  // auto: the device's
+  if (cfg.dist.backend == DistBackend::kGloo) wanted = CommBackend::kGloo;
+  if (cfg.dist.backend == DistBackend::kNccl) wanted = CommBackend::kNccl;
+  return resolve_backend(wanted, device);
+}
+
+bool loss_scaling(const Config& cfg) {
+  return cfg.amp.enabled && cfg.amp.dtype == AmpDtype::kFp16 && cfg.amp.scaler != ScalerMode::kOff;
+}
+
+std::string precision_of(const Config& cfg) { return cfg.amp.enabled ? mode_name(cfg.amp.dtype) : "fp32"; }
 
 int cpu_threads(const Config& cfg, int64_t local_world_size) {
   if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
@@ -278,11 +303,11 @@ MicroBatchOptions micro_batch_options(const Config& cfg, int64_t rank_batch) {
   co.global_batch = rank_batch;
   co.micro_batch = cfg.train.micro_batch > 0 ? std::min(cfg.train.micro_batch, rank_batch) : rank_batch;
   co.min_micro_batch = std::min(cfg.memory.min_micro_batch, rank_batch);
-  co.checkpointing = cfg.memory.activation_checkpointing == "all";
+  co.checkpointing = cfg.memory.activation_checkpointing == Checkpointing::kAll;
   co.allow_checkpointing = cfg.memory.ladder_checkpointing;
   co.grow_after = cfg.memory.grow_after;
   co.headroom = cfg.memory.headroom;
-  co.halvings_only = cfg.memory.ladder_sizes == "halvings";
+  co.halvings_only = cfg.memory.ladder_sizes == LadderSizes::kHalvings;
   return co;
 }
 
@@ -298,7 +323,7 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.forward.device = device;
   o.forward.channels_last = cfg.model.channels_last;
   o.forward.amp = cfg.amp.enabled;
-  o.forward.amp_dtype = cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+  o.forward.amp_dtype = amp_scalar_type(cfg.amp.dtype);
   o.loss.label_smoothing = cfg.train.label_smoothing;
   o.loss.fused = cfg.train.fused_loss;
   o.loss.kind = cfg.train.loss;
@@ -313,12 +338,12 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.grad_clip = cfg.optim.grad_clip;
   o.activation_checkpointing = cfg.memory.activation_checkpointing;
   o.checkpoint_every_k = cfg.memory.checkpoint_every_k;
-  o.batched_snapshot = cfg.train.snapshot == "batched";
+  o.batched_snapshot = cfg.train.snapshot == SnapshotMode::kBatched;
   o.cuda_graph = cfg.train.cuda_graph;
   o.auto_search = cfg.memory.auto_search;
   // Deterministic runs keep cuDNN's benchmark mode off, as before the policy: timing can choose other
   // algorithms from run to run (whichever measured faster), and with them other rounding.
-  o.cudnn.mode = cfg.train.deterministic ? CudnnMode::kOff : cudnn_mode_from(cfg.memory.cudnn_policy);
+  o.cudnn.mode = cfg.train.deterministic ? CudnnMode::kOff : cfg.memory.cudnn_policy;
   o.cudnn.retry_tuning_oom = device.is_cuda();
   return o;
 }

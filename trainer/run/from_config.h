@@ -84,8 +84,16 @@ void set_input_normalization(ForwardOptions& forward, const data::ImageMeta& sta
 /// a file of the real vocabulary fills a model padded by model.vocab_multiple; 0 for image models.
 void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t vocab = 0);
 
+/// Whether the GradScaler scales the loss: amp on, in fp16, with amp.scaler auto or true (validate()
+/// refuses true with bf16).
+bool loss_scaling(const Config& cfg);
+
 /// fp32, or the autocast dtype (bf16, fp16).
 std::string precision_of(const Config& cfg);
+
+/// dist.backend as the process group's kind on `device` (resolve_backend, trainer/dist/dist.h: auto is
+/// nccl for CUDA, gloo for the CPU). std::runtime_error where this build or the device cannot run it.
+CommBackend comm_backend(const Config& cfg, const torch::Device& device);
 
 /// model.name llama: the config.json its architecture is read from (model.hf_config, else the one beside
 /// model.init_from; trainer/hf/families.h config_json_of); "" for every other model.

@@ -18,7 +18,7 @@ void Ranks::connect(const torch::Device& device) {
     throw ConfigError("train.global_batch: " + std::to_string(cfg_.train.global_batch) +
                       " is not divisible by the world size " + std::to_string(env_.world_size) +
                       " (every rank takes an equal slice of each step's samples)");
-  dist_ = std::make_unique<Distributed>(env_, resolve_backend(cfg_.dist.backend, device), device, cfg_.dist.timeout_s);
+  dist_ = std::make_unique<Distributed>(env_, comm_backend(cfg_, device), device, cfg_.dist.timeout_s);
 }
 
 void Ranks::set_rank_dir(const std::string& run_dir) {

@@ -153,7 +153,7 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
   same("data.kind", cfg_.data.kind, saved.data.kind);
   same("data.train", cfg_.data.train, saved.data.train);
   same("data.shape", cfg_.data.shape, saved.data.shape);
-  if (cfg_.data.kind == "synthetic") same("data.synthetic_size", cfg_.data.synthetic_size, saved.data.synthetic_size);
+  if (cfg_.data.kind == DataKind::kSynthetic) same("data.synthetic_size", cfg_.data.synthetic_size, saved.data.synthetic_size);
   same("data.crop_padding", cfg_.data.crop_padding, saved.data.crop_padding);
   if (encoded_image_job(cfg_)) {  // the decoded view and its random crops
     same("data.size", cfg_.data.size, saved.data.size);
@@ -163,7 +163,7 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
   }
   same("data.hflip", cfg_.data.hflip, saved.data.hflip);
   same("data.auto_augment", cfg_.data.auto_augment, saved.data.auto_augment);
-  if (cfg_.data.auto_augment == "randaugment") {
+  if (cfg_.data.auto_augment == AutoAugment::kRandAugment) {
     same("data.randaugment_ops", cfg_.data.randaugment_ops, saved.data.randaugment_ops);
     same("data.randaugment_magnitude", cfg_.data.randaugment_magnitude, saved.data.randaugment_magnitude);
   }

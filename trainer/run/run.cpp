@@ -38,7 +38,7 @@ TrainingRun::~TrainingRun() {
   // The run's status and what is queued, for at most a few seconds.
   if (auto* tracker = trackers_.tracker()) tracker->close();
   // Let go of train.log before the run folder's lock: the next owner's lines never mix with ours.
-  if (run_lock_) setup_logging("", cfg_.log.level);
+  if (run_lock_) setup_logging("", mode_name(cfg_.log.level));
 }
 
 int TrainingRun::run() {
@@ -103,7 +103,7 @@ void TrainingRun::start(bool resumed) {
                   {"container_limit", limit.bounds().container_bytes},
                   {"host_limit", limit.bounds().host_bytes}, {"limit_source", limit.source()},
                   {"rss_at_limit", limit.rss_at_limit()},
-                  {"cudnn_policy", to_string(step_runner_->cudnn().options().mode)},
+                  {"cudnn_policy", mode_name(step_runner_->cudnn().options().mode)},
                   {"cudnn_benchmark_limit", cfg_.memory.cudnn_benchmark_limit},
                   // null: this LibTorch has no switch (common/compat.h)
                   {"cudnn_empty_cache", memory_.cudnn_empty_cache_switch() ? nlohmann::json(cfg_.memory.cudnn_empty_cache)

@@ -84,7 +84,7 @@ void RunMemory::load_memory_curve(const std::vector<int64_t>& sample_shape) {
 }
 
 int64_t RunMemory::curve_start(bool checkpointing, int64_t rank_batch) const {
-  if (!curve_ || cfg_.memory.activation_checkpointing == "every_k") return 0;  // no curve of that setting
+  if (!curve_ || cfg_.memory.activation_checkpointing == Checkpointing::kEveryK) return 0;  // no curve of that setting
   const auto it = curve_->fits.find(checkpointing ? "all" : "none");
   if (it == curve_->fits.end()) return 0;
   // Predicted not to fit at all: start at the floor, which the search then checks first.
@@ -96,7 +96,7 @@ std::string RunMemory::choose_checkpointing(MicroBatchOptions& co, int64_t rank_
   // memory curve's faster setting under the limit; without a curve (or where it predicts nothing fits),
   // recomputation only where not even the floor fits without it, the ladder's order. Every rank reaches
   // the same choice: the curve, the agreed limit and the search's outcome are the same on all.
-  if (cfg_.memory.activation_checkpointing != "auto") return "config";
+  if (cfg_.memory.activation_checkpointing != Checkpointing::kAuto) return "config";
   if (curve_) {
     const CurveChoice c = choose_setting(*curve_, agreed_limit_, rank_batch);
     if (c.setting != "neither") {

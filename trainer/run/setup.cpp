@@ -63,7 +63,7 @@ void TrainingRun::setup_run_folder() {
       std::make_unique<CheckpointStore>(opts_.run_dir, static_cast<int>(cfg_.checkpoint.keep_last), cfg_.train.device),
       trackers_.metrics(), ranks_.dist(), main_rank(), trained_.device().str());
   if (main_rank()) saver_->store().check_writable();
-  setup_logging(ranks_.rank_dir(), cfg_.log.level);
+  setup_logging(ranks_.rank_dir(), mode_name(cfg_.log.level));
   trackers_.metrics().open((fs::path(ranks_.rank_dir()) / "metrics.jsonl").string());
 }
 
@@ -109,8 +109,7 @@ void TrainingRun::take_run_folder() {
 void TrainingRun::setup_memory() {
   const torch::Device& device = trained_.device();
   trained_.forward() = step_options(cfg_, device).forward;
-  validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, cfg_.amp.enabled && cfg_.amp.scaler != "false" && cfg_.amp.dtype == "fp16",
-               device.type());
+  validate_amp(cfg_.amp.enabled, cfg_.amp.dtype, loss_scaling(cfg_), device.type());
   // Host threads follow the CPUs this process may use (affinity, container quota); the processes of one
   // node share its CPUs.
   const int64_t local_world_size = ranks_.env().local_world_size;
@@ -153,7 +152,7 @@ void TrainingRun::setup_data() {
 
 void TrainingRun::setup_token_data() {
   std::shared_ptr<data::TokenSource> train, test;
-  if (cfg_.data.kind == "synthetic") {
+  if (cfg_.data.kind == DataKind::kSynthetic) {
     train = synthetic_tokens(cfg_);
   } else {
     check_before_opening(cfg_);
@@ -174,7 +173,7 @@ void TrainingRun::setup_token_data() {
 void TrainingRun::setup_image_data() {
   const int64_t workers = cfg_.data.workers > 0 ? cfg_.data.workers : cpu_threads(cfg_, ranks_.env().local_world_size);
   std::shared_ptr<data::ImageDataset> train, test;
-  if (cfg_.data.kind == "synthetic") {
+  if (cfg_.data.kind == DataKind::kSynthetic) {
     train = std::make_shared<data::SyntheticImageDataset>(cfg_.data.synthetic_size, cfg_.data.shape[0],
                                                           cfg_.data.shape[1], cfg_.data.shape[2],
                                                           cfg_.model.num_classes, cfg_.seed);
@@ -186,7 +185,7 @@ void TrainingRun::setup_image_data() {
       test = encoded_image_dataset(cfg_, cfg_.data.test, /*train=*/false, &train->meta(), static_cast<int>(workers));
     const auto& m = train->meta();
     spdlog::info("data: {} {} with {} samples, {} classes, mean [{:.4f}, {:.4f}, {:.4f}], std [{:.4f}, {:.4f}, {:.4f}]",
-                 cfg_.data.kind, cfg_.data.train, train->size(), m.num_classes, m.mean[0], m.mean[1], m.mean[2],
+                 mode_name(cfg_.data.kind), cfg_.data.train, train->size(), m.num_classes, m.mean[0], m.mean[1], m.mean[2],
                  m.std[0], m.std[1], m.std[2]);
   } else {
     check_before_opening(cfg_);
@@ -278,7 +277,7 @@ void TrainingRun::setup_step() {
     if (std::string(e.what()).rfind("train.cuda_graph", 0) == 0) throw ConfigError(e.what());
     throw;
   }
-  if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != "off")
+  if (!step_runner_->graph_policy().enabled() && cfg_.train.cuda_graph != Switch::kOff)
     spdlog::debug("train.cuda_graph auto: eager steps ({})", step_runner_->graph_policy().disabled_reason());
   // The input path: batches to the device, fetched ahead under data.fetch_ahead (input_pipeline.h).
   input_.set_staging(trained_.device(), fetches_ahead(cfg_, trained_.device()));

@@ -25,7 +25,7 @@ void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) 
 
 void TrainedModel::make_scaler() {
   GradScalerOptions so;
-  so.enabled(cfg_.amp.enabled && cfg_.amp.dtype == "fp16" && cfg_.amp.scaler != "false");
+  so.enabled(loss_scaling(cfg_));
   so.init_scale(cfg_.amp.init_scale).growth_factor(cfg_.amp.growth_factor).backoff_factor(cfg_.amp.backoff_factor)
       .growth_interval(cfg_.amp.growth_interval);
   scaler_ = std::make_unique<GradScaler>(so);

@@ -20,23 +20,6 @@ std::string list_text(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-const char* to_string(CudnnMode mode) {
-  switch (mode) {
-    case CudnnMode::kAlways: return "always";
-    case CudnnMode::kOff: return "off";
-    case CudnnMode::kStart: return "start";
-    case CudnnMode::kPretune: return "pretune";
-    case CudnnMode::kSettle: return "settle";
-  }
-  return "start";
-}
-
-CudnnMode cudnn_mode_from(const std::string& name) {
-  for (CudnnMode m : {CudnnMode::kAlways, CudnnMode::kOff, CudnnMode::kStart, CudnnMode::kPretune, CudnnMode::kSettle})
-    if (name == to_string(m)) return m;
-  throw std::invalid_argument("'" + name + "' is not one of: always, off, start, pretune, settle");
-}
-
 const char* to_string(CudnnAttempt attempt) {
   switch (attempt) {
     case CudnnAttempt::kStep: return "step";

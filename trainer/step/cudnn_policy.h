@@ -44,14 +44,9 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/config.h"  // CudnnMode: memory.cudnn_policy
+
 namespace trainer {
-
-enum class CudnnMode { kAlways, kOff, kStart, kPretune, kSettle };
-
-/// "always", "off", "start", "pretune", "settle".
-const char* to_string(CudnnMode mode);
-/// The mode named `name`; std::invalid_argument listing the names otherwise.
-CudnnMode cudnn_mode_from(const std::string& name);
 
 /// What an attempt is.
 enum class CudnnAttempt {

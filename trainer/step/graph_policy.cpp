@@ -6,22 +6,6 @@
 
 namespace trainer {
 
-const char* to_string(GraphMode mode) {
-  switch (mode) {
-    case GraphMode::kAuto: return "auto";
-    case GraphMode::kOn: return "on";
-    case GraphMode::kOff: return "off";
-  }
-  return "?";
-}
-
-GraphMode graph_mode_from(const std::string& name) {
-  if (name == "auto") return GraphMode::kAuto;
-  if (name == "on") return GraphMode::kOn;
-  if (name == "off") return GraphMode::kOff;
-  throw std::invalid_argument("train.cuda_graph: '" + name + "' is not one of: auto, on, off");
-}
-
 const char* to_string(GraphAction action) {
   switch (action) {
     case GraphAction::kEager: return "eager";
@@ -65,10 +49,10 @@ std::string limit_text(int64_t limit) { return limit > 0 ? format_bytes(limit) :
 GraphPolicy::GraphPolicy(GraphPolicyOptions options, const GraphJob& job) : o_(options) {
   if (o_.warmup_steps < 1) throw std::invalid_argument("GraphPolicy: warmup_steps must be at least 1");
   const std::string why = graph_ineligible_reason(job);
-  if (o_.mode == GraphMode::kOn && !why.empty())
+  if (o_.mode == Switch::kOn && !why.empty())
     throw std::invalid_argument("train.cuda_graph: on, but " + why + " (auto runs eagerly there)");
-  enabled_ = o_.mode != GraphMode::kOff && why.empty();
-  disabled_reason_ = o_.mode == GraphMode::kOff ? "train.cuda_graph is off" : why;
+  enabled_ = o_.mode != Switch::kOff && why.empty();
+  disabled_reason_ = o_.mode == Switch::kOff ? "train.cuda_graph is off" : why;
 }
 
 std::string GraphPolicy::stale_reason(const GraphKey& key) const {

@@ -29,15 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/config.h"
+
 namespace trainer {
-
-/// train.cuda_graph.
-enum class GraphMode { kAuto, kOn, kOff };
-
-/// "auto", "on", "off".
-const char* to_string(GraphMode mode);
-/// The mode named `name`; std::invalid_argument listing the names otherwise.
-GraphMode graph_mode_from(const std::string& name);
 
 /// What the job is, for whether graphs can run at all (GraphPolicy::eligible).
 struct GraphJob {
@@ -84,7 +78,7 @@ struct GraphEvent {
 };
 
 struct GraphPolicyOptions {
-  GraphMode mode = GraphMode::kAuto;
+  Switch mode = Switch::kAuto;  ///< train.cuda_graph
   int64_t warmup_steps = 2;  ///< clean eager steps at a new key before its capture (>= 1)
 };
 

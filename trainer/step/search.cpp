@@ -62,18 +62,18 @@ class MicroBatchSearcher::Probe {
     const ProbeOutcome f = (*this)(floor, ProbeRole::kCalibrate);
     if (!f.fits || floor == size) {
       found_.ended = f.fits ? "whole" : "floor";
-      found_.method = "curve";
-      found_.choice = {{"method", "curve"}, {"reason", "the first probe decided it: " + found_.ended}};
+      found_.method = mode_name(AutoSearch::kCurve);
+      found_.choice = {{"method", found_.method}, {"reason", "the first probe decided it: " + found_.ended}};
       return f.fits ? floor : 0;
     }
     const int64_t second = std::min(size, std::max(floor + 1, kCurveSecondPoint * floor));
     const ProbeOutcome s = (*this)(second, ProbeRole::kCalibrate);
     const SearchChoice c = choose(floor, f, second, s, size, limit);
-    found_.method = c.method;
+    found_.method = mode_name(c.method);
     found_.choice = c.to_json();
     cost_ = c.timed ? std::optional<PassCost>(c.cost) : std::nullopt;
     spdlog::info("micro_batch auto: {}", c.reason);
-    if (c.method == "curve") {
+    if (c.method == AutoSearch::kCurve) {
       const CurveSearch cs = find_max_micro_batch_by_curve(std::ref(*this), floor, size, limit);
       found_.ended = cs.ended;
       return cs.micro_batch;
@@ -265,14 +265,16 @@ MicroBatchSearch MicroBatchSearcher::find(const data::Batch& batch, int64_t min_
   const int64_t size = batch.size();
   const int64_t floor = std::min(min_micro_batch, size);
   found.start = start > 0 ? std::clamp(start, floor, size) : 0;
-  found.method = found.start > 0 ? "start" : s_.options().auto_search;
-  if (found.method == "auto") found.method_from = "auto";
+  // From a start, doubling gallops up from it; auto's method is the search it then takes.
+  const AutoSearch how = found.start > 0 ? AutoSearch::kDoubling : s_.options().auto_search;
+  found.method = found.start > 0 ? "start" : mode_name(how);
+  if (how == AutoSearch::kAuto) found.method_from = "auto";
   std::optional<StepSnapshot> snapshot;
-  int64_t mb = search(probe, floor, size, limit, snapshot, found);
+  int64_t mb = search(probe, how, floor, size, limit, snapshot, found);
   mb = agree(mb, found);
   // The speed choice, on every rank alike: the agreed size and the configured search are the same on all.
   std::optional<SpeedChoice> speed;
-  if (found.method_from == "auto" && !found.stopped && mb >= floor) speed = probe.choose_speed(mb, floor);
+  if (how == AutoSearch::kAuto && !found.stopped && mb >= floor) speed = probe.choose_speed(mb, floor);
   if (snapshot) snapshot->restore();  // the probes must not count as training
   if (found.stopped) return found;
   if (mb < 0)
@@ -288,15 +290,15 @@ MicroBatchSearch MicroBatchSearcher::find(const data::Batch& batch, int64_t min_
   return found;
 }
 
-int64_t MicroBatchSearcher::search(Probe& probe, int64_t floor, int64_t size, int64_t limit,
-                                 std::optional<StepSnapshot>& snapshot, MicroBatchSearch& found) {
+int64_t MicroBatchSearcher::search(Probe& probe, AutoSearch how, int64_t floor, int64_t size, int64_t limit,
+                                   std::optional<StepSnapshot>& snapshot, MicroBatchSearch& found) {
   int64_t mb = -1;  // -1: the optimizer state or the snapshot did not fit
   try {
     s_.parts().optimizer->allocate_state();
     snapshot.emplace(*s_.parts().model, s_.options().forward.device);
-    if (found.method == "auto") {
+    if (how == AutoSearch::kAuto) {
       mb = probe.search_auto(floor, size, limit);
-    } else if (found.method == "curve") {
+    } else if (how == AutoSearch::kCurve) {
       const CurveSearch cs = find_max_micro_batch_by_curve(std::ref(probe), floor, size, limit);
       found.ended = cs.ended;
       mb = cs.micro_batch;  // 0: not even the floor fits

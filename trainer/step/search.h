@@ -114,10 +114,11 @@ class MicroBatchSearcher {
  private:
   /// One probe of find's search (search.cpp).
   class Probe;
-  /// The search proper: the optimizer state and the snapshot allocated, then the curve search or the
-  /// doubling; -1 when those did not fit. A stop is recorded in `found`.
-  int64_t search(Probe& probe, int64_t floor, int64_t size, int64_t limit, std::optional<StepSnapshot>& snapshot,
-                 MicroBatchSearch& found);
+  /// The search proper: the optimizer state and the snapshot allocated, then the search `how` (auto,
+  /// the curve, or doubling: galloping from found.start when it is set); -1 when those did not fit. A stop
+  /// is recorded in `found`.
+  int64_t search(Probe& probe, AutoSearch how, int64_t floor, int64_t size, int64_t limit,
+                 std::optional<StepSnapshot>& snapshot, MicroBatchSearch& found);
   /// Data parallel: the smallest micro-batch over ranks, and a stop on any rank.
   int64_t agree(int64_t mb, MicroBatchSearch& found);
 

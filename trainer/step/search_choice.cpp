@@ -97,7 +97,7 @@ double projected_doubling_s(const PassCost& cost, int64_t lo, int64_t hi, int64_
 }
 
 nlohmann::json SearchChoice::to_json() const {
-  return {{"method", method},          {"timed", timed},         {"projected_s", projected_s},
+  return {{"method", mode_name(method)}, {"timed", timed},         {"projected_s", projected_s},
           {"budget_s", budget_s},      {"cost", cost.to_json()}, {"predicted", predicted},
           {"reason", reason}};
 }
@@ -115,12 +115,12 @@ SearchChoice choose_search(const PassCost& cost, int64_t lo, int64_t second, boo
   const int64_t from = second_fits ? second : lo, to = second_fits ? hi : second - 1;
   c.predicted = std::clamp(predicted, from, to);
   c.projected_s = projected_doubling_s(cost, from, to, c.predicted, batch);
-  c.method = c.projected_s <= budget_s ? "doubling" : "curve";
-  c.reason = c.method + ": a pass costs " + secs_text(cost.fixed_s) + " + " + secs_text(cost.per_sample_s) +
+  c.method = c.projected_s <= budget_s ? AutoSearch::kDoubling : AutoSearch::kCurve;
+  c.reason = mode_name(c.method) + ": a pass costs " + secs_text(cost.fixed_s) + " + " + secs_text(cost.per_sample_s) +
              " a sample (warm passes at " + std::to_string(lo) + " and " + std::to_string(second) +
              "), so doubling and bisection from " + std::to_string(from) + " to the predicted " +
              std::to_string(c.predicted) + " would take " + secs_text(c.projected_s) +
-             (c.method == "doubling" ? ", within " : ", over ") + "the " + secs_text(budget_s) + " budget";
+             (c.method == AutoSearch::kDoubling ? ", within " : ", over ") + "the " + secs_text(budget_s) + " budget";
   return c;
 }
 

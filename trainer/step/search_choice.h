@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/config.h"  // AutoSearch
+
 namespace trainer {
 
 /// Doubling is chosen when the probes it would still run are projected to take at most this long (the
@@ -89,7 +91,7 @@ double projected_doubling_s(const PassCost& cost, int64_t lo, int64_t hi, int64_
 
 /// Which search `auto` runs after its first two probes, and why.
 struct SearchChoice {
-  std::string method = "curve";  ///< "doubling" | "curve"
+  AutoSearch method = AutoSearch::kCurve;  ///< kDoubling | kCurve
   bool timed = false;            ///< false: the first probes were not timed (found before a restart)
   double projected_s = 0;        ///< doubling's projected seconds from the second probe on
   double budget_s = kAutoSearchBudgetS;

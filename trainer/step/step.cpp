@@ -48,7 +48,7 @@ GraphJob graph_job(const StepParts& p, const StepOptions& o) {
 
 GraphPolicyOptions graph_options(const StepOptions& o) {
   GraphPolicyOptions g;
-  g.mode = graph_mode_from(o.cuda_graph);
+  g.mode = o.cuda_graph;
   g.warmup_steps = o.graph_warmup_steps;
   return g;
 }
@@ -310,7 +310,7 @@ void Step::apply_step_cudnn(const std::vector<int64_t>& sizes, int64_t step, Ste
 GraphKey Step::graph_key(const data::Batch& batch, int64_t limit) const {
   GraphKey k;
   k.sizes = controller_.micro_batch_sizes();
-  k.checkpointing = controller_.checkpointing() || o_.activation_checkpointing == "every_k";
+  k.checkpointing = controller_.checkpointing() || o_.activation_checkpointing == Checkpointing::kEveryK;
   k.input_shape = batch.images.sizes().vec();
   k.limit = limit;
   return k;
@@ -492,7 +492,7 @@ void Step::apply_activation_checkpointing() {
   std::vector<bool> mask(n, false);
   for (int64_t i = 0; i < n; ++i) {
     if (controller_.checkpointing()) mask[i] = true;
-    else if (o_.activation_checkpointing == "every_k") mask[i] = i % o_.checkpoint_every_k == 0;
+    else if (o_.activation_checkpointing == Checkpointing::kEveryK) mask[i] = i % o_.checkpoint_every_k == 0;
   }
   p_.model->set_checkpointed_blocks(mask);
 }

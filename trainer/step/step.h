@@ -93,18 +93,18 @@ struct StepOptions {
   double grad_clip = 0;        ///< optim.grad_clip (0 = off)
   /// memory.activation_checkpointing: none | all | every_k | auto. `all` and the ladder's rung are the
   /// controller's flag; `every_k` checkpoints blocks 0, k, 2k, ...; `auto` leaves it to the ladder.
-  std::string activation_checkpointing = "none";
+  Checkpointing activation_checkpointing = Checkpointing::kNone;
   int64_t checkpoint_every_k = 2;
   bool batched_snapshot = true;  ///< train.snapshot: batched (StepSnapshot)
   /// With the fused optimizer in a single process: the update is queued with its skip decided on the
   /// device, and the step's values are read once after it (false: read before it, as the plain and
   /// foreach paths and data parallel always do). Not a config key: the tests compare the two.
   bool skip_on_device = true;
-  std::string auto_search = "curve";  ///< memory.auto_search: curve | doubling (MicroBatchSearcher::find without a start)
+  AutoSearch auto_search = AutoSearch::kCurve;  ///< memory.auto_search (MicroBatchSearcher::find without a start)
   CudnnPolicyOptions cudnn;           ///< memory.cudnn_policy and its retry of a timing that ran out of memory
   /// train.cuda_graph (GraphPolicy): auto | on | off. `on` where the job cannot capture is
   /// std::invalid_argument from the constructor, naming the key.
-  std::string cuda_graph = "auto";
+  Switch cuda_graph = Switch::kAuto;
   int64_t graph_warmup_steps = 2;     ///< eager steps at a new micro-batch layout before its capture
 };
 
