@@ -253,7 +253,13 @@ TEST(HostMemory, FallingAvailableMemoryLowersTheCapBetweenStepsAndItsReturnRaise
   ASSERT_TRUE(backed_off) << "no smaller micro-batch after MemAvailable fell\n" << log;
   ASSERT_LT(step_at_return, steps - 5) << "the run ended before memory returned; make it longer";
   EXPECT_NE(log.find("the machine's memory for this process fell from"), std::string::npos) << log;
-  EXPECT_NE(log.find("the machine's memory for this process rose from"), std::string::npos) << log;
+  // The rise is seen between two steps, by whichever check reads /proc/meminfo first after the test rewrites
+  // it: the machine's bound, or (when the rewrite lands between that read and the cap's) the growth of what
+  // is not tensors. Either way the cap is resolved again from the new MemAvailable and rises.
+  const bool rise_seen = log.find("the machine's memory for this process rose from") != std::string::npos ||
+                         log.find("memory that is not tensors grew from") != std::string::npos;
+  EXPECT_TRUE(rise_seen) << log;
+  EXPECT_NE(log.find("memory: memory limit rose from"), std::string::npos) << log;
 
   const auto s = testutil::step_lines(run_dir);
   ASSERT_EQ(static_cast<int64_t>(s.size()), steps);  // no step lost
