@@ -182,6 +182,7 @@ TEST(ConfigModes, EveryEnumsNamesRoundTrip) {
   expect_names_round_trip<trainer::AutoAugment>("AutoAugment");
   expect_names_round_trip<trainer::OptimKind>("OptimKind");
   expect_names_round_trip<trainer::OptimImpl>("OptimImpl");
+  expect_names_round_trip<trainer::StateDtype>("StateDtype");
   expect_names_round_trip<trainer::ScheduleKind>("ScheduleKind");
   expect_names_round_trip<trainer::LossKind>("LossKind");
   expect_names_round_trip<trainer::MixMode>("MixMode");
@@ -221,7 +222,7 @@ TEST(ConfigModes, EveryKeyTakesItsNamesAndDumpsThem) {
       EXPECT_EQ(trainer::to_yaml(back), y) << key << "=" << name;
     }
   }
-  EXPECT_EQ(mode_keys, 19u);
+  EXPECT_EQ(mode_keys, 20u);
   EXPECT_TRUE(trainer::config_key_modes("train.device").empty()) << "cuda:N: an open set, a string";
   EXPECT_EQ(trainer::config_key_modes("memory.cudnn_policy"),
             (std::vector<std::string>{"always", "off", "start", "pretune", "settle"}));

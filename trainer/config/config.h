@@ -49,6 +49,9 @@ template <> inline constexpr size_t kModeCount<OptimKind> = 3;
 /// (Optimizer::implementation).
 enum class OptimImpl { kAuto, kPlain, kForeach, kFused };
 template <> inline constexpr size_t kModeCount<OptimImpl> = 4;
+/// optim.state_dtype: float32 | bfloat16 | int8 (AdamW's and LAMB's moments: trainer/numerics/moments.h).
+enum class StateDtype { kFloat32, kBfloat16, kInt8 };
+template <> inline constexpr size_t kModeCount<StateDtype> = 3;
 /// schedule.name: constant | cosine | step.
 enum class ScheduleKind { kConstant, kCosine, kStep };
 template <> inline constexpr size_t kModeCount<ScheduleKind> = 3;
@@ -186,6 +189,12 @@ struct OptimConfig {
   /// before, plain on the CPU; lamb: plain), plain (tensor by tensor), foreach (multi-tensor ops), fused (one
   /// fused kernel per group: LibTorch 2.4+). lamb runs plain only.
   OptimImpl implementation = OptimImpl::kAuto;
+  /// adamw, lamb: what the two moments are held in (trainer/numerics/moments.h). float32 (8 bytes a
+  /// parameter), bfloat16 (4), or int8: blockwise dynamic quantization as torchao's AdamW8bit and
+  /// bitsandbytes' 8-bit Adam, blocks of 256 with a float32 scale each (about 2.03 bytes a parameter;
+  /// tensors under 4,096 elements, or not a multiple of 256, stay float32). Low-precision state runs the
+  /// plain implementation, on the CPU.
+  StateDtype state_dtype = StateDtype::kFloat32;
 };
 
 struct ScheduleConfig {

@@ -150,6 +150,18 @@ struct Checks {
     if (c.optim.implementation == OptimImpl::kFused && !compat::kHasFusedOptimizers)
       bad("optim.implementation", "fused needs LibTorch 2.4 or later (this is " + compat::torch_version() +
                                       "); use auto, plain or foreach");
+    if (c.optim.state_dtype != StateDtype::kFloat32) {
+      const std::string dtype = mode_name(c.optim.state_dtype);
+      if (c.optim.name == OptimKind::kSgd)
+        bad("optim.state_dtype", dtype + " applies to AdamW's and LAMB's two moments; SGD's momentum buffer stays "
+                                 "float32 (use float32, or optim.name adamw or lamb)");
+      if (c.optim.implementation != OptimImpl::kAuto && c.optim.implementation != OptimImpl::kPlain)
+        bad("optim.implementation", mode_name(c.optim.implementation) + " keeps float32 moments; optim.state_dtype " +
+                                        dtype + " runs its own block update (use auto or plain)");
+      if (c.train.cuda_graph == Switch::kOn)
+        bad("train.cuda_graph", "on needs the fused float32 update; optim.state_dtype " + dtype +
+                                    " has none (use auto or off)");
+    }
     // A captured step needs the fused update, which reads its rate and its skip on the device.
     if (c.optim.name == OptimKind::kLamb && c.train.cuda_graph == Switch::kOn)
       bad("train.cuda_graph", "on needs the fused SGD/AdamW update; lamb has none (use auto or off)");

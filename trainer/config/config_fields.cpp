@@ -29,6 +29,7 @@ std::vector<std::string> names_of(DataKind) {
 std::vector<std::string> names_of(AutoAugment) { return listed<AutoAugment>({"none", "randaugment", "trivialaugment"}); }
 std::vector<std::string> names_of(OptimKind) { return listed<OptimKind>({"sgd", "adamw", "lamb"}); }
 std::vector<std::string> names_of(OptimImpl) { return listed<OptimImpl>({"auto", "plain", "foreach", "fused"}); }
+std::vector<std::string> names_of(StateDtype) { return listed<StateDtype>({"float32", "bfloat16", "int8"}); }
 std::vector<std::string> names_of(ScheduleKind) { return listed<ScheduleKind>({"constant", "cosine", "step"}); }
 std::vector<std::string> names_of(LossKind) { return listed<LossKind>({"cross_entropy", "bce"}); }
 std::vector<std::string> names_of(MixMode) { return listed<MixMode>({"batch", "elem"}); }
@@ -58,6 +59,7 @@ template const std::vector<std::string>& mode_names<DataKind>();
 template const std::vector<std::string>& mode_names<AutoAugment>();
 template const std::vector<std::string>& mode_names<OptimKind>();
 template const std::vector<std::string>& mode_names<OptimImpl>();
+template const std::vector<std::string>& mode_names<StateDtype>();
 template const std::vector<std::string>& mode_names<ScheduleKind>();
 template const std::vector<std::string>& mode_names<LossKind>();
 template const std::vector<std::string>& mode_names<MixMode>();
@@ -145,6 +147,7 @@ std::vector<Field> optim_fields(Config& c) {  // the optimizer
       {"optim.trust_clip", &c.optim.trust_clip, false},
       {"optim.always_adapt", &c.optim.always_adapt, false},
       {"optim.implementation", mode(&c.optim.implementation), false},
+      {"optim.state_dtype", mode(&c.optim.state_dtype), false},
   };
 }
 

@@ -1,9 +1,12 @@
-// AdamW with decoupled weight decay: PyTorch's torch.optim.AdamW (no amsgrad), three ways (optim_rule.h).
+// AdamW with decoupled weight decay: PyTorch's torch.optim.AdamW (no amsgrad), three ways (optim_rule.h);
+// with bfloat16 or int8 moments (optim.state_dtype: moments.h), torchao's AdamW8bit / _AdamW arithmetic.
 #include "trainer/numerics/optim_rule.h"
 
 #include <cmath>
+#include <stdexcept>
 
 #include "common/compat.h"
+#include "trainer/numerics/moments.h"
 #include "trainer/numerics/optim.h"
 
 namespace trainer {
@@ -15,13 +18,15 @@ class AdamW : public OptimizerRule {
   using OptimizerRule::OptimizerRule;
   const char* scope() const override { return "Optimizer.step#AdamW.step"; }
 
-  void allocate_state(const std::vector<ParamSlot>& params) override {
-    // Zero moments are PyTorch's initial state.
-    allocate_like(exp_avg_, params);
-    allocate_like(exp_avg_sq_, params);
-  }
+  explicit AdamW(const OptimConfig& cfg) : OptimizerRule(cfg), moments_(cfg.state_dtype) {}
+
+  // Zero moments are PyTorch's initial state.
+  void allocate_state(const std::vector<ParamSlot>& params) override { moments_.allocate(params); }
 
   void step_plain(const std::vector<ParamSlot>& params, double lr, int64_t t) override {
+    if (!moments_.float32()) return step_low_precision(params, lr, t);
+    auto& exp_avg = moments_.exp_avg();
+    auto& exp_avg_sq = moments_.exp_avg_sq();
     const double b1 = cfg_.beta1, b2 = cfg_.beta2, wd = cfg_.weight_decay;
     const double bc1 = 1 - std::pow(b1, static_cast<double>(t));
     const double bc2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(t)));
@@ -30,11 +35,11 @@ class AdamW : public OptimizerRule {
       torch::Tensor g = p.grad();
       if (!g.defined()) continue;
       if (wd != 0 && params[i].decay) p.mul_(1 - lr * wd);
-      exp_avg_[i].mul_(b1).add_(g, 1 - b1);
-      exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1 - b2);
+      exp_avg[i].mul_(b1).add_(g, 1 - b1);
+      exp_avg_sq[i].mul_(b2).addcmul_(g, g, 1 - b2);
       // The gradient is no longer needed: it becomes the denominator, so nothing is allocated.
-      g.copy_(exp_avg_sq_[i]).sqrt_().div_(bc2_sqrt).add_(cfg_.eps);
-      p.addcdiv_(exp_avg_[i], g, -lr / bc1);
+      g.copy_(exp_avg_sq[i]).sqrt_().div_(bc2_sqrt).add_(cfg_.eps);
+      p.addcdiv_(exp_avg[i], g, -lr / bc1);
     }
   }
 
@@ -48,7 +53,7 @@ class AdamW : public OptimizerRule {
       g.push_back(params[i].param.grad());
       if (params[i].decay) p_decay.push_back(params[i].param);
     }
-    const auto m1 = pick(exp_avg_, live), m2 = pick(exp_avg_sq_, live);
+    const auto m1 = pick(moments_.exp_avg(), live), m2 = pick(moments_.exp_avg_sq(), live);
     const double b1 = cfg_.beta1, b2 = cfg_.beta2, wd = cfg_.weight_decay;
     const double bc1 = 1 - std::pow(b1, static_cast<double>(t));
     const double bc2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(t)));
@@ -68,7 +73,7 @@ class AdamW : public OptimizerRule {
     for (const FusedGroup& grp : fused_groups(params)) {
       std::vector<torch::Tensor> p, g;
       for (size_t i : grp.index) p.push_back(params[i].param), g.push_back(params[i].param.grad());
-      const auto m1 = pick(exp_avg_, grp.index), m2 = pick(exp_avg_sq_, grp.index);
+      const auto m1 = pick(moments_.exp_avg(), grp.index), m2 = pick(moments_.exp_avg_sq(), grp.index);
       const double wd = grp.decays ? cfg_.weight_decay : 0.0;
       // The kernel reads the step count from a float32 tensor per parameter (torch.optim increments its
       // own before the call); one tensor, filled once per step, serves them all: the kernel only reads it.
@@ -86,12 +91,47 @@ class AdamW : public OptimizerRule {
     }
   }
 
-  std::vector<StateBuffers> state_buffers() override {
-    return {{"exp_avg.", &exp_avg_}, {"exp_avg_sq.", &exp_avg_sq_}};
+  std::vector<StateBuffers> state_buffers() override { return moments_.buffers(); }
+  std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
+    return moments_.load(state, params);
   }
 
  private:
-  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  // torchao's single_param_adam (AdamW8bit, and _AdamW with bfloat16 state), op for op in float32, per
+  // block of moments.h: p -= lr wd p; m = lerp(m, g, 1 - b1); v = lerp(v, g^2, 1 - b2); p -= lr (m / bc1) /
+  // (sqrt(v) / sqrt(bc2) + eps), with the bias corrections computed in float32 from a float32 step count and
+  // the lerps fused (fma) as LibTorch's vectorized lerp computes them.
+  void step_low_precision(const std::vector<ParamSlot>& params, double lr, int64_t t) {
+    const float lr_f = static_cast<float>(lr), tf = static_cast<float>(t);
+    const float bc1 = 1.0f - powf(static_cast<float>(cfg_.beta1), tf);
+    const float bc2_sqrt = std::sqrt(1.0f - powf(static_cast<float>(cfg_.beta2), tf));
+    const float w1 = static_cast<float>(1 - cfg_.beta1), w2 = static_cast<float>(1 - cfg_.beta2);
+    const float eps = static_cast<float>(cfg_.eps);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& p = params[i].param;
+      const torch::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (g.strides() != p.strides() || p.scalar_type() != torch::kFloat || g.scalar_type() != torch::kFloat)
+        throw std::logic_error("AdamW: low-precision state needs float32 gradients laid out as their parameters");
+      const bool decays = cfg_.weight_decay != 0 && params[i].decay;
+      const float decay = lr_f * static_cast<float>(cfg_.weight_decay);
+      float* pp = p.data_ptr<float>();
+      const float* gp = g.data_ptr<float>();
+      moments_.update(i, [&](float* m, float* v, int64_t begin, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+          float x = pp[begin + j];
+          const float gj = gp[begin + j];
+          if (decays) x = x - decay * x;
+          m[j] = std::fma(w1, gj - m[j], m[j]);
+          v[j] = std::fma(w2, gj * gj - v[j], v[j]);
+          const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
+          pp[begin + j] = x - lr_f * (m[j] / bc1) / denom;
+        }
+      });
+    }
+  }
+
+  AdamMoments moments_;
 };
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include "trainer/numerics/optim_rule.h"
 
 #include <cmath>
+#include <stdexcept>
 
+#include "trainer/numerics/moments.h"
 #include "trainer/numerics/optim.h"
 
 namespace trainer {
@@ -18,15 +20,14 @@ void norm_into(torch::Tensor out, const torch::Tensor& t) {
 
 class Lamb : public OptimizerRule {
  public:
-  using OptimizerRule::OptimizerRule;
+  explicit Lamb(const OptimConfig& cfg) : OptimizerRule(cfg), moments_(cfg.state_dtype) {}
   const char* scope() const override { return "Optimizer.step#Lamb.step"; }
   // No fused LAMB kernel in LibTorch; the multi-tensor ops would allocate their results mid-step.
   bool has_foreach() const override { return false; }
   bool has_fused() const override { return false; }
 
   void allocate_state(const std::vector<ParamSlot>& params) override {
-    allocate_like(exp_avg_, params);
-    allocate_like(exp_avg_sq_, params);
+    moments_.allocate(params);
     const int64_t n = static_cast<int64_t>(params.size());
     if (work_.defined() && work_.numel() == 4 * n + 2) return;
     const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().param.device();
@@ -50,15 +51,19 @@ class Lamb : public OptimizerRule {
     for (int64_t j = 0; j < k; ++j) {
       const ParamSlot& s = params[live[j]];
       torch::Tensor g = s.param.grad();
-      auto& m = exp_avg_[live[j]];
-      auto& v = exp_avg_sq_[live[j]];
       if (divisor.defined()) g.div_(divisor);
-      m.lerp_(g, 1 - b1);
-      v.mul_(b2).addcmul_(g, g, 1 - b2);
-      g.copy_(v).sqrt_().add_(cfg_.eps * bc2_sqrt);
-      at::div_out(g, m, g);  // the update, unscaled: m / (sqrt(v) + eps sqrt(bc2))
       const bool decays = s.decay && wd != 0;
-      if (decays) g.add_(s.param, wd / scale);
+      if (moments_.float32()) {
+        auto& m = moments_.exp_avg()[live[j]];
+        auto& v = moments_.exp_avg_sq()[live[j]];
+        m.lerp_(g, 1 - b1);
+        v.mul_(b2).addcmul_(g, g, 1 - b2);
+        g.copy_(v).sqrt_().add_(cfg_.eps * bc2_sqrt);
+        at::div_out(g, m, g);  // the update, unscaled: m / (sqrt(v) + eps sqrt(bc2))
+        if (decays) g.add_(s.param, wd / scale);
+      } else {
+        update_low_precision(live[j], s, decays, bc2_sqrt, scale);
+      }
       adapt[j] = decays || cfg_.always_adapt;
       if (adapt[j]) {
         norm_into(w_norm[j], s.param);
@@ -68,11 +73,37 @@ class Lamb : public OptimizerRule {
     apply(params, live, adapt, lr, scale);
   }
 
-  std::vector<StateBuffers> state_buffers() override {
-    return {{"exp_avg.", &exp_avg_}, {"exp_avg_sq.", &exp_avg_sq_}};
+  std::vector<StateBuffers> state_buffers() override { return moments_.buffers(); }
+  std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
+    return moments_.load(state, params);
   }
 
  private:
+  // The float32 ops above, element by element per block of moments.h, the update left in the gradient: m =
+  // lerp(m, g, 1 - b1) (fused, as LibTorch's vectorized lerp); v = b2 v + (1 - b2) g g; u = m / (sqrt(v) +
+  // eps sqrt(bc2)), plus wd / s p where the tensor decays (fused, as LibTorch's vectorized add with alpha).
+  void update_low_precision(size_t i, const ParamSlot& s, bool decays, double bc2_sqrt, double scale) {
+    const torch::Tensor& p = s.param;
+    const torch::Tensor g = p.grad();
+    if (g.strides() != p.strides() || p.scalar_type() != torch::kFloat || g.scalar_type() != torch::kFloat)
+      throw std::logic_error("Lamb: low-precision state needs float32 gradients laid out as their parameters");
+    const float w1 = static_cast<float>(1 - cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+    const float w2 = static_cast<float>(1 - cfg_.beta2), eps = static_cast<float>(cfg_.eps * bc2_sqrt);
+    const float decay = static_cast<float>(cfg_.weight_decay / scale);
+    const float* pp = p.data_ptr<float>();
+    float* gp = g.data_ptr<float>();
+    moments_.update(i, [&](float* m, float* v, int64_t begin, int64_t n) {
+      for (int64_t k = 0; k < n; ++k) {
+        const float gk = gp[begin + k];
+        m[k] = std::fma(w1, gk - m[k], m[k]);
+        v[k] = v[k] * b2 + w2 * gk * gk;
+        float u = m[k] / (std::sqrt(v[k]) + eps);
+        if (decays) u = std::fma(pp[begin + k], decay, u);
+        gp[begin + k] = u;
+      }
+    });
+  }
+
   // LAMB's gradient clip: writes max(1, global gradient norm / lamb_max_grad_norm) into the workspace.
   torch::Tensor clip_divisor(const std::vector<ParamSlot>& params, const std::vector<size_t>& live) {
     // timm: global = vector_norm(stack(per-tensor norms)); divisor = (global / max_grad_norm).clamp_(min=1).
@@ -113,7 +144,7 @@ class Lamb : public OptimizerRule {
     }
   }
 
-  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  AdamMoments moments_;
   // float32 (4 N + 2) on the parameters' device: N gradient norms, N weight norms, N update norms, N trust
   // ratios, the global gradient norm, the clip divisor; and a bool (N) for the ratios' masks. Not state:
   // every step writes it before it reads it.

@@ -28,6 +28,14 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
     : params_(std::move(params)), rule_(make_optimizer_rule(cfg)) {
   const OptimImpl impl = foreach ? (*foreach ? OptimImpl::kForeach : OptimImpl::kPlain) : cfg.implementation;
+  if (cfg.state_dtype != StateDtype::kFloat32) {
+    // Moments in bfloat16 or int8 are updated by their own block loop (moments.h), which is plain.
+    if (impl != OptimImpl::kAuto && impl != OptimImpl::kPlain)
+      throw std::invalid_argument("optim.implementation: " + mode_name(impl) + " keeps float32 moments; optim.state_dtype " +
+                                  mode_name(cfg.state_dtype) + " runs its own block update (use auto or plain)");
+    impl_ = OptimImpl::kPlain;
+    return;
+  }
   if (!rule_->has_foreach() && !rule_->has_fused()) {
     if (impl != OptimImpl::kAuto && impl != OptimImpl::kPlain)
       throw std::invalid_argument("optim.implementation: " + mode_name(impl) + " has no " + rule_->name() +
@@ -112,33 +120,28 @@ void Optimizer::step_fused(double lr, const torch::Tensor& skip, bool from_devic
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const StateBuffers& b : rule_->state_buffers())
-    for (size_t i = 0; i < b.tensors->size(); ++i) out.emplace_back(b.prefix + params_[i].name, (*b.tensors)[i]);
+    for (size_t i = 0; i < b.tensors->size(); ++i)
+      if ((*b.tensors)[i].defined()) out.emplace_back(b.prefix + params_[i].name, (*b.tensors)[i]);
   out.emplace_back("step", torch::tensor(steps_, torch::kInt64));
   return out;
 }
 
-void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
-  auto get = [&](const std::string& key) -> const torch::Tensor& {
-    auto it = state.find(key);
-    if (it == state.end()) throw std::runtime_error("optimizer state: missing entry '" + key + "'");
-    return it->second;
-  };
-  steps_ = get("step").item<int64_t>();
+int64_t Optimizer::state_bytes() const {
+  int64_t total = 0;
+  for (const StateBuffers& b : rule_->state_buffers())
+    for (const torch::Tensor& t : *b.tensors)
+      if (t.defined()) total += t.numel() * static_cast<int64_t>(t.element_size());
+  return total;
+}
+
+std::string Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
+  auto it = state.find("step");
+  if (it == state.end()) throw std::runtime_error("optimizer state: missing entry 'step'");
+  steps_ = it->second.item<int64_t>();
   for (const StateBuffers& b : rule_->state_buffers()) b.tensors->clear();
-  if (steps_ == 0) return;
+  if (steps_ == 0) return "";
   allocate_state();
-  torch::NoGradGuard no_grad;
-  for (const StateBuffers& b : rule_->state_buffers()) {
-    std::vector<torch::Tensor>& bufs = *b.tensors;
-    for (size_t i = 0; i < bufs.size(); ++i) {
-      const std::string key = b.prefix + params_[i].name;
-      const auto& src = get(key);
-      if (src.sizes() != bufs[i].sizes())
-        throw std::runtime_error("optimizer state: '" + key + "' has shape " + c10::str(src.sizes()) +
-                                 ", the parameter has " + c10::str(bufs[i].sizes()));
-      bufs[i].copy_(src);
-    }
-  }
+  return rule_->load_state(state, params_);
 }
 
 torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_norm, std::optional<bool> foreach) {

@@ -112,10 +112,15 @@ class Optimizer {
 
   const std::vector<ParamSlot>& params() const { return params_; }
   /// Every state tensor by name ("momentum_buffer.<param>", "exp_avg.<param>", "exp_avg_sq.<param>",
-  /// plus "step"), for checkpoints. LAMB's are AdamW's names; its workspace is not state.
+  /// with int8 state also "exp_avg_absmax.<param>" and "exp_avg_sq_absmax.<param>": moments.h; plus
+  /// "step"), for checkpoints. LAMB's are AdamW's names; its workspace is not state.
   std::vector<std::pair<std::string, torch::Tensor>> state() const;
-  /// Restores what state() returned. Throws std::runtime_error naming a missing or mis-shaped entry.
-  void load_state(const std::map<std::string, torch::Tensor>& state);
+  /// Restores what state() returned. Moments saved in another optim.state_dtype are converted: the
+  /// return says from what to what ("float32 to int8"), for the caller's warning; "" when nothing was.
+  /// Throws std::runtime_error naming a missing or mis-shaped entry.
+  std::string load_state(const std::map<std::string, torch::Tensor>& state);
+  /// Bytes of the state tensors (state()'s, the step count aside).
+  int64_t state_bytes() const;
 
  private:
   /// The fused kernels with the rate `lr`, or with the tensors of set_device_scalars() when `from_device`.

@@ -26,6 +26,25 @@ void OptimizerRule::step_fused(const std::vector<ParamSlot>&, const FusedScalars
   throw std::logic_error("optimizer " + name() + " has no fused implementation");
 }
 
+std::string OptimizerRule::load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) {
+  torch::NoGradGuard no_grad;
+  for (const StateBuffers& b : state_buffers()) {
+    std::vector<torch::Tensor>& bufs = *b.tensors;
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      if (!bufs[i].defined()) continue;
+      const std::string key = b.prefix + params[i].name;
+      auto it = state.find(key);
+      if (it == state.end()) throw std::runtime_error("optimizer state: missing entry '" + key + "'");
+      const torch::Tensor& src = it->second;
+      if (src.sizes() != bufs[i].sizes())
+        throw std::runtime_error("optimizer state: '" + key + "' has shape " + c10::str(src.sizes()) +
+                                 ", the parameter has " + c10::str(bufs[i].sizes()));
+      bufs[i].copy_(src);
+    }
+  }
+  return "";
+}
+
 std::vector<size_t> with_gradient(const std::vector<ParamSlot>& params) {
   std::vector<size_t> out;
   for (size_t i = 0; i < params.size(); ++i)

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,8 +60,12 @@ class OptimizerRule {
   /// has_fused().
   virtual void step_fused(const std::vector<ParamSlot>& params, const FusedScalars& s, const torch::Tensor& skip);
 
-  /// The state tensors a checkpoint holds, in their order there.
+  /// The state tensors a checkpoint holds, in their order there (an undefined tensor: no entry).
   virtual std::vector<StateBuffers> state_buffers() = 0;
+  /// Restores state_buffers() from a checkpoint's entries after allocate_state(): each entry copied into
+  /// its tensor. Returns what was converted on the way ("" when nothing: AdamMoments converts another
+  /// optim.state_dtype). Throws std::runtime_error naming a missing or mis-shaped entry.
+  virtual std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params);
 
  protected:
   OptimConfig cfg_;

@@ -178,7 +178,10 @@ void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
   load_state_dict_bytes(*trained_.model(), ck.files.at("model.pt"), /*strict=*/true);
   std::map<std::string, torch::Tensor> opt_state;
   for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(trained_.device());
-  trained_.optimizer().load_state(opt_state);
+  const std::string converted = trained_.optimizer().load_state(opt_state);
+  if (!converted.empty())
+    spdlog::warn("resume: {} holds the optimizer's moments in another dtype than optim.state_dtype: converted "
+                 "them, {} (the next steps differ from a run that kept one dtype)", ck.path, converted);
   // Each rank's generators: "cpu"/"cuda" are rank 0's, "cpu.rank<r>"/"cuda.rank<r>" the others'. A rank
   // the checkpoint has no state for (the job grew) keeps the stream it was seeded with.
   const int64_t rank = ranks_.env().rank;

@@ -1,0 +1,133 @@
+"""torchao's 8-bit optimizer state, as the reference of tests/test_optim_state.cpp (raw float32 and uint8 files,
+little-endian). The 2.11 leg's environment has torchao (scripts/install-torch.sh); the 1.13 leg's has not.
+
+  maps DIR       writes DIR/signed.bin and DIR/unsigned.bin: the 256 float32 entries of torchao's dynamic
+                 maps (torchao.optim.subclass_8bit's qmaps)
+  quantize DIR   reads DIR/x.bin (float32, whole blocks of 256) and DIR/spec.json {"signed": bool}; writes
+                 DIR/codes.bin (uint8) and DIR/scale.bin (float32) as OptimState8bit.copy_ stores them
+  adamw DIR      reads DIR/spec.json {"shapes", "decay", "steps", "lr": [per step], "weight_decay",
+                 "betas", "eps", "state": "int8" | "bfloat16", "compile": bool}, DIR/init.bin and
+                 DIR/grads.bin (per step, every tensor); runs torchao's AdamW8bit (state int8), or its
+                 single_param_adam on bfloat16 moments (state bfloat16: what torchao's _AdamW runs on
+                 bfloat16 parameters, here with float32 ones); the tensors without decay in a group of their
+                 own with weight decay 0. compile false replaces torch.compile by the eager function.
+                 Writes DIR/out.bin (the parameters after the last step).
+  modules        exits 0 when torchao imports, else prints "torchao"
+"""
+import json
+import os
+import sys
+
+import torch
+
+
+def read(path, dtype):
+    with open(path, "rb") as f:
+        return torch.frombuffer(bytearray(f.read()), dtype=dtype)
+
+
+def write(path, t):
+    with open(path, "wb") as f:
+        f.write(t.contiguous().numpy().tobytes())
+
+
+def maps(d):
+    from torchao.optim.subclass_8bit import get_qmap_signed, get_qmap_unsigned
+
+    write(os.path.join(d, "signed.bin"), torch.tensor(get_qmap_signed(), dtype=torch.float32))
+    write(os.path.join(d, "unsigned.bin"), torch.tensor(get_qmap_unsigned(), dtype=torch.float32))
+    print("ok")
+
+
+def quantize(d):
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    with open(os.path.join(d, "spec.json")) as f:
+        spec = json.load(f)
+    x = read(os.path.join(d, "x.bin"), torch.float32)
+    state = OptimState8bit.zeros(x.shape, signed=spec["signed"], block_size=256)
+    state.copy_(x)
+    write(os.path.join(d, "codes.bin"), state.codes)
+    write(os.path.join(d, "scale.bin"), state.scale)
+    print("ok")
+
+
+def params_of(spec, init):
+    shapes = [tuple(s) for s in spec["shapes"]]
+    params, offset = [], 0
+    for shape in shapes:
+        n = int(torch.Size(shape).numel())
+        params.append(torch.nn.Parameter(init[offset:offset + n].clone().reshape(shape)))
+        offset += n
+    return params
+
+
+def set_grads(params, grads, step):
+    total = sum(p.numel() for p in params)
+    offset = step * total
+    for p in params:
+        p.grad = grads[offset:offset + p.numel()].clone().reshape(p.shape)
+        offset += p.numel()
+
+
+def adamw_int8(spec, params):
+    from torchao.optim import AdamW8bit
+
+    groups = [{"params": [p for p, d in zip(params, spec["decay"]) if d], "weight_decay": spec["weight_decay"]},
+              {"params": [p for p, d in zip(params, spec["decay"]) if not d], "weight_decay": 0.0}]
+    return AdamW8bit([g for g in groups if g["params"]], lr=spec["lr"][0], betas=tuple(spec["betas"]),
+                     eps=spec["eps"])
+
+
+def adamw_bf16_steps(spec, params, grads):
+    from torchao.optim.adam import single_param_adam
+
+    m = [torch.zeros_like(p, dtype=torch.bfloat16) for p in params]
+    v = [torch.zeros_like(p, dtype=torch.bfloat16) for p in params]
+    for step in range(spec["steps"]):
+        set_grads(params, grads, step)
+        lr = torch.tensor(spec["lr"][step], dtype=torch.float32)
+        count = torch.tensor(float(step + 1))
+        with torch.no_grad():
+            for p, d, mi, vi in zip(params, spec["decay"], m, v):
+                wd = spec["weight_decay"] if d else 0.0
+                single_param_adam(p.detach(), p.grad, count, mi, vi, None, lr, spec["betas"][0], spec["betas"][1], wd,
+                                  spec["eps"], True, False)
+
+
+def adamw(d):
+    with open(os.path.join(d, "spec.json")) as f:
+        spec = json.load(f)
+    if not spec["compile"]:
+        torch.compile = lambda fn, **kwargs: fn
+    init, grads = read(os.path.join(d, "init.bin"), torch.float32), read(os.path.join(d, "grads.bin"), torch.float32)
+    params = params_of(spec, init)
+    if spec["state"] == "bfloat16":
+        adamw_bf16_steps(spec, params, grads)
+    else:
+        opt = adamw_int8(spec, params)
+        for step in range(spec["steps"]):
+            set_grads(params, grads, step)
+            for g in opt.param_groups:
+                g["lr"].fill_(spec["lr"][step])
+            opt.step()
+    write(os.path.join(d, "out.bin"), torch.cat([p.detach().reshape(-1) for p in params]))
+    print("ok")
+
+
+def modules():
+    try:
+        import torchao.optim  # noqa: F401
+    except ImportError:
+        print("torchao")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    commands = {"maps": maps, "quantize": quantize, "adamw": adamw}
+    if sys.argv[1:] == ["modules"]:
+        modules()
+    elif len(sys.argv) == 3 and sys.argv[1] in commands:
+        commands[sys.argv[1]](sys.argv[2])
+    else:
+        sys.exit(__doc__)
