@@ -23,17 +23,17 @@ struct MomentView {
   c10::BFloat16* bf16 = nullptr;  // bfloat16 values, or
   uint8_t* codes = nullptr;       // int8 codes, with
   float* absmax = nullptr;        // their scales, and
-  const float* map = nullptr;     // the map they index
+  const quant8::Codebook* book = nullptr;  // the map they index
 
   void decode(int64_t begin, int64_t n, float* out) const {
     if (f32) std::copy(f32 + begin, f32 + begin + n, out);
     else if (bf16) for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(bf16[begin + j]);
-    else quant8::decode_block(codes + begin, n, map, absmax[begin / quant8::kBlock], out);
+    else quant8::decode_block(codes + begin, n, *book, absmax[begin / quant8::kBlock], out);
   }
   void encode(int64_t begin, int64_t n, const float* in) const {
     if (f32) std::copy(in, in + n, f32 + begin);
     else if (bf16) for (int64_t j = 0; j < n; ++j) bf16[begin + j] = c10::BFloat16(in[j]);
-    else absmax[begin / quant8::kBlock] = quant8::encode_block(in, n, map, codes + begin);
+    else absmax[begin / quant8::kBlock] = quant8::encode_block(in, n, *book, codes + begin);
   }
 };
 
@@ -78,7 +78,7 @@ MomentView view_of(torch::Tensor& values, torch::Tensor& absmax, bool is_signed)
   else {
     v.codes = values.data_ptr<uint8_t>();
     v.absmax = absmax.data_ptr<float>();
-    v.map = quant8::dynamic_map(is_signed).data_ptr<float>();
+    v.book = &quant8::codebook(is_signed);
   }
   return v;
 }
@@ -94,7 +94,7 @@ void zero_moment(const torch::Tensor& p, StateDtype dtype, bool is_signed, torch
   else {
     const float zero = 0.0f;
     uint8_t code = 0;
-    const float scale = quant8::encode_block(&zero, 1, quant8::dynamic_map(is_signed).data_ptr<float>(), &code);
+    const float scale = quant8::encode_block(&zero, 1, quant8::codebook(is_signed), &code);
     values = like(torch::kUInt8).fill_(static_cast<int64_t>(code));
     absmax = torch::full({p.numel() / quant8::kBlock}, scale, p.options().dtype(torch::kFloat));
   }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -43,32 +45,81 @@ torch::Tensor make_map(bool is_signed) {
   return torch::tensor(data, torch::kFloat);
 }
 
-}  // namespace
-
-const torch::Tensor& dynamic_map(bool is_signed) {
-  static const torch::Tensor maps[2] = {make_map(false), make_map(true)};
-  return maps[is_signed ? 1 : 0];
+// The largest code whose entry is <= v, or 0 when none is (v below them all, or NaN): the branchless
+// binary search of torchao's quantize_8bit_with_qmap.
+int search(const float* map, float v) {
+  int c = v >= map[128] ? 128 : 0;
+  for (int step = 64; step >= 1; step /= 2) c += v >= map[c + step] ? step : 0;
+  return c;
 }
 
-float encode_block(const float* x, int64_t n, const float* map, uint8_t* codes) {
+struct Book {
+  torch::Tensor map;
+  std::vector<float> values;  // the map's entries and +infinity after them, so that c + 1 may be read
+  std::vector<uint8_t> floor;
+  Codebook view;
+  explicit Book(bool is_signed) : map(make_map(is_signed)), floor(size_t(1) << 16) {
+    const float* m = map.data_ptr<float>();
+    values.assign(m, m + 256);
+    values.push_back(std::numeric_limits<float>::infinity());
+    for (uint32_t top = 0; top < (1u << 16); ++top) {
+      // The smallest value with these top bits: the least low bits for a positive sign, the most for a
+      // negative one. A NaN among them makes the entry 0, which is a NaN's code, and no larger than any.
+      const uint32_t lo = top << 16, hi = lo | 0xFFFFu;
+      const bool nan_inside = ((top >> 7) & 0xFFu) == 0xFFu;  // exponent all ones: infinity, NaNs
+
+      float smallest;
+      std::memcpy(&smallest, (top >> 15) ? &hi : &lo, sizeof smallest);
+      floor[top] = static_cast<uint8_t>(nan_inside ? 0 : search(m, smallest));
+      // encode_block moves at most one entry up from here: the largest value with these bits must be
+      // within one entry.
+      float largest;
+      std::memcpy(&largest, (top >> 15) ? &lo : &hi, sizeof largest);
+      if (!nan_inside && search(m, largest) > floor[top] + 1)
+        throw std::logic_error("quant8: more than one map entry between two values with the same top 16 bits");
+    }
+    view.values = values.data();
+    view.floor = floor.data();
+  }
+};
+
+const Book& book(bool is_signed) {
+  static const Book books[2] = {Book(false), Book(true)};
+  return books[is_signed ? 1 : 0];
+}
+
+}  // namespace
+
+const torch::Tensor& dynamic_map(bool is_signed) { return book(is_signed).map; }
+const Codebook& codebook(bool is_signed) { return book(is_signed).view; }
+
+float encode_block(const float* x, int64_t n, const Codebook& book, uint8_t* codes) {
+  const float* map = book.values;
   float amax = 0.0f;
   for (int64_t j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float scale = std::max(amax, 1e-12f);
   for (int64_t j = 0; j < n; ++j) {
     const float v = x[j] / scale;
-    // The largest entry <= v (entry 0 when v lies below them all), by halving the range of codes ...
-    int c = v >= map[128] ? 128 : 0;
-    for (int step = 64; step >= 1; step /= 2) c += v >= map[c + step] ? step : 0;
-    // ... then the nearer of it and the next one up, ties up.
-    const int up = std::min(c + 1, 255);
-    if (v - map[c] >= (map[up] - map[c]) * 0.5f) c = up;
+    // The largest entry <= v (entry 0 when v lies below them all): from the table, then at most one up
+    // for any finite v (checked over every bucket when the table is made); |v| <= 1 but for a NaN or an
+    // infinity among the values, which take the binary search.
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    int c = book.floor[bits >> 16];
+    c += v >= map[c + 1];  // map[256] is +infinity
+    if (!(std::fabs(v) <= 1.0f)) c = search(map, v);
+    // ... then the nearer of it and the next one up, ties up; without a branch, which would be mispredicted
+    // half the time (torchao: up = min(c + 1, 255), where(v - lo >= (up - lo) / 2, up, c)).
+    const int has_up = c < 255;
+    const float lo = map[c], hi = map[c + has_up];
+    c += has_up & static_cast<int>(v - lo >= (hi - lo) * 0.5f);
     codes[j] = static_cast<uint8_t>(c);
   }
   return scale;
 }
 
-void decode_block(const uint8_t* codes, int64_t n, const float* map, float absmax, float* out) {
-  for (int64_t j = 0; j < n; ++j) out[j] = map[codes[j]] * absmax;
+void decode_block(const uint8_t* codes, int64_t n, const Codebook& book, float absmax, float* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = book.values[codes[j]] * absmax;
 }
 
 void quantize(const torch::Tensor& x, bool is_signed, torch::Tensor& codes, torch::Tensor& absmax) {
@@ -80,7 +131,7 @@ void quantize(const torch::Tensor& x, bool is_signed, torch::Tensor& codes, torc
     codes = torch::empty(x.sizes(), torch::kUInt8);
   if (!absmax.defined() || absmax.numel() != blocks || !absmax.is_contiguous()) absmax = torch::empty({blocks}, torch::kFloat);
   const float* in = src.data_ptr<float>();
-  const float* map = dynamic_map(is_signed).data_ptr<float>();
+  const Codebook& map = codebook(is_signed);
   uint8_t* out = codes.data_ptr<uint8_t>();
   float* scale = absmax.data_ptr<float>();
   at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
@@ -94,7 +145,7 @@ torch::Tensor dequantize(const torch::Tensor& codes, const torch::Tensor& absmax
     throw std::invalid_argument("quant8::dequantize: needs uint8 codes and one float32 scale per 256 of them");
   const torch::Tensor c = codes.cpu().contiguous(), s = absmax.cpu().contiguous();
   torch::Tensor out = torch::empty(codes.sizes(), torch::kFloat);
-  const float* map = dynamic_map(is_signed).data_ptr<float>();
+  const Codebook& map = codebook(is_signed);
   const uint8_t* in = c.data_ptr<uint8_t>();
   const float* scale = s.data_ptr<float>();
   float* o = out.data_ptr<float>();
