@@ -512,4 +512,38 @@ TEST(OptimState, SigkilledRunResumesBitwiseAndAnotherDtypeConverts) {
   EXPECT_NE(r.output.find("converted them, float32 to int8"), std::string::npos) << r.output;
 }
 
+// `trainer bench --optimizer`: the update alone on a job's model, with the state's bytes as the optimizer
+// holds them (resnet20: every conv weight of 16 x 16 x 3 x 3 = 2,304 values and less stays float32).
+TEST(OptimState, BenchTimesTheUpdateAlone) {
+  TempDir dir;
+  const std::string job = "--set model.name=resnet20 --set data.kind=synthetic --set data.shape=[3,16,16] --set data.test="
+                          " --set optim.name=adamw --set train.threads=1";
+  std::map<std::string, nlohmann::json> out;
+  for (const char* dtype : {"float32", "int8"}) {
+    const std::string path = (dir / (std::string(dtype) + ".json")).string();
+    const auto r = testutil::run(testutil::trainer_bin() + " bench --optimizer " + job + " --set optim.state_dtype=" + dtype +
+                                 " --warmup 1 --steps 2 --out " + path);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    out[dtype] = nlohmann::json::parse(testutil::read_file(path));
+  }
+  const auto& f = out["float32"];
+  const auto& q = out["int8"];
+  EXPECT_EQ(f["mode"], "optimizer");
+  EXPECT_EQ(f["device"], "cpu");
+  EXPECT_EQ(f["parameters"].get<int64_t>(), q["parameters"].get<int64_t>());
+  EXPECT_EQ(f["step_s"].size(), 2u);
+  EXPECT_GT(f["ns_per_parameter"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(f["state_bytes_per_parameter"].get<double>(), 8.0);
+  int64_t quantized = 0, parameters = 0;
+  for (const auto& t : q["param_shapes"]) {
+    int64_t n = 1;
+    for (int64_t d : t["shape"].get<std::vector<int64_t>>()) n *= d;
+    parameters += n;
+    if (quant8::quantizes(n)) quantized += n;
+  }
+  EXPECT_EQ(parameters, q["parameters"].get<int64_t>());
+  EXPECT_EQ(q["state_bytes"].get<int64_t>(), 2 * quantized + 8 * quantized / 256 + 8 * (parameters - quantized));
+  EXPECT_LT(q["state_bytes_per_parameter"].get<double>(), 3.0);
+}
+
 }  // namespace test_optim_state

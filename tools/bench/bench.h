@@ -110,6 +110,15 @@ nlohmann::json bench_training(Config cfg, const BenchOptions& opts);
 /// thread (it has no workers), with tokens_per_s, workers 0, prefetch 0 and no augmentation.
 nlohmann::json bench_loader(const Config& cfg, const BenchOptions& opts);
 
+/// The optimizer's update alone (docs/BENCHMARKS.md "The optimizer's update"): the job's model built on its
+/// device, a random gradient per parameter (seeded, scale 1e-3, copied in before each step outside the
+/// timing), opts.warmup untimed then opts.steps timed Optimizer::step calls at optim.lr. Returns mode
+/// "optimizer": optimizer, state_dtype, implementation_used, device, threads, parameters, tensors,
+/// state_bytes (and per parameter), step_s (each timed step), step_s_median, ns_per_parameter (the median
+/// step's), param_shapes ({shape, decay} per tensor, for a reference to time the same tensors),
+/// config_yaml and bench_environment()'s fields.
+nlohmann::json bench_optimizer(const Config& cfg, const BenchOptions& opts);
+
 /// Options of the OOM recovery benchmark (bench_oom).
 struct BenchOomOptions {
   int64_t rounds = 3;     ///< (backoff run, fresh run) pairs, alternating; >= 1
@@ -176,7 +185,7 @@ struct BenchCurveOptions {
 /// std::runtime_error naming the run folder when a run fails, std::invalid_argument for bad options.
 nlohmann::json bench_memory_curve(Config cfg, const BenchCurveOptions& opts);
 
-/// `trainer bench --config FILE [--set k=v ...] [--warmup N] [--steps N] [--out FILE.json] [--loader-only]
+/// `trainer bench --config FILE [--set k=v ...] [--warmup N] [--steps N] [--out FILE.json] [--loader-only | --optimizer]
 /// [--peak-tflops X] [--run-dir DIR] [--profile TRACE.json]`, or `trainer bench --oom [--rounds N] ...` (bench_oom; --warmup and
 /// --steps default to 5 and 10 there), or `trainer bench --memory-curve [--limit SIZE ...] [--check]
 /// [--steps N] [--rounds N] ...` (bench_memory_curve; --steps defaults to 3): argv[0] is "bench". Prints a one-line summary to stderr and the

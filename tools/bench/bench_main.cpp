@@ -29,6 +29,7 @@ cxxopts::Options bench_options() {
       "steps", "timed optimizer steps (batches)", cxxopts::value<int64_t>()->default_value("20"))(
       "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>()->default_value(""))(
       "loader-only", "measure the data pipeline alone")(
+      "optimizer", "measure the optimizer's update alone, on the job's model with random gradients")(
       "oom", "the OOM recovery benchmark: recovery time, auto micro-batch, throughput after grow-back")(
       "rounds", "--oom: alternating (backoff, fresh) run pairs; --memory-curve --check: auto runs with and without "
       "the fit's start", cxxopts::value<int64_t>()->default_value("3"))(
@@ -145,6 +146,12 @@ void print_summary(const json& j, const Config& cfg, const std::string& out) {
   if (j["mode"] == "loader") {
     std::cerr << "bench: loader " << mode_name(cfg.data.kind) << " " << j["samples_per_s"].get<double>() << " samples/s with "
               << j["workers"] << " workers" << (out.empty() ? "" : " -> " + out) << std::endl;
+  } else if (j["mode"] == "optimizer") {
+    std::cerr << "bench: " << j["optimizer"].get<std::string>() << " (" << j["state_dtype"].get<std::string>()
+              << " state) on " << cfg.model.name << "'s " << j["parameters"] << " parameters, " << j["device"].get<std::string>()
+              << ": " << j["step_s_median"].get<double>() << " s a step, " << j["ns_per_parameter"].get<double>()
+              << " ns a parameter, state " << j["state_bytes_per_parameter"].get<double>() << " bytes a parameter"
+              << (out.empty() ? "" : " -> " + out) << std::endl;
   } else {
     // The headline figures by wall time over the timed steps; the step times beside them.
     std::cerr << "bench: " << cfg.model.name << " batch " << cfg.train.global_batch << " on " << j["device"].get<std::string>()
@@ -197,9 +204,9 @@ int bench_main(int argc, char** argv) {
   opts.command_line = command_line;
   opts.profile_path = a["profile"].as<std::string>();
   check_counts(opts);
-  if (!opts.profile_path.empty() && (a.count("loader-only") || a.count("oom") || a.count("memory-curve")))
+  if (!opts.profile_path.empty() && (a.count("loader-only") || a.count("optimizer") || a.count("oom") || a.count("memory-curve")))
     throw std::runtime_error("command line: --profile profiles training steps; it does not go with --loader-only, "
-                             "--oom or --memory-curve");
+                             "--optimizer, --oom or --memory-curve");
   // The bench's own settings go last, so the config validates with them (a job file may set epochs only).
   std::vector<std::string> all_sets = sets;
   for (const auto& o : bench_overrides(opts)) all_sets.push_back(o);
@@ -207,7 +214,7 @@ int bench_main(int argc, char** argv) {
 
   if (a.count("oom")) return run_oom(a, opts, cfg);
   if (a.count("memory-curve")) return run_curve(a, opts, cfg);
-  json j = a.count("loader-only") ? bench_loader(cfg, opts) : bench_training(cfg, opts);
+  json j = a.count("loader-only") ? bench_loader(cfg, opts) : a.count("optimizer") ? bench_optimizer(cfg, opts) : bench_training(cfg, opts);
   const std::string out = a["out"].as<std::string>();
   write_result(j, out);
   print_summary(j, cfg, out);
