@@ -99,7 +99,8 @@ DEFAULTS = {
              "max_image_pixels": 100000000},
     "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
               "decay_norm_and_bias": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0,
-              "lamb_max_grad_norm": 1.0, "trust_clip": False, "always_adapt": False, "implementation": "auto"},
+              "lamb_max_grad_norm": 1.0, "trust_clip": False, "always_adapt": False, "implementation": "auto",
+              "state_dtype": "float32"},
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0, "min_lr": 0.0, "milestones": [],
                  "gamma": 0.1},
     "train": {"global_batch": 128, "micro_batch": 0, "steps": 0, "epochs": 0.0, "eval_every": 0,
@@ -310,6 +311,7 @@ def check_recipe_mirrored(cfg):
     comparison is never of two different jobs."""
     t, d, o = cfg["train"], cfg["data"], cfg["optim"]
     unmirrored = [("optim.name", o["name"] not in ("sgd", "adamw"), "lamb"),
+                  ("optim.state_dtype", o["state_dtype"] != "float32", "state in %s" % o["state_dtype"]),
                   ("train.loss", t["loss"] != "cross_entropy", "bce"),
                   ("train.mixup_alpha", t["mixup_alpha"] > 0, "Mixup"),
                   ("train.cutmix_alpha", t["cutmix_alpha"] > 0, "CutMix"),

@@ -240,7 +240,7 @@ TEST(ProfileTable, BadInputIsOneLine) {
   r = testutil::run(bench_cmd("--loader-only --set data.kind=synthetic --profile " + (dir / "x.json").string()));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(last_line(r.output), "error: command line: --profile profiles training steps; it does not go with "
-                                 "--loader-only, --oom or --memory-curve");
+                                 "--loader-only, --optimizer, --oom or --memory-curve");
 }
 
 }  // namespace test_profile
