@@ -111,14 +111,15 @@ const char* dtype_name(const torch::Tensor& values) {
 
 void AdamMoments::allocate(const std::vector<ParamSlot>& params) {
   if (m_.size() == params.size()) return;
-  if (dtype_ != StateDtype::kFloat32)
-    for (const auto& s : params)
-      if (!s.param.device().is_cpu())
-        throw std::invalid_argument("optim.state_dtype: " + mode_name(dtype_) + " runs on the CPU only; '" + s.name +
-                                    "' is on " + s.param.device().str() + " (use float32)");
-      else if (!s.param.is_non_overlapping_and_dense())
-        throw std::invalid_argument("optim.state_dtype: " + mode_name(dtype_) + " needs dense parameters; '" + s.name +
-                                    "' is a view with gaps (use float32)");
+  for (const auto& s : params) {
+    if (dtype_ == StateDtype::kFloat32) break;
+    if (!s.param.device().is_cpu())
+      throw std::invalid_argument("optim.state_dtype: " + mode_name(dtype_) + " runs on the CPU only; '" + s.name +
+                                  "' is on " + s.param.device().str() + " (use float32)");
+    if (!s.param.is_non_overlapping_and_dense())
+      throw std::invalid_argument("optim.state_dtype: " + mode_name(dtype_) + " needs dense parameters; '" + s.name +
+                                  "' is a view with gaps (use float32)");
+  }
   std::vector<torch::Tensor> m(params.size()), v(params.size()), ma(params.size()), va(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     zero_moment(params[i].param, dtype_, /*is_signed=*/true, m[i], ma[i]);
