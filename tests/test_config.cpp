@@ -5,6 +5,7 @@
 #include <set>
 
 #include "test_util.h"
+#include "train_util.h"
 #include "trainer/config/config.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
@@ -29,12 +30,7 @@ void expect_config_error(Fn fn, std::initializer_list<std::string> fragments) {
 }
 
 // Defaults < overrides, then validate (no file: the built-in job would add its own keys).
-Config from_sets(const std::vector<std::string>& sets) {
-  Config c;
-  for (const auto& s : sets) trainer::apply_override(c, s);
-  trainer::validate(c);
-  return c;
-}
+Config from_sets(const std::vector<std::string>& sets) { return testutil::config_from_sets(sets); }
 
 }  // namespace
 

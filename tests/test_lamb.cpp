@@ -340,17 +340,6 @@ TEST(Lamb, ResumedRunEndsBitwiseWhereTheWholeRunEnds) {
   EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(whole), testutil::final_weights(resumed)));
 }
 
-namespace {
-
-trainer::Config from_sets(const std::vector<std::string>& sets) {
-  trainer::Config c;
-  for (const auto& s : sets) trainer::apply_override(c, s);
-  trainer::validate(c);
-  return c;
-}
-
-}  // namespace
-
 // (e) Each bad value: one line naming the key.
 TEST(Lamb, BadValuesNameTheKey) {
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> bad = {
@@ -365,11 +354,11 @@ TEST(Lamb, BadValuesNameTheKey) {
   for (const auto& [sets, fragments] : bad) {
     std::vector<std::string> all = {"train.steps=10", "optim.name=lamb"};
     all.insert(all.end(), sets.begin(), sets.end());
-    const std::string msg = testutil::error_text([&] { from_sets(all); });
+    const std::string msg = testutil::error_text([&] { testutil::config_from_sets(all); });
     for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << sets[0] << ": " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
-  EXPECT_NO_THROW(from_sets({"train.steps=10", "optim.name=lamb", "optim.lamb_max_grad_norm=0", "optim.trust_clip=true",
+  EXPECT_NO_THROW(testutil::config_from_sets({"train.steps=10", "optim.name=lamb", "optim.lamb_max_grad_norm=0", "optim.trust_clip=true",
                              "optim.always_adapt=true", "optim.implementation=plain", "train.cuda_graph=off"}));
   // Through the executable: exit 2 and the one line.
   TempDir dir;

@@ -439,17 +439,6 @@ TEST(OptimState, OomWhileAllocatingChangesNothing) {
   }
 }
 
-namespace {
-
-trainer::Config from_sets(const std::vector<std::string>& sets) {
-  trainer::Config c;
-  for (const auto& s : sets) trainer::apply_override(c, s);
-  trainer::validate(c);
-  return c;
-}
-
-}  // namespace
-
 // Each bad value: one line naming the key, and what applies instead.
 TEST(OptimState, BadValuesNameTheKey) {
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> bad = {
@@ -461,12 +450,12 @@ TEST(OptimState, BadValuesNameTheKey) {
   for (const auto& [sets, fragments] : bad) {
     std::vector<std::string> all = {"train.steps=10"};
     all.insert(all.end(), sets.begin(), sets.end());
-    const std::string msg = testutil::error_text([&] { from_sets(all); });
+    const std::string msg = testutil::error_text([&] { testutil::config_from_sets(all); });
     for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << sets.back() << ": " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
-  EXPECT_NO_THROW(from_sets({"train.steps=10", "optim.name=adamw", "optim.state_dtype=int8", "optim.implementation=plain"}));
-  EXPECT_NO_THROW(from_sets({"train.steps=10", "optim.name=lamb", "optim.state_dtype=bfloat16"}));
+  EXPECT_NO_THROW(testutil::config_from_sets({"train.steps=10", "optim.name=adamw", "optim.state_dtype=int8", "optim.implementation=plain"}));
+  EXPECT_NO_THROW(testutil::config_from_sets({"train.steps=10", "optim.name=lamb", "optim.state_dtype=bfloat16"}));
   // Through the executable: exit 2 and the one line.
   TempDir dir;
   const auto r = testutil::run(testutil::trainer_cmd(dir.str() + "/run", "--set train.steps=1 --set optim.state_dtype=int8"));

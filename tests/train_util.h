@@ -11,6 +11,7 @@
 
 #include "test_util.h"
 #include "trainer/checkpoint/state_dict.h"
+#include "trainer/config/config.h"
 
 namespace testutil {
 
@@ -52,6 +53,15 @@ inline std::string fox_tokens(const TempDir& dir) {
   auto r = run(trainer_bin() + " convert-text --src " + text.string() + " --out " + out);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return out;
+}
+
+/// The defaults with `sets` applied as --set would apply them, then validated (no file: the built-in job
+/// would add its own keys). Throws what the config's edge throws for a bad value.
+inline trainer::Config config_from_sets(const std::vector<std::string>& sets) {
+  trainer::Config c;
+  for (const auto& s : sets) trainer::apply_override(c, s);
+  trainer::validate(c);
+  return c;
 }
 
 /// `trainer` with `args` and the run folder; returns the command line.
