@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -31,6 +32,7 @@
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 #include "trainer/run/from_config.h"
+#include "trainer/run/memory_plan.h"
 #include "trainer/run/train.h"
 
 namespace fs = std::filesystem;
@@ -287,6 +289,34 @@ int export_main(int argc, char** argv) {
   return kExitOk;
 }
 
+int plan_main(int argc, char** argv) {
+  cxxopts::Options o("trainer plan", "The memory a job will need, counted from its config and its model's shape before "
+                                     "anything is allocated: weights, gradients, optimizer state, EMA, batches, activations "
+                                     "per sample, and the rung it will run on under memory.limit; exit 0 when it fits, 3 "
+                                     "when it does not (naming the settings that would)");
+  o.add_options()("c,config", "YAML config (default: the built-in job)", cxxopts::value<std::string>()->default_value(""))(
+      "json", "also write the plan to this JSON file", cxxopts::value<std::string>()->default_value(""))(
+      "h,help", "this help");
+  std::vector<std::string> sets;
+  std::vector<char*> rest = take_sets(argc, argv, sets);
+  auto a = parse(o, static_cast<int>(rest.size()), rest.data(), "plan");
+  if (a.count("help")) {
+    std::cout << o.help() << "\n  -s, --set key=value  override a config key (repeatable)" << std::endl;
+    return kExitOk;
+  }
+  if (!a.unmatched().empty()) throw std::runtime_error("plan: unexpected argument '" + a.unmatched()[0] + "' (see trainer plan --help)");
+  const Config cfg = load_config(a["config"].as<std::string>(), sets);
+  const PlanReport report = plan_report(cfg);
+  const std::string json = a["json"].as<std::string>();
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << plan_report_json(report).dump(2) << "\n";
+    if (!out) throw std::runtime_error("plan: cannot write " + json);
+  }
+  std::cout << render_plan_report(report) << std::flush;
+  return report.plan.fits ? kExitOk : kExitOomGaveUp;
+}
+
 // A dry run checks the config and the model, not the data: a training file that does not exist yet is
 // a warning, and the summary is made as for synthetic data (data.shape, or the model's vocabulary).
 void dry_run(const Config& cfg) {
@@ -306,7 +336,8 @@ void dry_run(const Config& cfg) {
   const std::string summary = models::summarize(*model, shape);  // before any output: it may throw
   std::cout << "# resolved config\n" << to_yaml(cfg) << "\n";
   std::cout << "# model\n" << summary << "\n";
-  std::cout << "# memory\n" << describe_memory_limit(cfg) << std::endl;
+  std::cout << "# memory\n" << describe_memory_limit(cfg) << "\n\n";
+  std::cout << "# memory plan (trainer plan)\n" << render_plan_report(plan_report(assumed)) << std::flush;
 }
 
 }  // namespace
@@ -321,11 +352,12 @@ int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "sample") return sample_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "compare") return compare_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "bench") return bench_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "plan") return plan_main(argc - 1, argv + 1);
 
   cxxopts::Options o("trainer", "Train ResNets (and Transformers) on LibTorch; backs off instead of dying when memory runs out.\n"
                                 "Subcommands: trainer convert-idx --help, trainer convert-images --help, trainer convert-text --help,\n"
                                 "trainer convert-bin --help, trainer eval --help, trainer sample --help, trainer export --help, trainer compare --help,\n"
-                                "trainer bench --help");
+                                "trainer bench --help, trainer plan --help");
   o.add_options()("c,config", "YAML config (default: the built-in ResNet-20 / Fashion-MNIST job)",
                   cxxopts::value<std::string>()->default_value(""))(
       "s,set", "override a key: --set train.global_batch=256 (repeatable)", cxxopts::value<std::string>())(

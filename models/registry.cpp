@@ -1,5 +1,7 @@
 #include "models/registry.h"
 
+#include "models/footprint.h"
+
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "models/plain_cnn.h"
@@ -14,14 +16,35 @@
 namespace models {
 namespace {
 
-using Factory = std::function<Model(const ModelOptions&)>;
+// A family: how a name's architecture takes the options (resolve), then what builds it and what counts it
+// (models/footprint.h) from the same resolved options.
+struct Family {
+  std::function<Model(const ModelOptions&)> make;
+  std::function<Footprint(const ModelOptions&, const std::vector<int64_t>&, bool)> footprint;
+};
 
-Factory resnet(ResNetOptions arch) {
-  return [arch](const ModelOptions& o) -> Model {
-    auto opts = arch;
-    opts.num_classes(o.num_classes()).in_channels(o.in_channels()).zero_init_residual(o.zero_init_residual());
-    return std::make_shared<ResNetImpl>(opts);
-  };
+template <class Options, class Impl, class Resolve, class Count>
+Family family(Resolve resolve, Count count) {
+  return {[resolve](const ModelOptions& o) -> Model { return std::make_shared<Impl>(resolve(o)); },
+          [resolve, count](const ModelOptions& o, const std::vector<int64_t>& shape, bool fused) {
+            return count(resolve(o), shape, fused);
+          }};
+}
+
+Family resnet(ResNetOptions arch) {
+  return family<ResNetOptions, ResNetImpl>(
+      [arch](const ModelOptions& o) {
+        auto opts = arch;
+        opts.num_classes(o.num_classes()).in_channels(o.in_channels()).zero_init_residual(o.zero_init_residual());
+        return opts;
+      },
+      [](const ResNetOptions& opts, const std::vector<int64_t>& shape, bool) { return resnet_footprint(opts, shape); });
+}
+
+Family plain_cnn() {
+  return family<PlainCnnOptions, PlainCnnImpl>(
+      [](const ModelOptions& o) { return PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()); },
+      [](const PlainCnnOptions& opts, const std::vector<int64_t>& shape, bool) { return plain_cnn_footprint(opts, shape); });
 }
 
 // A non-zero option replaces the architecture's value.
@@ -29,60 +52,69 @@ void override_if_set(int64_t value, const std::function<void(int64_t)>& set) {
   if (value != 0) set(value);
 }
 
-Factory gpt(GPTOptions arch) {
-  return [arch](const ModelOptions& o) -> Model {
-    auto opts = arch;
-    override_if_set(o.vocab_size(), [&](int64_t v) { opts.vocab_size(v); });
-    override_if_set(o.context(), [&](int64_t v) { opts.context(v); });
-    override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
-    override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
-    override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
-    opts.dropout(o.dropout()).vocab_multiple(o.vocab_multiple()).fused_bias(o.fused_bias());
-    return std::make_shared<GPTImpl>(opts);
-  };
+Family gpt(GPTOptions arch) {
+  return family<GPTOptions, GPTImpl>(
+      [arch](const ModelOptions& o) {
+        auto opts = arch;
+        override_if_set(o.vocab_size(), [&](int64_t v) { opts.vocab_size(v); });
+        override_if_set(o.context(), [&](int64_t v) { opts.context(v); });
+        override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
+        override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
+        override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
+        opts.dropout(o.dropout()).vocab_multiple(o.vocab_multiple()).fused_bias(o.fused_bias());
+        return opts;
+      },
+      gpt_footprint);
 }
 
 // A Llama-family model: ModelOptions::llama() whole when set, else `arch` (none: `llama`, which has no shape
 // of its own) with the non-zero size options replacing its values. Dropout applies either way; fused_bias
 // is GPT's and ignored.
-Factory llama(std::optional<LlamaOptions> arch) {
-  return [arch](const ModelOptions& o) -> Model {
-    if (o.vocab_multiple() > 1)
-      throw std::invalid_argument("model.vocab_multiple is for gpt models; Llama-family models take their "
-                                  "vocabulary as it is (set model.vocab_multiple to 1)");
-    if (o.llama()) return std::make_shared<LlamaImpl>(LlamaOptions(*o.llama()).dropout(o.dropout()));
-    if (!arch)
-      throw std::invalid_argument("model 'llama' takes its shape from a transformers config.json (model.init_from "
-                                  "a folder with config.json, or model.hf_config)");
-    auto opts = *arch;
-    override_if_set(o.vocab_size(), [&](int64_t v) { opts.vocab_size(v); });
-    override_if_set(o.context(), [&](int64_t v) { opts.context(v); });
-    override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
-    override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
-    override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
-    override_if_set(o.n_kv_head(), [&](int64_t v) { opts.n_kv_head(v); });
-    override_if_set(o.intermediate_size(), [&](int64_t v) { opts.intermediate_size(v); });
-    opts.dropout(o.dropout());
-    return std::make_shared<LlamaImpl>(opts);
-  };
+Family llama(std::optional<LlamaOptions> arch) {
+  return family<LlamaOptions, LlamaImpl>(
+      [arch](const ModelOptions& o) {
+        if (o.vocab_multiple() > 1)
+          throw std::invalid_argument("model.vocab_multiple is for gpt models; Llama-family models take their "
+                                      "vocabulary as it is (set model.vocab_multiple to 1)");
+        if (o.llama()) return LlamaOptions(*o.llama()).dropout(o.dropout());
+        if (!arch)
+          throw std::invalid_argument("model 'llama' takes its shape from a transformers config.json (model.init_from "
+                                      "a folder with config.json, or model.hf_config)");
+        auto opts = *arch;
+        override_if_set(o.vocab_size(), [&](int64_t v) { opts.vocab_size(v); });
+        override_if_set(o.context(), [&](int64_t v) { opts.context(v); });
+        override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
+        override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
+        override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
+        override_if_set(o.n_kv_head(), [&](int64_t v) { opts.n_kv_head(v); });
+        override_if_set(o.intermediate_size(), [&](int64_t v) { opts.intermediate_size(v); });
+        opts.dropout(o.dropout());
+        return opts;
+      },
+      [](const LlamaOptions& opts, const std::vector<int64_t>& shape, bool fused) {
+        check(opts);  // as LlamaImpl's constructor: a shape it would refuse is not counted
+        return llama_footprint(opts, shape, fused);
+      });
 }
 
-Factory vit(ViTOptions arch) {
-  return [arch](const ModelOptions& o) -> Model {
-    auto opts = arch;
-    opts.num_classes(o.num_classes()).in_channels(o.in_channels()).dropout(o.dropout());
-    override_if_set(o.image_size(), [&](int64_t v) { opts.image_size(v); });
-    override_if_set(o.patch_size(), [&](int64_t v) { opts.patch_size(v); });
-    override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
-    override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
-    override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
-    return std::make_shared<ViTImpl>(opts);
-  };
+Family vit(ViTOptions arch) {
+  return family<ViTOptions, ViTImpl>(
+      [arch](const ModelOptions& o) {
+        auto opts = arch;
+        opts.num_classes(o.num_classes()).in_channels(o.in_channels()).dropout(o.dropout());
+        override_if_set(o.image_size(), [&](int64_t v) { opts.image_size(v); });
+        override_if_set(o.patch_size(), [&](int64_t v) { opts.patch_size(v); });
+        override_if_set(o.n_layer(), [&](int64_t v) { opts.n_layer(v); });
+        override_if_set(o.n_head(), [&](int64_t v) { opts.n_head(v); });
+        override_if_set(o.n_embd(), [&](int64_t v) { opts.n_embd(v); });
+        return opts;
+      },
+      vit_footprint);
 }
 
 struct Entry {
   std::string name;
-  Factory make;
+  Family family;
   ModelTraits traits;
 };
 
@@ -116,9 +148,7 @@ const std::vector<Entry>& registry() {
       {"resnet20", resnet(resnet20()), image_model()},
       {"resnet32", resnet(resnet32()), image_model()},
       {"resnet56", resnet(resnet56()), image_model()},
-      {"plain_cnn", [](const ModelOptions& o) -> Model {
-         return std::make_shared<PlainCnnImpl>(PlainCnnOptions().in_channels(o.in_channels()).num_classes(o.num_classes()));
-       }, image_model()},
+      {"plain_cnn", plain_cnn(), image_model()},
       {"gpt2", gpt(gpt2()), gpt_traits(gpt2())},
       {"gpt_tiny", gpt(gpt_tiny()), gpt_traits(gpt_tiny())},
       // `llama` has no shape of its own: a config.json's. Its vocabulary is LlamaOptions' default.
@@ -143,7 +173,12 @@ const Entry& entry(const std::string& name) {
 
 }  // namespace
 
-Model create_model(const std::string& name, const ModelOptions& options) { return entry(name).make(options); }
+Model create_model(const std::string& name, const ModelOptions& options) { return entry(name).family.make(options); }
+
+Footprint model_footprint(const std::string& name, const ModelOptions& options, const std::vector<int64_t>& sample_shape,
+                          bool fused_attention) {
+  return entry(name).family.footprint(options, sample_shape, fused_attention);
+}
 
 const ModelTraits& model_traits(const std::string& name) { return entry(name).traits; }
 

@@ -158,6 +158,12 @@ int64_t AdamMoments::bytes() const {
   return total;
 }
 
+int64_t AdamMoments::bytes_for(int64_t numel, StateDtype dtype) {
+  if (dtype == StateDtype::kBfloat16) return 2 * numel * 2;
+  if (dtype == StateDtype::kFloat32 || !quant8::quantizes(numel)) return 2 * numel * 4;
+  return 2 * (numel + numel / quant8::kBlock * 4);  // codes, and a float32 scale per block
+}
+
 namespace {
 
 // One saved moment into `values` (and `absmax`), as this state_dtype holds it. Returns the saved dtype's

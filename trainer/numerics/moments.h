@@ -64,6 +64,9 @@ class AdamMoments {
   std::string load(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params);
   /// Bytes held by the moments and their scales.
   int64_t bytes() const;
+  /// The bytes both moments of a parameter of `numel` values take in `dtype`, without building them: what
+  /// bytes() counts for it (the memory plan's rule).
+  static int64_t bytes_for(int64_t numel, StateDtype dtype);
 
  private:
   StateDtype dtype_;

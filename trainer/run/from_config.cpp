@@ -217,7 +217,7 @@ std::shared_ptr<data::SyntheticTokens> synthetic_tokens(const Config& cfg) {
   return std::make_shared<data::SyntheticTokens>((cfg.data.synthetic_size + 1) * T + 1, vocab_size(cfg), cfg.seed);
 }
 
-models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab) {
+models::ModelOptions model_options(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab) {
   auto mo = models::ModelOptions()
                 .num_classes(cfg.model.num_classes)
                 .zero_init_residual(cfg.model.zero_init_residual)
@@ -226,7 +226,11 @@ models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, 
   if (token_job(cfg)) mo.vocab_size(vocab).vocab_multiple(cfg.model.vocab_multiple).fused_bias(cfg.model.fused_bias);
   else mo.in_channels(shape.at(0));
   if (const auto arch = hf_architecture(cfg)) mo.llama(*arch);
-  return models::create_model(cfg.model.name, mo);
+  return mo;
+}
+
+models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab) {
+  return models::create_model(cfg.model.name, model_options(cfg, shape, vocab));
 }
 
 void load_init_weights(torch::nn::Module& model, const Config& cfg, int64_t vocab) {

@@ -15,6 +15,7 @@
 #include "data/samples/token_loader.h"
 #include "models/llama.h"
 #include "models/model.h"
+#include "models/registry.h"
 #include "trainer/config/config.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/resources.h"
@@ -112,6 +113,10 @@ int64_t vocab_size(const Config& cfg);
 /// The tokens of data.kind synthetic for a language model: data.synthetic_size windows of model.context
 /// tokens per epoch (the TokenLoader's slots), vocab_size(cfg), from cfg.seed.
 std::shared_ptr<data::SyntheticTokens> synthetic_tokens(const Config& cfg);
+
+/// The options cfg.model builds with for samples of `shape` ((C, H, W) or (T)) and, for language models,
+/// `vocab` tokens (build_model's; the memory plan counts the same model from them).
+models::ModelOptions model_options(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab);
 
 /// cfg.model for samples of `shape` ((C, H, W) or (T)) and, for language models, `vocab` tokens.
 models::Model build_model(const Config& cfg, const std::vector<int64_t>& shape, int64_t vocab);
