@@ -186,6 +186,7 @@ TEST(ConfigModes, EveryEnumsNamesRoundTrip) {
   expect_names_round_trip<trainer::AmpDtype>("AmpDtype");
   expect_names_round_trip<trainer::ScalerMode>("ScalerMode");
   expect_names_round_trip<trainer::Checkpointing>("Checkpointing");
+  expect_names_round_trip<trainer::MemoryState>("MemoryState");
   expect_names_round_trip<trainer::LadderSizes>("LadderSizes");
   expect_names_round_trip<trainer::AutoSearch>("AutoSearch");
   expect_names_round_trip<trainer::CudnnMode>("CudnnMode");
@@ -218,7 +219,7 @@ TEST(ConfigModes, EveryKeyTakesItsNamesAndDumpsThem) {
       EXPECT_EQ(trainer::to_yaml(back), y) << key << "=" << name;
     }
   }
-  EXPECT_EQ(mode_keys, 20u);
+  EXPECT_EQ(mode_keys, 21u);
   EXPECT_TRUE(trainer::config_key_modes("train.device").empty()) << "cuda:N: an open set, a string";
   EXPECT_EQ(trainer::config_key_modes("memory.cudnn_policy"),
             (std::vector<std::string>{"always", "off", "start", "pretune", "settle"}));

@@ -13,6 +13,7 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
+#include "trainer/memory/backend.h"
 #include "trainer/memory/plan.h"
 #include "trainer/numerics/moments.h"
 #include "trainer/numerics/optim.h"
@@ -229,6 +230,60 @@ TEST(PlanCommand, DoesNotFitNamesWhatWould) {
   EXPECT_EQ(dry.exit_code, 0) << dry.output;
   EXPECT_NE(dry.output.find("# memory plan (trainer plan)"), std::string::npos) << dry.output;
   EXPECT_NE(dry.output.find("fits: micro-batch"), std::string::npos) << dry.output;
+}
+
+}  // namespace test_memory_plan
+
+namespace test_memory_plan {
+
+TEST(MemoryState, AutoStoresTheMomentsInFewerBytesToFit) {
+  // llama_tiny on 16 tokens with AdamW: float32 moments plan 12.07 MiB, bfloat16 9.12 MiB, int8 7.68 MiB.
+  // Under 8.3 MiB only int8 fits.
+  TempDir dir("memory_state");
+  const std::string job = trainer_bin() + " --config " + source_dir() + "/configs/llama_tiny_fortunes.yaml" +
+                          " --set data.kind=synthetic --set data.test= --set model.context=16 --set train.global_batch=1" +
+                          " --set optim.name=adamw --set train.steps=3 --set train.epochs=0 --set checkpoint.final=false" +
+                          " --set memory.limit=8.3MiB";
+  // fixed: the run gives up, and says which setting the plan finds would fit.
+  const auto fixed = run(job + " --run-dir " + (dir / "fixed").string());
+  EXPECT_EQ(fixed.exit_code, 3) << fixed.output;
+  EXPECT_NE(fixed.output.find("the memory plan under 8.30 MiB finds that optim.state_dtype: int8 (peak 7.68 MiB) would "
+                              "fit (memory.state: auto moves to it by itself)"),
+            std::string::npos)
+      << fixed.output;
+  // auto: the moments are stored in int8 from the start; the run trains, under the cap, and records it.
+  const auto autom = run(job + " --set memory.state=auto --run-dir " + (dir / "auto").string());
+  ASSERT_EQ(autom.exit_code, 0) << autom.output;
+  EXPECT_NE(autom.output.find("memory.state auto: the job does not fit under 8.30 MiB with float32 moments"),
+            std::string::npos)
+      << autom.output;
+  EXPECT_NE(read_file(dir / "auto" / "resolved_config.yaml").find("state_dtype: \"int8\""), std::string::npos);
+  bool event = false;
+  int64_t steps = 0;
+  std::ifstream metrics(dir / "auto" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "memory_state") {
+      event = true;
+      EXPECT_EQ(j["from"], "float32");
+      EXPECT_EQ(j["to"], "int8");
+      EXPECT_EQ(j["setting"], "optim.state_dtype");
+    }
+    if (!j.contains("event") && j.contains("mem_peak_bytes")) {
+      ++steps;
+      EXPECT_LE(j["mem_peak_bytes"].get<int64_t>(), parse_bytes("8.3MiB"));
+    }
+  }
+  EXPECT_TRUE(event);
+  EXPECT_EQ(steps, 3);
+  // With enough memory, auto changes nothing.
+  const auto roomy = run(job + " --set memory.state=auto --set memory.limit=64MiB --run-dir " + (dir / "roomy").string());
+  ASSERT_EQ(roomy.exit_code, 0) << roomy.output;
+  EXPECT_NE(read_file(dir / "roomy" / "resolved_config.yaml").find("state_dtype: \"float32\""), std::string::npos);
+  // SGD has no moments to store in fewer bytes: one line, exit 2.
+  const auto sgd = run(trainer_bin() + " --dry-run --set memory.state=auto --set optim.name=sgd");
+  EXPECT_EQ(sgd.exit_code, 2) << sgd.output;
+  EXPECT_NE(sgd.output.find("memory.state"), std::string::npos) << sgd.output;
 }
 
 }  // namespace test_memory_plan

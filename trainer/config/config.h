@@ -73,6 +73,9 @@ template <> inline constexpr size_t kModeCount<ScalerMode> = 3;
 /// memory.activation_checkpointing: none | all | every_k | auto.
 enum class Checkpointing { kNone, kAll, kEveryK, kAuto };
 template <> inline constexpr size_t kModeCount<Checkpointing> = 4;
+/// memory.state: fixed | auto (whether the run may store the optimizer's state in fewer bytes to fit).
+enum class MemoryState { kFixed, kAuto };
+template <> inline constexpr size_t kModeCount<MemoryState> = 2;
 /// memory.ladder_sizes: any | halvings.
 enum class LadderSizes { kAny, kHalvings };
 template <> inline constexpr size_t kModeCount<LadderSizes> = 2;
@@ -273,6 +276,12 @@ struct MemoryConfig {
   bool ladder_checkpointing = true;           ///< the OOM ladder may turn checkpointing on
   int64_t grow_after = 50;                    ///< clean steps with headroom before probing a larger micro-batch
   double headroom = 0.25;                     ///< grow only when peak < (1 - headroom) * limit
+  /// fixed: the numbers are stored as configured, whatever the memory (the default: nothing changes
+  /// silently). auto: when the memory plan (trainer/run/memory_plan.h) shows that the job does not fit, the run
+  /// stores AdamW's or LAMB's moments in fewer bytes (optim.state_dtype bfloat16, then int8: the least change
+  /// that fits), logs a `memory_state` event and records the setting in resolved_config.yaml and MLflow's
+  /// params. CPU only, as low-precision state.
+  MemoryState state = MemoryState::kFixed;
   LadderSizes ladder_sizes = LadderSizes::kAny;  ///< any | halvings: grow-back probes only sizes reached by halving
   AutoSearch auto_search = AutoSearch::kAuto;   ///< micro_batch auto: auto (by probe cost; fastest size) | curve | doubling
   CudnnMode cudnn_policy = CudnnMode::kOff;     ///< always | off | start | pretune | settle: when cuDNN times algorithms

@@ -162,6 +162,16 @@ struct Checks {
         bad("train.cuda_graph", "on needs the fused float32 update; optim.state_dtype " + dtype +
                                     " has none (use auto or off)");
     }
+    if (c.memory.state == MemoryState::kAuto) {
+      if (c.optim.name == OptimKind::kSgd)
+        bad("memory.state", "auto stores AdamW's and LAMB's moments in fewer bytes; SGD's momentum buffer stays "
+                            "float32 (use fixed, or optim.name adamw or lamb)");
+      if (c.optim.implementation != OptimImpl::kAuto && c.optim.implementation != OptimImpl::kPlain)
+        bad("memory.state", "auto may store the moments in fewer bytes, which optim.implementation " +
+                                mode_name(c.optim.implementation) + " cannot update (use auto or plain)");
+      if (c.train.device.rfind("cuda", 0) == 0)
+        bad("memory.state", "auto stores the moments in fewer bytes on the CPU only (use fixed on " + c.train.device + ")");
+    }
     // A captured step needs the fused update, which reads its rate and its skip on the device.
     if (c.optim.name == OptimKind::kLamb && c.train.cuda_graph == Switch::kOn)
       bad("train.cuda_graph", "on needs the fused SGD/AdamW update; lamb has none (use auto or off)");

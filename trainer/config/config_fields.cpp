@@ -37,6 +37,7 @@ std::vector<std::string> names_of(SnapshotMode) { return listed<SnapshotMode>({"
 std::vector<std::string> names_of(AmpDtype) { return listed<AmpDtype>({"bf16", "fp16"}); }
 std::vector<std::string> names_of(ScalerMode) { return listed<ScalerMode>({"auto", "true", "false"}); }
 std::vector<std::string> names_of(Checkpointing) { return listed<Checkpointing>({"none", "all", "every_k", "auto"}); }
+std::vector<std::string> names_of(MemoryState) { return listed<MemoryState>({"fixed", "auto"}); }
 std::vector<std::string> names_of(LadderSizes) { return listed<LadderSizes>({"any", "halvings"}); }
 std::vector<std::string> names_of(AutoSearch) { return listed<AutoSearch>({"auto", "curve", "doubling"}); }
 std::vector<std::string> names_of(CudnnMode) {
@@ -67,6 +68,7 @@ template const std::vector<std::string>& mode_names<SnapshotMode>();
 template const std::vector<std::string>& mode_names<AmpDtype>();
 template const std::vector<std::string>& mode_names<ScalerMode>();
 template const std::vector<std::string>& mode_names<Checkpointing>();
+template const std::vector<std::string>& mode_names<MemoryState>();
 template const std::vector<std::string>& mode_names<LadderSizes>();
 template const std::vector<std::string>& mode_names<AutoSearch>();
 template const std::vector<std::string>& mode_names<CudnnMode>();
@@ -219,6 +221,7 @@ std::vector<Field> memory_fields(Config& c) {  // memory: the cap, the ladder, t
       {"memory.ladder_checkpointing", &c.memory.ladder_checkpointing, false},
       {"memory.grow_after", &c.memory.grow_after, false},
       {"memory.headroom", &c.memory.headroom, false},
+      {"memory.state", mode(&c.memory.state), false},
       {"memory.ladder_sizes", mode(&c.memory.ladder_sizes), false},
       {"memory.auto_search", mode(&c.memory.auto_search), false},
       {"memory.cudnn_policy", mode(&c.memory.cudnn_policy), false},

@@ -119,9 +119,10 @@ int64_t planned_cap(const Config& cfg) {
   return smaller_auto_cpu_limit(read_memory_bounds(o.system_root), host_rss_bytes(), 0, o.reserve_bytes, o.margin).cap;
 }
 
-PlanReport plan_report(const Config& cfg) {
+PlanReport plan_report(const Config& cfg) { return plan_report(cfg, planned_cap(cfg)); }
+
+PlanReport plan_report(const Config& cfg, int64_t cap) {
   PlanReport r;
-  const int64_t cap = planned_cap(cfg);
   r.cap_line = describe_memory_limit(cfg);
   if (cap == 0 && plain_spec(cfg.memory.limit) == "auto" && cuda_job(cfg) && !torch::cuda::is_available())
     r.cap_line += " (no GPU here: the plan has no cap; --set memory.limit=SIZE plans under one)";
@@ -141,6 +142,7 @@ PlanReport plan_report(const Config& cfg) {
     alt.optim.state_dtype = d;
     PlanAlternative a;
     a.setting = std::string("optim.state_dtype: ") + mode_name(d);
+    a.state_dtype = d;
     a.job = plan_job(alt, cap);
     a.plan = plan_memory(a.job);
     r.alternatives.push_back(std::move(a));

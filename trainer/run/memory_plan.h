@@ -19,6 +19,7 @@ namespace trainer {
 /// A setting the job could change, and its plan.
 struct PlanAlternative {
   std::string setting;  ///< "optim.state_dtype: int8"
+  StateDtype state_dtype = StateDtype::kFloat32;  ///< the moments' dtype it names
   PlanJob job;
   MemoryPlan plan;
 };
@@ -41,8 +42,10 @@ PlanJob plan_job(const Config& cfg, int64_t cap);
 /// free memory when this machine has it, else 0 (not known here: the line says so).
 int64_t planned_cap(const Config& cfg);
 
-/// The plan of `cfg` on this machine, with the settings that would fit when it does not.
+/// The plan of `cfg` on this machine (planned_cap), with the settings that would fit when it does not.
 PlanReport plan_report(const Config& cfg);
+/// The same under `cap` bytes (0: none): what the run's own cap is once resolved.
+PlanReport plan_report(const Config& cfg, int64_t cap);
 
 /// The table `trainer plan` prints (ends with a newline).
 std::string render_plan_report(const PlanReport& report);

@@ -236,9 +236,13 @@ std::optional<int> TrainingRun::agree_on_save_and_stop() {
 
 int TrainingRun::give_up(const OomGaveUp& e) {
   spdlog::error("{}", e.what());
+  const std::string would_fit = what_would_fit();
+  if (!would_fit.empty()) spdlog::error("{}", would_fit);
   const int64_t step = progress_.step();
-  trackers_.metrics().event("oom_gave_up",
-                            {{"step", step}, {"message", e.what()}, {"mem_peak_bytes", memory_.backend().peak_bytes()}});
+  trackers_.metrics().event("oom_gave_up", {{"step", step},
+                                            {"message", e.what()},
+                                            {"would_fit", would_fit},
+                                            {"mem_peak_bytes", memory_.backend().peak_bytes()}});
   // No step trained in this process: the state is the fresh start's or the resumed checkpoint's, which a
   // rerun rebuilds bit for bit. A save would only copy it (every weight and optimizer moment, outside
   // the cap), which for a model too large for its cap can be more than the machine has left.

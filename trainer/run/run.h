@@ -87,6 +87,10 @@ class TrainingRun {
   void setup_model();
   void setup_step();
 
+  // memory_state.cpp
+  void choose_memory_state();  // memory.state auto: the moments' dtype the plan fits with, before the model
+  std::string what_would_fit() const;  // for the give-up: the settings the plan finds would fit ("" none)
+
   // run.cpp
   void start(bool resumed);
   /// Step::run's while_device_runs under data.fetch_ahead: InputPipeline::fetch_ahead, not after the last

@@ -22,6 +22,7 @@ void TrainingRun::setup() {
   setup_run_folder();
   trackers_.setup_observers(ranks_);
   setup_memory();
+  choose_memory_state();  // may store the moments in fewer bytes: before the config is recorded and tracked
   if (main_rank()) trackers_.setup_tracking(trained_.device(), ranks_);  // after the GPU is named (its UUID is a tag)
   setup_data();
   setup_model();

@@ -32,10 +32,8 @@ void Trackers::setup_observers(const Ranks& ranks) {
                                          static_cast<int>(cfg_.log.http_port + ranks.env().local_rank));
     spdlog::info("http: serving /metrics /healthz /readyz /memory on {}", http_->url());
   }
-  if (ranks.main_rank()) {
-    std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
-    out << to_yaml(cfg_);
-  }
+  main_rank_ = ranks.main_rank();
+  write_resolved_config();
   spdlog::info("trainer {} (LibTorch {}), run folder {}", TRAINER_VERSION, compat::torch_version(), opts_.run_dir);
   if (!ranks.dist()) return;
   const DistEnv& env = ranks.env();
@@ -43,6 +41,17 @@ void Trackers::setup_observers(const Ranks& ranks) {
                env.world_size, env.local_rank, env.local_world_size, ranks.rank_batch(), cfg_.train.global_batch);
   telemetry_.set_info("rank", std::to_string(env.rank));
   telemetry_.set_info("world_size", std::to_string(env.world_size));
+}
+
+void Trackers::write_resolved_config() const {
+  if (!main_rank_) return;
+  std::ofstream out(fs::path(opts_.run_dir) / "resolved_config.yaml");
+  out << to_yaml(cfg_);
+}
+
+void Trackers::set_changed_setting(const std::string& key, const std::string& from, const std::string& to) {
+  changed_["memory.state.changed." + key] = from + " -> " + to;
+  write_resolved_config();
 }
 
 void Trackers::setup_resources(const torch::Device& device) {
@@ -77,6 +86,7 @@ void Trackers::setup_tracking(const torch::Device& device, const Ranks& ranks) {
   o.run_name = fs::absolute(opts_.run_dir).lexically_normal().filename().string();
   if (o.run_name.empty()) o.run_name = fs::absolute(opts_.run_dir).lexically_normal().parent_path().filename().string();
   o.params = track::params_of_yaml(to_yaml(cfg_));
+  for (const auto& [key, change] : changed_) o.params[key] = change;
   o.tags = {{"mlflow.source.name", "trainer"},
             {"mlflow.source.type", "JOB"},
             {"mlflow.source.git.commit", track::build_commit()},

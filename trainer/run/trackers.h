@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,11 @@ class Trackers {
   /// report when one was asked for (SIGUSR2, GET /memory).
   void observe_resources(int64_t step, MemoryBackend& memory);
 
+  /// A setting the run changed from the config (memory.state auto): resolved_config.yaml is written again
+  /// with it (rank 0), and MLflow's params, made later by setup_tracking, name the change
+  /// ("memory.state.changed.<key>" = "float32 -> int8").
+  void set_changed_setting(const std::string& key, const std::string& from, const std::string& to);
+
   MetricsLog& metrics() { return metrics_; }
   Telemetry& telemetry() { return telemetry_; }
   MemoryReporter* memory_report() const { return memory_report_.get(); }
@@ -60,6 +66,9 @@ class Trackers {
   std::unique_ptr<ResourceMonitor> resources_;
   std::unique_ptr<TensorboardWriter> tensorboard_;
   std::unique_ptr<track::MlflowTracker> tracker_;  // log.mlflow, rank 0 only
+  std::map<std::string, std::string> changed_;      // set_changed_setting's, as MLflow params
+  bool main_rank_ = false;
+  void write_resolved_config() const;  // rank 0
 };
 
 }  // namespace trainer

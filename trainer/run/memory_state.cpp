@@ -1,0 +1,79 @@
+// memory.state: before the model is built, the memory plan decides whether the optimizer's state is stored
+// in fewer bytes (auto), and a run that gives up on memory names the settings the plan finds would fit.
+#include <spdlog/spdlog.h>
+
+#include "trainer/memory/backend.h"
+#include "trainer/run/memory_plan.h"
+#include "trainer/run/run.h"
+
+namespace trainer {
+
+namespace {
+
+// The settings of `report` that fit, as "optim.state_dtype: int8 (peak 14.81 GiB)", joined.
+std::string fitting(const PlanReport& report) {
+  std::string out;
+  for (const auto& a : report.alternatives)
+    if (a.plan.fits) out += (out.empty() ? "" : ", ") + a.setting + " (peak " + format_bytes(a.plan.peak_bytes) + ")";
+  return out;
+}
+
+}  // namespace
+
+void TrainingRun::choose_memory_state() {
+  if (cfg_.memory.state != MemoryState::kAuto) return;
+  if (trained_.device().is_cuda()) {
+    spdlog::info("memory.state auto: the moments stay {} on {} (fewer bytes run on the CPU only)",
+                 mode_name(cfg_.optim.state_dtype), trained_.device().str());
+    return;
+  }
+  const int64_t cap = memory_.limit().bytes();
+  const PlanReport report = plan_report(cfg_, cap);
+  const PlanAlternative* chosen = nullptr;
+  for (const auto& a : report.alternatives)
+    if (!chosen && a.plan.fits) chosen = &a;
+  // Every rank stores its moments as the rank with the least memory needs: replicas must take the same steps.
+  StateDtype to = chosen ? chosen->state_dtype : cfg_.optim.state_dtype;
+  if (ranks_.dist())
+    to = static_cast<StateDtype>(static_cast<int>(
+        ranks_.dist()->all_max({static_cast<double>(static_cast<int>(to))}, "memory.state auto")[0]));
+  const std::string from = mode_name(cfg_.optim.state_dtype);
+  if (to == cfg_.optim.state_dtype) {
+    if (report.plan.fits)
+      spdlog::info("memory.state auto: the plan fits with {} moments ({}, peak {} under {})", from, report.plan.rung,
+                   format_bytes(report.plan.peak_bytes), cap ? format_bytes(cap) : std::string("no cap"));
+    else
+      spdlog::warn("memory.state auto: the job does not fit under {} (peak {}), and no optim.state_dtype makes it "
+                   "fit; it runs as configured", format_bytes(cap), format_bytes(report.plan.peak_bytes));
+    return;
+  }
+  cfg_.optim.state_dtype = to;
+  const std::string planned = chosen && chosen->state_dtype == to
+                                  ? chosen->plan.rung + ", peak " + format_bytes(chosen->plan.peak_bytes)
+                                  : "as another rank needs";
+  spdlog::warn("memory.state auto: the job does not fit under {} with {} moments (peak {}); they are stored in {} "
+               "({})", format_bytes(cap), from, format_bytes(report.plan.peak_bytes), mode_name(to), planned);
+  trackers_.metrics().event("memory_state", {{"setting", "optim.state_dtype"}, {"from", from}, {"to", mode_name(to)},
+                                             {"reason", "plan"}, {"limit", cap},
+                                             {"planned_peak_bytes", chosen ? chosen->plan.peak_bytes : 0},
+                                             {"planned_peak_bytes_before", report.plan.peak_bytes}});
+  trackers_.set_changed_setting("optim.state_dtype", from, mode_name(to));
+}
+
+std::string TrainingRun::what_would_fit() const {
+  if (cfg_.optim.name == OptimKind::kSgd) return "";
+  try {
+    const int64_t cap = memory_.agreed_limit();
+    if (cap == 0) return "";
+    PlanReport report = plan_report(cfg_, cap);
+    if (report.plan.fits) return "";  // the plan expected it to fit: it has nothing to name
+    const std::string fits = fitting(report);
+    return fits.empty() ? "the memory plan finds no optim.state_dtype that fits under " + format_bytes(cap)
+                        : "the memory plan under " + format_bytes(cap) + " finds that " + fits + " would fit" +
+                              (cfg_.memory.state == MemoryState::kFixed ? " (memory.state: auto moves to it by itself)" : "");
+  } catch (const std::exception&) {
+    return "";  // the plan is advice: a failure to make it never hides why the run stopped
+  }
+}
+
+}  // namespace trainer
