@@ -8,11 +8,14 @@
 #include <algorithm>
 #include <fstream>
 
+#include <signal.h>
+
 #include "models/attention.h"
 #include "models/footprint.h"
 #include "models/registry.h"
 #include "models/summary.h"
 #include "test_util.h"
+#include "train_util.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/plan.h"
 #include "trainer/numerics/moments.h"
@@ -284,6 +287,47 @@ TEST(MemoryState, AutoStoresTheMomentsInFewerBytesToFit) {
   const auto sgd = run(trainer_bin() + " --dry-run --set memory.state=auto --set optim.name=sgd");
   EXPECT_EQ(sgd.exit_code, 2) << sgd.output;
   EXPECT_NE(sgd.output.find("memory.state"), std::string::npos) << sgd.output;
+}
+
+}  // namespace test_memory_plan
+
+namespace test_memory_plan {
+
+TEST(MemoryState, AutoAfterAGiveUpTheStartDidNotForesee) {
+  // The run starts with room (float32 moments fit), then its cap is cut through control.yaml to where only
+  // int8 moments fit: the ladder gives up at its floor, and memory.state auto stores the moments in fewer
+  // bytes (bfloat16, then int8 if that fails too) and runs the same step again. No step is lost.
+  TempDir dir("memory_state_cut");
+  const std::string run_dir = (dir / "run").string();
+  const std::string job = "--config " + source_dir() + "/configs/llama_tiny_fortunes.yaml" +
+                          " --set data.kind=synthetic --set data.test= --set model.context=16 --set train.global_batch=1" +
+                          " --set optim.name=adamw --set train.steps=100000 --set train.epochs=0 --set log.every=1" +
+                          " --set checkpoint.every_steps=0 --set memory.limit=64MiB --set memory.state=auto";
+  const pid_t pid = spawn(trainer_cmd(run_dir, job), (dir / "log.txt").string());
+  ASSERT_TRUE(wait_for_metrics(run_dir, [](auto& l) { return last_step(l) >= 5; })) << read_file(dir / "log.txt");
+  write_file(dir / "run" / "control.yaml", "memory:\n  limit: 8.3MiB\n");
+  int64_t converted_at = 0;
+  const bool converted = wait_for_metrics(run_dir, [&](auto& lines) {
+    for (auto& l : lines)
+      if (l.value("event", "") == "memory_state" && l.value("to", "") == "int8") converted_at = l["step"].template get<int64_t>();
+    return converted_at > 0 && last_step(lines) >= converted_at + 5;
+  });
+  kill(pid, SIGTERM);
+  const int code = wait_exit(pid);
+  ASSERT_TRUE(converted) << read_file(dir / "log.txt");
+  EXPECT_EQ(code, 143) << read_file(dir / "log.txt");
+  const auto changes = events(run_dir, "memory_state");
+  ASSERT_GE(changes.size(), 1u);
+  EXPECT_EQ(changes.front()["from"], "float32");
+  EXPECT_EQ(changes.front()["reason"], "gave_up");
+  EXPECT_TRUE(events(run_dir, "oom_gave_up").empty());
+  const auto steps = step_lines(run_dir);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["samples_seen"].get<int64_t>(), static_cast<int64_t>(i + 1));  // no step lost or repeated
+    if (steps[i]["step"].get<int64_t>() >= converted_at)
+      EXPECT_LE(steps[i]["mem_peak_bytes"].get<int64_t>(), parse_bytes("8.3MiB"));
+  }
+  EXPECT_NE(read_file(dir / "run" / "resolved_config.yaml").find("state_dtype: \"int8\""), std::string::npos);
 }
 
 }  // namespace test_memory_plan

@@ -412,6 +412,49 @@ TEST(OptimState, AnotherDtypeConverts) {
   }
 }
 
+// A live optimizer stores its moments in fewer bytes (memory.state auto after a give-up): tensor by tensor,
+// to what loading the same float32 state into an int8 optimizer gives, and its next step is that one's.
+TEST(OptimState, ConvertInPlaceIsWhatLoadingGives) {
+  const auto ps = model_params();
+  const auto grads = gradients(ps, 3);
+  auto slots = slots_of(ps);
+  trainer::Optimizer live(slots, adamw(StateDtype::kFloat32));
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < ps.size(); ++i) slots[i].param.mutable_grad() = grads[s * ps.size() + i].clone();
+    live.step(1e-3);
+  }
+  std::map<std::string, torch::Tensor> f32;
+  for (auto& [k, v] : live.state()) f32[k] = v.clone();
+  const int64_t before = live.state_bytes();
+  auto loaded_slots = slots_of(ps);
+  for (size_t i = 0; i < ps.size(); ++i) loaded_slots[i].param.data().copy_(slots[i].param.detach());
+  trainer::Optimizer loaded(loaded_slots, adamw(StateDtype::kInt8));
+  ASSERT_EQ(loaded.load_state(f32), "float32 to int8");
+  EXPECT_EQ(live.convert_state(adamw(StateDtype::kBfloat16)), "float32 to bfloat16");
+  EXPECT_EQ(live.convert_state(adamw(StateDtype::kInt8)), "bfloat16 to int8");
+  EXPECT_LT(live.state_bytes(), before / 2);
+  // From bfloat16 the codes are those of the bfloat16 values: compare with loading those.
+  trainer::Optimizer via_bf16(slots_of(ps), adamw(StateDtype::kBfloat16));
+  via_bf16.load_state(f32);
+  std::map<std::string, torch::Tensor> bf16;
+  for (auto& [k, v] : via_bf16.state()) bf16[k] = v.clone();
+  ASSERT_EQ(loaded.load_state(bf16), "bfloat16 to int8");
+  std::map<std::string, torch::Tensor> a, b;
+  for (auto& [k, v] : live.state()) a[k] = v;
+  for (auto& [k, v] : loaded.state()) b[k] = v;
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [k, v] : a) EXPECT_TRUE(v.equal(b.at(k))) << k;
+  EXPECT_EQ(live.state_bytes(), loaded.state_bytes());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    slots[i].param.mutable_grad() = grads[2 * ps.size() + i].clone();
+    loaded_slots[i].param.mutable_grad() = grads[2 * ps.size() + i].clone();
+  }
+  live.step(1e-3);
+  loaded.step(1e-3);
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(slots[i].param.equal(loaded_slots[i].param)) << slots[i].name;
+  EXPECT_THROW(live.convert_state(trainer::OptimConfig{}), std::invalid_argument);  // SGD has no moments to store so
+}
+
 // The state does not fit under a real cap: the step throws before any parameter or gradient changed.
 // Once the state is there, the step allocates nothing the size of a tensor.
 TEST(OptimState, OomWhileAllocatingChangesNothing) {

@@ -179,6 +179,26 @@ bool cache_over_limit(int64_t reserved, int64_t limit);
 /// if this build has no CUDA), std::invalid_argument for other device types.
 std::unique_ptr<MemoryBackend> make_memory_backend(c10::Device device);
 
+/// Lifts the memory cap while it lives. Saving and resuming allocate (copies of the state to serialize,
+/// the tensors read back), and so does storing the optimizer's state in fewer bytes: under a cap at or
+/// below the live bytes, the one that made the run give up for example, they would fail and lose the
+/// progress the cap did not. This memory is temporary and small next to a step's activations.
+class LiftedCap {
+ public:
+  explicit LiftedCap(MemoryBackend& memory) : memory_(memory), limit_(memory.limit()) {
+    if (limit_ > 0) memory_.set_limit(0);
+  }
+  ~LiftedCap() {
+    if (limit_ > 0) memory_.set_limit(limit_);
+  }
+  LiftedCap(const LiftedCap&) = delete;
+  LiftedCap& operator=(const LiftedCap&) = delete;
+
+ private:
+  MemoryBackend& memory_;
+  int64_t limit_;
+};
+
 // ---- classifying failures -------------------------------------------------------------------------
 
 /// True if `e` means "out of memory" and a smaller micro-batch may succeed: c10::OutOfMemoryError (the

@@ -148,6 +148,13 @@ void MicroBatchController::remember_failure(int64_t micro) {
   if (failed_micro_ == 0 || micro < failed_micro_) failed_micro_ = micro;
 }
 
+void MicroBatchController::on_state_shrank() {
+  failed_micro_ = 0;
+  skipped_micro_ = 0;
+  ckpt_off_failed_ = false;
+  limit_rose_ = true;
+}
+
 std::optional<OomEvent> MicroBatchController::on_limit_changed(int64_t new_limit) {
   if (new_limit < 0) throw std::invalid_argument("micro-batch controller: limit must be >= 0 (0 = none)");
   if (new_limit == limit_) return std::nullopt;

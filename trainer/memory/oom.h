@@ -177,6 +177,9 @@ class MicroBatchController {
   /// Call when the limit may have changed (on_oom and maybe_grow do). When it rose (or became none) the
   /// remembered failures are forgotten and the next clean step probes. Returns the event if it changed.
   std::optional<OomEvent> on_limit_changed(int64_t new_limit);
+  /// What the step holds besides its micro-batch shrank (the optimizer's state stored in fewer bytes): the
+  /// sizes that failed may fit now, and the next clean step probes, as after a rise of the limit.
+  void on_state_shrank();
 
   /// The events recorded since the last call, oldest first; the loop logs them and writes them to
   /// metrics.jsonl.

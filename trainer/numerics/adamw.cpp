@@ -95,6 +95,10 @@ class AdamW : public OptimizerRule {
   std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
     return moments_.load(state, params);
   }
+  std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params) override {
+    cfg_.state_dtype = dtype;
+    return moments_.convert(dtype, params);
+  }
 
  private:
   // torchao's single_param_adam (AdamW8bit, and _AdamW with bfloat16 state), op for op in float32, per

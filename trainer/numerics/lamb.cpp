@@ -77,6 +77,10 @@ class Lamb : public OptimizerRule {
   std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
     return moments_.load(state, params);
   }
+  std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params) override {
+    cfg_.state_dtype = dtype;
+    return moments_.convert(dtype, params);
+  }
 
  private:
   // The float32 ops above, element by element per block of moments.h, the update left in the gradient: m =

@@ -194,8 +194,11 @@ std::string load_moment(const std::map<std::string, torch::Tensor>& state, const
   }
   // Through float32, laid out as the parameter: int8 codes are blocked in its memory order (a checkpoint's
   // codes, copied into that layout, are back in the order they were blocked in when the layouts agree).
-  torch::Tensor f32 = torch::empty_like(values, values.options().dtype(torch::kFloat), at::MemoryFormat::Preserve);
-  if (saved_scale.defined()) {
+  const bool in_place = src.scalar_type() == torch::kFloat && src.strides() == values.strides();
+  torch::Tensor f32 = in_place ? src : torch::empty_like(values, values.options().dtype(torch::kFloat), at::MemoryFormat::Preserve);
+  if (in_place) {
+    // the saved float32 moment, laid out as the parameter, is read as it is
+  } else if (saved_scale.defined()) {
     const torch::Tensor codes = torch::empty_like(values, values.options().dtype(torch::kUInt8), at::MemoryFormat::Preserve).copy_(src);
     in_memory_order(f32).copy_(quant8::dequantize(in_memory_order(codes), saved_scale, is_signed));
   } else {
@@ -223,6 +226,31 @@ std::string AdamMoments::load(const std::map<std::string, torch::Tensor>& state,
       if (!saved.empty() && from.empty()) from = saved;
   }
   return from.empty() ? "" : from + " to " + mode_name(dtype_);
+}
+
+std::string AdamMoments::convert(StateDtype dtype, const std::vector<ParamSlot>& params) {
+  if (m_.empty()) {  // nothing allocated yet: the first step allocates in the new dtype
+    dtype_ = dtype;
+    return "";
+  }
+  const std::string from = mode_name(dtype_);
+  if (dtype == dtype_) return "";
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (dtype_name(m_[i]) == std::string(mode_name(dtype)) ||
+        (dtype == StateDtype::kInt8 && !quant8::quantizes(params[i].param.numel()) && m_[i].scalar_type() == torch::kFloat))
+      continue;  // converted by an earlier call, or a small tensor that int8 keeps in float32
+    const std::string& name = params[i].name;
+    const std::map<std::string, torch::Tensor> old = {{"exp_avg." + name, m_[i]}, {"exp_avg_absmax." + name, m_absmax_[i]},
+                                                      {"exp_avg_sq." + name, v_[i]}, {"exp_avg_sq_absmax." + name, v_absmax_[i]}};
+    torch::Tensor m, ma, v, va;
+    zero_moment(params[i].param, dtype, /*is_signed=*/true, m, ma);
+    zero_moment(params[i].param, dtype, /*is_signed=*/false, v, va);
+    load_moment(old, "exp_avg." + name, "exp_avg_absmax." + name, true, m, ma);
+    load_moment(old, "exp_avg_sq." + name, "exp_avg_sq_absmax." + name, false, v, va);
+    m_[i] = std::move(m), m_absmax_[i] = std::move(ma), v_[i] = std::move(v), v_absmax_[i] = std::move(va);
+  }
+  dtype_ = dtype;
+  return from + " to " + mode_name(dtype);
 }
 
 }  // namespace trainer

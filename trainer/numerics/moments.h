@@ -62,6 +62,13 @@ class AdamMoments {
   /// what was converted ("" when nothing): "float32 to int8", ... Throws std::runtime_error naming an
   /// entry that is missing or has another shape.
   std::string load(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params);
+  /// Holds the moments in `dtype` from now on: each parameter's are converted (as load() converts) and the
+  /// old ones freed before the next parameter's, so that the memory it needs beyond the old state is one
+  /// parameter's new moments (and a float32 copy of one moment when int8 codes are read). Returns what was
+  /// converted ("float32 to int8"; "" when nothing is allocated yet). On an allocation failure the
+  /// parameters already converted stay converted and the rest keep their dtype until the next call:
+  /// dtype() is the new one only once all are.
+  std::string convert(StateDtype dtype, const std::vector<ParamSlot>& params);
   /// Bytes held by the moments and their scales.
   int64_t bytes() const;
   /// The bytes both moments of a parameter of `numel` values take in `dtype`, without building them: what

@@ -144,6 +144,15 @@ std::string Optimizer::load_state(const std::map<std::string, torch::Tensor>& st
   return rule_->load_state(state, params_);
 }
 
+std::string Optimizer::convert_state(const OptimConfig& cfg) {
+  if (cfg.name == OptimKind::kSgd || cfg.state_dtype == StateDtype::kFloat32)
+    throw std::invalid_argument("convert_state: moments in fewer bytes are AdamW's and LAMB's (got " +
+                                mode_name(cfg.name) + ", " + mode_name(cfg.state_dtype) + ")");
+  const std::string what = rule_->convert_state(cfg.state_dtype, params_);
+  impl_ = OptimImpl::kPlain;  // low-precision moments run their own block update
+  return what;
+}
+
 torch::Tensor clip_grad_norm(const std::vector<ParamSlot>& params, double max_norm, std::optional<bool> foreach) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;

@@ -121,6 +121,12 @@ class Optimizer {
   std::string load_state(const std::map<std::string, torch::Tensor>& state);
   /// Bytes of the state tensors (state()'s, the step count aside).
   int64_t state_bytes() const;
+  /// Stores AdamW's or LAMB's moments in `cfg.state_dtype` from now on, converting what they hold tensor by
+  /// tensor (as a checkpoint of another dtype is loaded: float32 to int8 quantizes); the update runs plain.
+  /// Returns what was converted ("float32 to int8"; "" before the first step, when there is nothing yet).
+  /// Throws std::invalid_argument for SGD or float32; c10::OutOfMemoryError when one tensor's new moments
+  /// do not fit (those converted stay converted; calling again goes on: AdamMoments::convert).
+  std::string convert_state(const OptimConfig& cfg);
 
  private:
   /// The fused kernels with the rate `lr`, or with the tensors of set_device_scalars() when `from_device`.

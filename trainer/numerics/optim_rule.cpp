@@ -26,6 +26,10 @@ void OptimizerRule::step_fused(const std::vector<ParamSlot>&, const FusedScalars
   throw std::logic_error("optimizer " + name() + " has no fused implementation");
 }
 
+std::string OptimizerRule::convert_state(StateDtype dtype, const std::vector<ParamSlot>&) {
+  throw std::invalid_argument("optim.state_dtype " + mode_name(dtype) + " applies to AdamW's and LAMB's moments");
+}
+
 std::string OptimizerRule::load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) {
   torch::NoGradGuard no_grad;
   for (const StateBuffers& b : state_buffers()) {

@@ -66,6 +66,9 @@ class OptimizerRule {
   /// its tensor. Returns what was converted on the way ("" when nothing: AdamMoments converts another
   /// optim.state_dtype). Throws std::runtime_error naming a missing or mis-shaped entry.
   virtual std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params);
+  /// Holds the state in `dtype` from now on, converting it tensor by tensor (AdamW, LAMB: AdamMoments::convert).
+  /// Returns what was converted ("" when there is no state yet). Default: std::invalid_argument (SGD).
+  virtual std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params);
 
  protected:
   OptimConfig cfg_;

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "trainer/memory/backend.h"
+#include "common/log.h"
+#include "trainer/run/from_config.h"
 #include "trainer/run/memory_plan.h"
 #include "trainer/run/run.h"
 
@@ -58,6 +60,35 @@ void TrainingRun::choose_memory_state() {
                                              {"planned_peak_bytes", chosen ? chosen->plan.peak_bytes : 0},
                                              {"planned_peak_bytes_before", report.plan.peak_bytes}});
   trackers_.set_changed_setting("optim.state_dtype", from, mode_name(to));
+}
+
+bool TrainingRun::store_state_in_fewer_bytes(const OomGaveUp& e) {
+  // One process on the CPU, batches fetched inside the step: a second attempt at the same batch is the
+  // first one again. Data parallel replicas would have to agree on it; they give up instead.
+  if (cfg_.memory.state != MemoryState::kAuto || trained_.device().is_cuda() || ranks_.dist() ||
+      cfg_.optim.state_dtype == StateDtype::kInt8 || fetches_ahead(cfg_, trained_.device()))
+    return false;
+  const std::string from = mode_name(cfg_.optim.state_dtype);
+  OptimConfig next = cfg_.optim;
+  next.state_dtype = cfg_.optim.state_dtype == StateDtype::kFloat32 ? StateDtype::kBfloat16 : StateDtype::kInt8;
+  try {
+    // Tensor by tensor: beyond the old moments, one parameter's new ones at a time (AdamMoments::convert).
+    const LiftedCap lifted(memory_.backend());
+    trained_.optimizer().convert_state(next);
+  } catch (const std::exception& failed) {
+    spdlog::warn("memory.state auto: the moments could not be stored in {} ({})", mode_name(next.state_dtype),
+                 error_message(failed));
+    return false;
+  }
+  cfg_.optim.state_dtype = next.state_dtype;
+  step_runner_->controller().on_state_shrank();
+  const std::string to = mode_name(next.state_dtype);
+  spdlog::warn("memory.state auto: {}; the moments are stored in {} from now on, and the step runs again", e.what(), to);
+  trackers_.metrics().event("memory_state", {{"setting", "optim.state_dtype"}, {"from", from}, {"to", to},
+                                             {"reason", "gave_up"}, {"limit", memory_.agreed_limit()},
+                                             {"step", progress_.step() + 1}});
+  trackers_.set_changed_setting("optim.state_dtype", from, to);
+  return true;
 }
 
 std::string TrainingRun::what_would_fit() const {

@@ -18,30 +18,6 @@
 
 namespace trainer {
 
-namespace {
-
-/// Lifts the memory cap while it lives. Saving and resuming allocate (copies of the state to
-/// serialize, the tensors read back): under a cap at or below the live bytes, the one that made the run
-/// give up for example, they would fail and lose the progress the cap did not. This memory is
-/// temporary and small next to a step's activations.
-class LiftedCap {
- public:
-  explicit LiftedCap(MemoryBackend& memory) : memory_(memory), limit_(memory.limit()) {
-    if (limit_ > 0) memory_.set_limit(0);
-  }
-  ~LiftedCap() {
-    if (limit_ > 0) memory_.set_limit(limit_);
-  }
-  LiftedCap(const LiftedCap&) = delete;
-  LiftedCap& operator=(const LiftedCap&) = delete;
-
- private:
-  MemoryBackend& memory_;
-  int64_t limit_;
-};
-
-}  // namespace
-
 nlohmann::json TrainingRun::state_json() const {
   nlohmann::json j;
   progress_.write_state(j);  // step, epoch, position, samples_seen, nonfinite_in_a_row

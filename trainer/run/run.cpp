@@ -62,16 +62,25 @@ int TrainingRun::run_stages() {
       if (opts_.observer) opts_.observer->before_step(progress_.step() + 1);
       std::optional<data::Batch> batch = input_.fetch();
       poll(!batch);  // every rank gives up together if any rank's batch did not fit
-      if (memory_.need_micro_batch_search()) {
-        const MicroBatchSearch found = auto_micro_batch(*batch);
-        if (found.stopped) return stop_during_search(found);
+      StepResult r;
+      auto t0 = std::chrono::steady_clock::now();
+      for (;;) {  // once, or again with the same batch after memory.state auto stored the moments in fewer bytes
+        try {
+          if (memory_.need_micro_batch_search()) {
+            const MicroBatchSearch found = auto_micro_batch(*batch);
+            if (found.stopped) return stop_during_search(found);
+          }
+          if (memory_.need_pretune()) pretune(*batch);
+          t0 = std::chrono::steady_clock::now();
+          input_.step_started();
+          const double lr = learning_rate(cfg_.schedule, cfg_.optim.lr, progress_.step(), progress_.total_steps(),
+                                          progress_.warmup_steps());
+          r = step_runner_->run(*batch, progress_.step() + 1, lr, memory_.agreed_limit(), fetch_ahead_hook());
+          break;
+        } catch (const OomGaveUp& e) {
+          if (!store_state_in_fewer_bytes(e)) throw;
+        }
       }
-      if (memory_.need_pretune()) pretune(*batch);
-      const auto t0 = std::chrono::steady_clock::now();
-      input_.step_started();
-      const double lr = learning_rate(cfg_.schedule, cfg_.optim.lr, progress_.step(), progress_.total_steps(),
-                                      progress_.warmup_steps());
-      StepResult r = step_runner_->run(*batch, progress_.step() + 1, lr, memory_.agreed_limit(), fetch_ahead_hook());
       // The time in the source for the next step's batch is data time, as a wait for this one's is.
       const double ahead_wait_s = input_.step_ended();
       record(r, *batch, seconds_since(t0) - ahead_wait_s);
