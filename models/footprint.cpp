@@ -38,15 +38,17 @@ struct BlockCount {
 
 // GPT's and ViT's block (attention.cpp): per token, LayerNorm keeps its input (x) and ln_1's output is kept
 // by c_attn; q, k and v are views of c_attn's output (3C); the attention keeps its output and one
-// log-sum-exp per head (fused) or its probabilities, nh x T per token (plain); the heads side by side (C)
-// are c_proj's input; the residual sum h (C) is ln_2's input, whose output (C) c_fc keeps; c_fc's output
+// log-sum-exp per head (fused; the output, heads side by side, is c_proj's input) or its probabilities, nh x
+// T per token, and c_proj keeps the heads copied side by side (C) (plain); the residual sum h (C) is ln_2's input, whose output (C) c_fc keeps; c_fc's output
 // (4C, GELU's input) and GELU's output (4C, c_proj's input). Four LayerNorm statistics. Dropout above 0
 // keeps a mask per dropout.
 BlockCount transformer_block(int64_t C, int64_t nh, int64_t T, int64_t mlp_ratio, double dropout, bool fused) {
   const double c = static_cast<double>(C), hidden = static_cast<double>(mlp_ratio * C);
-  const double attention = fused ? c + static_cast<double>(nh) : static_cast<double>(nh * T);
+  // Fused, the kernel's output is laid out heads side by side already (c_proj reads it as it is); plain,
+  // the heads are copied side by side from the product of the probabilities and the values.
+  const double attention = fused ? c + static_cast<double>(nh) : static_cast<double>(nh * T) + c;
   BlockCount b;
-  b.kept = c /*x*/ + c /*ln_1*/ + 3 * c /*qkv*/ + attention + c /*heads*/ + c /*h*/ + c /*ln_2*/ + 2 * hidden + 4;
+  b.kept = c /*x*/ + c /*ln_1*/ + 3 * c /*qkv*/ + attention + c /*h*/ + c /*ln_2*/ + 2 * hidden + 4;
   if (dropout > 0) b.kept += 2 * c + (fused ? 0.0 : static_cast<double>(nh * T));
   // Backward through the MLP: the residual stream's gradient and the gradients of c_fc's and GELU's outputs.
   b.transient = c + 2 * hidden;
@@ -55,17 +57,19 @@ BlockCount transformer_block(int64_t C, int64_t nh, int64_t T, int64_t mlp_ratio
 
 // Llama's block (llama.cpp): RMSNorm keeps its input, the normalized tensor and its output (the projections'
 // input); the rotated queries (q) and keys (kv) and the values (kv) go to the attention, which keeps them with
-// its output (q) and a log-sum-exp per head when fused and reading grouped heads itself; plain, it keeps the
-// repeated keys and values (q each) and the probabilities (nh x T); o_proj keeps the heads side by side (q);
+// its output (q, o_proj's input as it is) and a log-sum-exp per head when fused and reading grouped heads
+// itself; plain, it keeps the repeated keys and values (q each) and the probabilities (nh x T), and o_proj
+// keeps the heads copied side by side (q);
 // the residual sum (C) and the second RMSNorm (2C more); SwiGLU keeps gate's and up's outputs, SiLU's output
 // and their product (4I).
 BlockCount llama_block(const LlamaOptions& o, int64_t T, bool fused) {
   const double c = static_cast<double>(o.n_embd()), q = static_cast<double>(o.n_head() * o.head_size());
   const double kv = static_cast<double>(o.kv_heads() * o.head_size()), I = static_cast<double>(o.intermediate_size());
   const double nh = static_cast<double>(o.n_head());
-  const double attention = fused ? q + 2 * kv + q + nh : q + 2 * q + nh * static_cast<double>(T);
+  // The heads side by side (o_proj's input): the fused kernel's output as it is, or a copy (plain).
+  const double attention = fused ? q + 2 * kv + q + nh : q + 2 * q + nh * static_cast<double>(T) + q;
   BlockCount b;
-  b.kept = 3 * c /*norm*/ + 2 + attention + q /*heads*/ + c /*h*/ + 2 * c /*norm*/ + 2 + 4 * I;
+  b.kept = 3 * c /*norm*/ + 2 + attention + c /*h*/ + 2 * c /*norm*/ + 2 + 4 * I;
   if (o.dropout() > 0) b.kept += fused ? 0.0 : nh * static_cast<double>(T);
   // Backward: the residual stream's gradient, SwiGLU's gradients, and in plain attention the gradients of
   // the probabilities and of the scores (nh x T each).

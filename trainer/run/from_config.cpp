@@ -276,12 +276,21 @@ AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda) {
   return o;
 }
 
-std::string describe_memory_limit(const Config& cfg) {
+std::string memory_limit_spec(const Config& cfg) {
   std::string spec;
   for (char c : cfg.memory.limit)
     if (!std::isspace(static_cast<unsigned char>(c))) spec += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return spec;
+}
+
+bool cuda_job(const Config& cfg) {
+  return cfg.train.device.rfind("cuda", 0) == 0 || (cfg.train.device == "auto" && torch::cuda::is_available());
+}
+
+std::string describe_memory_limit(const Config& cfg) {
+  const std::string spec = memory_limit_spec(cfg);
   // A CUDA job may be dry-run on a machine without the GPU it will run on: name the device as written.
-  const bool cuda = cfg.train.device.rfind("cuda", 0) == 0 || (cfg.train.device == "auto" && torch::cuda::is_available());
+  const bool cuda = cuda_job(cfg);
   const std::string device = cuda ? (cfg.train.device == "auto" ? std::string("cuda") : cfg.train.device) : "cpu";
   if (spec.empty() || spec == "none") return "memory.limit none: no cap";
   if (spec != "auto") return "memory.limit " + spec + ": a cap of " + format_bytes(parse_bytes(spec)) + " on " + device;

@@ -131,6 +131,13 @@ int cpu_threads(const Config& cfg, int64_t local_world_size);
 /// memory.auto_margin -1 (the default) is kAutoMarginCuda on CUDA, kAutoMarginCpu on the CPU.
 AutoLimitOptions auto_limit_options(const Config& cfg, bool cuda);
 
+/// memory.limit in lower case, without spaces: "auto", "none", "6gib".
+std::string memory_limit_spec(const Config& cfg);
+
+/// Whether the job runs on CUDA: train.device names it, or auto on a machine that has one. A CUDA job may be
+/// planned or dry-run on a machine without its GPU.
+bool cuda_job(const Config& cfg);
+
 /// One line for `--dry-run`: what memory.limit resolves to on this machine now. `auto` on the CPU reads
 /// the container's limit and the machine's memory as the run will, with what this process holds now as
 /// the memory that is not tensors (the run resolves again once its data and model exist); on a CUDA

@@ -1,7 +1,6 @@
 #include "trainer/run/memory_plan.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <sstream>
 
@@ -15,17 +14,6 @@
 
 namespace trainer {
 namespace {
-
-std::string plain_spec(const std::string& limit) {
-  std::string spec;
-  for (char c : limit)
-    if (!std::isspace(static_cast<unsigned char>(c))) spec += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return spec;
-}
-
-bool cuda_job(const Config& cfg) {
-  return cfg.train.device.rfind("cuda", 0) == 0 || (cfg.train.device == "auto" && torch::cuda::is_available());
-}
 
 std::string count(int64_t n) {
   std::ostringstream s;
@@ -106,7 +94,7 @@ PlanJob plan_job(const Config& cfg, int64_t cap) {
 }
 
 int64_t planned_cap(const Config& cfg) {
-  const std::string spec = plain_spec(cfg.memory.limit);
+  const std::string spec = memory_limit_spec(cfg);
   if (spec.empty() || spec == "none") return 0;
   if (spec != "auto") return parse_bytes(spec);
   const bool cuda = cuda_job(cfg);
@@ -124,7 +112,7 @@ PlanReport plan_report(const Config& cfg) { return plan_report(cfg, planned_cap(
 PlanReport plan_report(const Config& cfg, int64_t cap) {
   PlanReport r;
   r.cap_line = describe_memory_limit(cfg);
-  if (cap == 0 && plain_spec(cfg.memory.limit) == "auto" && cuda_job(cfg) && !torch::cuda::is_available())
+  if (cap == 0 && memory_limit_spec(cfg) == "auto" && cuda_job(cfg) && !torch::cuda::is_available())
     r.cap_line += " (no GPU here: the plan has no cap; --set memory.limit=SIZE plans under one)";
   r.job = plan_job(cfg, cap);
   r.plan = plan_memory(r.job);
