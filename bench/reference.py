@@ -115,7 +115,8 @@ DEFAULTS = {
     "memory": {"limit": "none", "auto_margin": -1.0, "auto_reserve": "0", "curve": "", "min_micro_batch": 1,
                "activation_checkpointing": "none", "checkpoint_every_k": 2, "ladder_checkpointing": True,
                "grow_after": 50, "headroom": 0.25, "ladder_sizes": "any", "auto_search": "auto",
-               "cudnn_policy": "off", "cudnn_benchmark_limit": 0, "cudnn_empty_cache": True},
+               "cudnn_policy": "off", "cudnn_benchmark_limit": 0, "cudnn_empty_cache": True,
+               "state": "fixed"},
     "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True,
                    "max_failures": 3, "final": True},
     "dist": {"backend": "auto", "timeout_s": 600.0, "bucket_mb": 25.0},
@@ -312,6 +313,7 @@ def check_recipe_mirrored(cfg):
     t, d, o = cfg["train"], cfg["data"], cfg["optim"]
     unmirrored = [("optim.name", o["name"] not in ("sgd", "adamw"), "lamb"),
                   ("optim.state_dtype", o["state_dtype"] != "float32", "state in %s" % o["state_dtype"]),
+                  ("memory.state", cfg["memory"]["state"] != "fixed", "a state dtype chosen by the memory plan"),
                   ("train.loss", t["loss"] != "cross_entropy", "bce"),
                   ("train.mixup_alpha", t["mixup_alpha"] > 0, "Mixup"),
                   ("train.cutmix_alpha", t["cutmix_alpha"] > 0, "CutMix"),
