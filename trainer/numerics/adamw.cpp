@@ -13,15 +13,13 @@ namespace trainer {
 
 namespace {
 
-class AdamW : public OptimizerRule {
+class AdamW : public MomentsRule {
  public:
-  using OptimizerRule::OptimizerRule;
   const char* scope() const override { return "Optimizer.step#AdamW.step"; }
 
-  explicit AdamW(const OptimConfig& cfg) : OptimizerRule(cfg), moments_(cfg.state_dtype) {}
+  explicit AdamW(const OptimConfig& cfg) : MomentsRule(cfg) {}
 
   // Zero moments are PyTorch's initial state.
-  void allocate_state(const std::vector<ParamSlot>& params) override { moments_.allocate(params); }
 
   void step_plain(const std::vector<ParamSlot>& params, double lr, int64_t t) override {
     if (!moments_.float32()) return step_low_precision(params, lr, t);
@@ -91,14 +89,6 @@ class AdamW : public OptimizerRule {
     }
   }
 
-  std::vector<StateBuffers> state_buffers() override { return moments_.buffers(); }
-  std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
-    return moments_.load(state, params);
-  }
-  std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params) override {
-    cfg_.state_dtype = dtype;
-    return moments_.convert(dtype, params);
-  }
 
  private:
   // torchao's single_param_adam (AdamW8bit, and _AdamW with bfloat16 state), op for op in float32, per
@@ -135,7 +125,6 @@ class AdamW : public OptimizerRule {
     }
   }
 
-  AdamMoments moments_;
 };
 
 }  // namespace

@@ -18,16 +18,16 @@ void norm_into(torch::Tensor out, const torch::Tensor& t) {
   at::linalg_vector_norm_out(out, t, 2, at::OptionalIntArrayRef(), false, dtype);
 }
 
-class Lamb : public OptimizerRule {
+class Lamb : public MomentsRule {
  public:
-  explicit Lamb(const OptimConfig& cfg) : OptimizerRule(cfg), moments_(cfg.state_dtype) {}
+  explicit Lamb(const OptimConfig& cfg) : MomentsRule(cfg) {}
   const char* scope() const override { return "Optimizer.step#Lamb.step"; }
   // No fused LAMB kernel in LibTorch; the multi-tensor ops would allocate their results mid-step.
   bool has_foreach() const override { return false; }
   bool has_fused() const override { return false; }
 
   void allocate_state(const std::vector<ParamSlot>& params) override {
-    moments_.allocate(params);
+    MomentsRule::allocate_state(params);
     const int64_t n = static_cast<int64_t>(params.size());
     if (work_.defined() && work_.numel() == 4 * n + 2) return;
     const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().param.device();
@@ -73,14 +73,6 @@ class Lamb : public OptimizerRule {
     apply(params, live, adapt, lr, scale);
   }
 
-  std::vector<StateBuffers> state_buffers() override { return moments_.buffers(); }
-  std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
-    return moments_.load(state, params);
-  }
-  std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params) override {
-    cfg_.state_dtype = dtype;
-    return moments_.convert(dtype, params);
-  }
 
  private:
   // The float32 ops above, element by element per block of moments.h, the update left in the gradient: m =
@@ -148,7 +140,6 @@ class Lamb : public OptimizerRule {
     }
   }
 
-  AdamMoments moments_;
   // float32 (4 N + 2) on the parameters' device: N gradient norms, N weight norms, N update norms, N trust
   // ratios, the global gradient norm, the clip divisor; and a bool (N) for the ratios' masks. Not state:
   // every step writes it before it reads it.

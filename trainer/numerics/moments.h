@@ -81,4 +81,24 @@ class AdamMoments {
   std::vector<torch::Tensor> m_absmax_, v_absmax_;  // int8: the scales of quantized tensors (else undefined)
 };
 
+/// A rule whose state is Adam's two moments (AdamW, LAMB): held in optim.state_dtype by AdamMoments, which
+/// saves, loads and converts them for both.
+class MomentsRule : public OptimizerRule {
+ public:
+  explicit MomentsRule(const OptimConfig& cfg) : OptimizerRule(cfg), moments_(cfg.state_dtype) {}
+
+  void allocate_state(const std::vector<ParamSlot>& params) override { moments_.allocate(params); }
+  std::vector<StateBuffers> state_buffers() override { return moments_.buffers(); }
+  std::string load_state(const std::map<std::string, torch::Tensor>& state, const std::vector<ParamSlot>& params) override {
+    return moments_.load(state, params);
+  }
+  std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params) override {
+    cfg_.state_dtype = dtype;
+    return moments_.convert(dtype, params);
+  }
+
+ protected:
+  AdamMoments moments_;
+};
+
 }  // namespace trainer
