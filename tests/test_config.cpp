@@ -219,7 +219,7 @@ TEST(ConfigModes, EveryKeyTakesItsNamesAndDumpsThem) {
       EXPECT_EQ(trainer::to_yaml(back), y) << key << "=" << name;
     }
   }
-  EXPECT_EQ(mode_keys, 21u);
+  EXPECT_EQ(mode_keys, 22u);
   EXPECT_TRUE(trainer::config_key_modes("train.device").empty()) << "cuda:N: an open set, a string";
   EXPECT_EQ(trainer::config_key_modes("memory.cudnn_policy"),
             (std::vector<std::string>{"always", "off", "start", "pretune", "settle"}));

@@ -23,6 +23,8 @@
 namespace test_optim_state {
 
 using testutil::TempDir;
+using testutil::read_raw;
+using testutil::write_raw;
 using trainer::OptimConfig;
 using trainer::StateDtype;
 namespace quant8 = trainer::quant8;
@@ -38,20 +40,6 @@ std::string ref_script() { return testutil::source_dir() + "/tests/ref/optim8_re
       GTEST_SKIP() << "the reference Python " << testutil::python() << " has no module " << missing           \
                    << " (torchao: the 2.11 leg's environment has it)";                                         \
   } while (0)
-
-void write_raw(const testutil::fs::path& p, const std::vector<torch::Tensor>& ts) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  for (const auto& t : ts) {
-    const auto c = t.detach().contiguous();
-    f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
-  }
-}
-
-torch::Tensor read_raw(const testutil::fs::path& p, torch::ScalarType dtype) {
-  auto bytes = testutil::read_bytes(p);
-  const int64_t size = static_cast<int64_t>(torch::elementSize(dtype));
-  return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size()) / size}, dtype).clone();
-}
 
 // The nearest entry of `map` to each value / its block's scale, searched over all 256 in double; of two
 // equally near, the larger (quant8.h).

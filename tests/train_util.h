@@ -125,6 +125,22 @@ inline bool bitwise_equal(const std::map<std::string, torch::Tensor>& a, const s
   return true;
 }
 
+/// Tensors' bytes one after another (each made contiguous), for a Python reference to read with torch.frombuffer.
+inline void write_raw(const fs::path& p, const std::vector<torch::Tensor>& ts) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  for (const auto& t : ts) {
+    const auto c = t.detach().contiguous();
+    f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  }
+}
+
+/// A file of raw values of `dtype` (what a Python reference wrote with numpy's tobytes), as one 1-d tensor.
+inline torch::Tensor read_raw(const fs::path& p, torch::ScalarType dtype) {
+  auto bytes = read_bytes(p);
+  const int64_t size = static_cast<int64_t>(torch::elementSize(dtype));
+  return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size()) / size}, dtype).clone();
+}
+
 }  // namespace testutil
 
 #include <chrono>

@@ -9,9 +9,11 @@ little-endian). The 2.11 leg's environment has torchao (scripts/install-torch.sh
                  "betas", "eps", "state": "int8" | "bfloat16", "compile": bool}, DIR/init.bin and
                  DIR/grads.bin (per step, every tensor); runs torchao's AdamW8bit (state int8), or its
                  single_param_adam on bfloat16 moments (state bfloat16: what torchao's _AdamW runs on
-                 bfloat16 parameters, here with float32 ones); the tensors without decay in a group of their
-                 own with weight decay 0. compile false replaces torch.compile by the eager function.
-                 Writes DIR/out.bin (the parameters after the last step).
+                 bfloat16 parameters); the tensors without decay in a group of their own with weight decay 0.
+                 compile false replaces torch.compile by the eager function. With "param_dtype": "bfloat16"
+                 the parameters and gradients are bfloat16 (rounded to nearest from the files), and
+                 "stochastic": true rounds the updated ones stochastically (bf16_stochastic_round).
+                 Writes DIR/out.bin (the parameters after the last step, as float32).
   modules        exits 0 when torchao imports, else prints "torchao"
 """
 import json
@@ -76,12 +78,13 @@ def adamw_int8(spec, params):
     groups = [{"params": [p for p, d in zip(params, spec["decay"]) if d], "weight_decay": spec["weight_decay"]},
               {"params": [p for p, d in zip(params, spec["decay"]) if not d], "weight_decay": 0.0}]
     return AdamW8bit([g for g in groups if g["params"]], lr=spec["lr"][0], betas=tuple(spec["betas"]),
-                     eps=spec["eps"])
+                     eps=spec["eps"], bf16_stochastic_round=spec.get("stochastic", False))
 
 
 def adamw_bf16_steps(spec, params, grads):
     from torchao.optim.adam import single_param_adam
 
+    stochastic = spec.get("stochastic", False)
     m = [torch.zeros_like(p, dtype=torch.bfloat16) for p in params]
     v = [torch.zeros_like(p, dtype=torch.bfloat16) for p in params]
     for step in range(spec["steps"]):
@@ -92,7 +95,7 @@ def adamw_bf16_steps(spec, params, grads):
             for p, d, mi, vi in zip(params, spec["decay"], m, v):
                 wd = spec["weight_decay"] if d else 0.0
                 single_param_adam(p.detach(), p.grad, count, mi, vi, None, lr, spec["betas"][0], spec["betas"][1], wd,
-                                  spec["eps"], True, False)
+                                  spec["eps"], True, stochastic)
 
 
 def adamw(d):
@@ -102,6 +105,9 @@ def adamw(d):
         torch.compile = lambda fn, **kwargs: fn
     init, grads = read(os.path.join(d, "init.bin"), torch.float32), read(os.path.join(d, "grads.bin"), torch.float32)
     params = params_of(spec, init)
+    if spec.get("param_dtype", "float32") == "bfloat16":  # the weights and gradients rounded to nearest
+        params = [torch.nn.Parameter(p.detach().bfloat16()) for p in params]
+        grads = grads.bfloat16()
     if spec["state"] == "bfloat16":
         adamw_bf16_steps(spec, params, grads)
     else:
@@ -111,7 +117,7 @@ def adamw(d):
             for g in opt.param_groups:
                 g["lr"].fill_(spec["lr"][step])
             opt.step()
-    write(os.path.join(d, "out.bin"), torch.cat([p.detach().reshape(-1) for p in params]))
+    write(os.path.join(d, "out.bin"), torch.cat([p.detach().float().reshape(-1) for p in params]))
     print("ok")
 
 

@@ -52,6 +52,9 @@ template <> inline constexpr size_t kModeCount<OptimImpl> = 4;
 /// optim.state_dtype: float32 | bfloat16 | int8 (AdamW's and LAMB's moments: trainer/numerics/moments.h).
 enum class StateDtype { kFloat32, kBfloat16, kInt8 };
 template <> inline constexpr size_t kModeCount<StateDtype> = 3;
+/// model.param_dtype: float32 | bfloat16 (the weights' and gradients' storage: docs/MEMORY.md).
+enum class ParamDtype { kFloat32, kBfloat16 };
+template <> inline constexpr size_t kModeCount<ParamDtype> = 2;
 /// schedule.name: constant | cosine | step.
 enum class ScheduleKind { kConstant, kCosine, kStep };
 template <> inline constexpr size_t kModeCount<ScheduleKind> = 3;
@@ -118,6 +121,9 @@ struct ModelConfig {
   int64_t num_classes = 10;       ///< classifier outputs
   bool zero_init_residual = false;  ///< last BN of each residual branch starts at 0
   bool channels_last = false;     ///< NHWC memory format for weights and inputs
+  /// The weights, their gradients and the activations held in float32 or bfloat16 (half the bytes). bfloat16
+  /// weights are updated by AdamW in float32 and rounded back (optim.stochastic_rounding: how); CPU only.
+  ParamDtype param_dtype = ParamDtype::kFloat32;
   std::string init_from;          ///< weights to start from: safetensors or torch.save, our names or Hugging Face's (GPT-2), timm's or torchvision's (docs/MODELS.md)
   std::vector<std::string> init_skip;  ///< with init_from: glob patterns of our names that keep their initialization (`[fc.*]`: a classifier of another size)
   int64_t context = 0;            ///< language models: tokens per sample (0 = the model's own)
@@ -198,6 +204,11 @@ struct OptimConfig {
   /// tensors under 4,096 elements, or not a multiple of 256, stay float32). Low-precision state runs the
   /// plain implementation, on the CPU.
   StateDtype state_dtype = StateDtype::kFloat32;
+  /// adamw with model.param_dtype bfloat16: the updated weights are rounded back to bfloat16 stochastically
+  /// (torchao's bf16_stochastic_round: an update below bfloat16's resolution survives on average) instead of
+  /// to nearest (where it is lost). The random bits come from (seed, step, tensor, index): a resumed run
+  /// rounds as the uninterrupted one (trainer/numerics/stochastic_round.h).
+  bool stochastic_rounding = false;
 };
 
 struct ScheduleConfig {

@@ -162,6 +162,28 @@ struct Checks {
         bad("train.cuda_graph", "on needs the fused float32 update; optim.state_dtype " + dtype +
                                     " has none (use auto or off)");
     }
+    if (c.model.param_dtype == ParamDtype::kBfloat16) {
+      if (c.optim.name != OptimKind::kAdamW)
+        bad("model.param_dtype", "bfloat16 weights are updated by AdamW in float32 and rounded back; " +
+                                     mode_name(c.optim.name) + " has no such update (use optim.name adamw, or float32)");
+      if (c.train.device.rfind("cuda", 0) == 0)
+        bad("model.param_dtype", "bfloat16 weights run on the CPU only (on " + c.train.device +
+                                     " use float32 with amp.enabled)");
+      if (c.amp.enabled)
+        bad("amp.enabled", "the weights are bfloat16 already (model.param_dtype): autocast has nothing to cast "
+                           "(use amp.enabled false)");
+      if (c.optim.implementation != OptimImpl::kAuto && c.optim.implementation != OptimImpl::kPlain)
+        bad("optim.implementation", mode_name(c.optim.implementation) + " updates in the weights' dtype; bfloat16 "
+                                    "weights run their own float32 block update (use auto or plain)");
+      if (c.train.cuda_graph == Switch::kOn)
+        bad("train.cuda_graph", "on needs the fused float32 update; bfloat16 weights have none (use auto or off)");
+      if (c.train.ema_decay > 0)
+        bad("train.ema_decay", "an average kept in bfloat16 weights' dtype loses its updates ((1 - decay) times "
+                               "the change is below bfloat16's resolution); use 0 with model.param_dtype bfloat16");
+    } else if (c.optim.stochastic_rounding) {
+      bad("optim.stochastic_rounding", "rounds bfloat16 weights after their float32 update; the weights are "
+                                       "float32 (set model.param_dtype: bfloat16, or false)");
+    }
     if (c.memory.state == MemoryState::kAuto) {
       if (c.optim.name == OptimKind::kSgd)
         bad("memory.state", "auto stores AdamW's and LAMB's moments in fewer bytes; SGD's momentum buffer stays "

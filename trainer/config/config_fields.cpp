@@ -30,6 +30,7 @@ std::vector<std::string> names_of(AutoAugment) { return listed<AutoAugment>({"no
 std::vector<std::string> names_of(OptimKind) { return listed<OptimKind>({"sgd", "adamw", "lamb"}); }
 std::vector<std::string> names_of(OptimImpl) { return listed<OptimImpl>({"auto", "plain", "foreach", "fused"}); }
 std::vector<std::string> names_of(StateDtype) { return listed<StateDtype>({"float32", "bfloat16", "int8"}); }
+std::vector<std::string> names_of(ParamDtype) { return listed<ParamDtype>({"float32", "bfloat16"}); }
 std::vector<std::string> names_of(ScheduleKind) { return listed<ScheduleKind>({"constant", "cosine", "step"}); }
 std::vector<std::string> names_of(LossKind) { return listed<LossKind>({"cross_entropy", "bce"}); }
 std::vector<std::string> names_of(MixMode) { return listed<MixMode>({"batch", "elem"}); }
@@ -61,6 +62,7 @@ template const std::vector<std::string>& mode_names<AutoAugment>();
 template const std::vector<std::string>& mode_names<OptimKind>();
 template const std::vector<std::string>& mode_names<OptimImpl>();
 template const std::vector<std::string>& mode_names<StateDtype>();
+template const std::vector<std::string>& mode_names<ParamDtype>();
 template const std::vector<std::string>& mode_names<ScheduleKind>();
 template const std::vector<std::string>& mode_names<LossKind>();
 template const std::vector<std::string>& mode_names<MixMode>();
@@ -93,6 +95,7 @@ std::vector<Field> model_fields(Config& c) {  // the model
       {"model.num_classes", &c.model.num_classes, false},
       {"model.zero_init_residual", &c.model.zero_init_residual, false},
       {"model.channels_last", &c.model.channels_last, false},
+      {"model.param_dtype", mode(&c.model.param_dtype), false},
       {"model.init_from", &c.model.init_from, false},
       {"model.init_skip", &c.model.init_skip, false},
       {"model.context", &c.model.context, false},
@@ -150,6 +153,7 @@ std::vector<Field> optim_fields(Config& c) {  // the optimizer
       {"optim.always_adapt", &c.optim.always_adapt, false},
       {"optim.implementation", mode(&c.optim.implementation), false},
       {"optim.state_dtype", mode(&c.optim.state_dtype), false},
+      {"optim.stochastic_rounding", &c.optim.stochastic_rounding, false},
   };
 }
 

@@ -1,5 +1,6 @@
 // AdamW with decoupled weight decay: PyTorch's torch.optim.AdamW (no amsgrad), three ways (optim_rule.h);
-// with bfloat16 or int8 moments (optim.state_dtype: moments.h), torchao's AdamW8bit / _AdamW arithmetic.
+// with bfloat16 or int8 moments (optim.state_dtype: moments.h), or bfloat16 weights (model.param_dtype),
+// torchao's AdamW8bit / _AdamW arithmetic.
 #include "trainer/numerics/optim_rule.h"
 
 #include <cmath>
@@ -8,10 +9,15 @@
 #include "common/compat.h"
 #include "trainer/numerics/moments.h"
 #include "trainer/numerics/optim.h"
+#include "trainer/numerics/stochastic_round.h"
 
 namespace trainer {
 
 namespace {
+
+bool bfloat16_weights(const std::vector<ParamSlot>& params) {
+  return !params.empty() && params.front().param.scalar_type() == torch::kBFloat16;
+}
 
 class AdamW : public MomentsRule {
  public:
@@ -21,8 +27,10 @@ class AdamW : public MomentsRule {
 
   // Zero moments are PyTorch's initial state.
 
+  bool updates_bfloat16_weights() const override { return true; }
+
   void step_plain(const std::vector<ParamSlot>& params, double lr, int64_t t) override {
-    if (!moments_.float32()) return step_low_precision(params, lr, t);
+    if (!moments_.float32() || bfloat16_weights(params)) return step_low_precision(params, lr, t);
     auto& exp_avg = moments_.exp_avg();
     auto& exp_avg_sq = moments_.exp_avg_sq();
     const double b1 = cfg_.beta1, b2 = cfg_.beta2, wd = cfg_.weight_decay;
@@ -91,10 +99,13 @@ class AdamW : public MomentsRule {
 
 
  private:
-  // torchao's single_param_adam (AdamW8bit, and _AdamW with bfloat16 state), op for op in float32, per
-  // block of moments.h: p -= lr wd p; m = lerp(m, g, 1 - b1); v = lerp(v, g^2, 1 - b2); p -= lr (m / bc1) /
-  // (sqrt(v) / sqrt(bc2) + eps), with the bias corrections computed in float32 from a float32 step count and
-  // the lerps fused (fma) as LibTorch's vectorized lerp computes them.
+  // torchao's single_param_adam (AdamW8bit, and _AdamW with bfloat16 state or weights), op for op in float32,
+  // per block of moments.h: p -= lr wd p; m = lerp(m, g, 1 - b1); v = lerp(v, g^2, 1 - b2); p -= lr (m / bc1)
+  // / (sqrt(v) / sqrt(bc2) + eps), with the bias corrections computed in float32 from a float32 step count and
+  // the lerps fused (fma) as LibTorch's vectorized lerp computes them. bfloat16 weights and gradients are
+  // read as float32, and the updated weight rounded back: to nearest even (torchao's p.copy_(p_f32)), or
+  // stochastically (optim.stochastic_rounding: torchao's _fp32_to_bf16_sr) with bits from (seed, step,
+  // tensor, index).
   void step_low_precision(const std::vector<ParamSlot>& params, double lr, int64_t t) {
     const float lr_f = static_cast<float>(lr), tf = static_cast<float>(t);
     const float bc1 = 1.0f - powf(static_cast<float>(cfg_.beta1), tf);
@@ -105,21 +116,37 @@ class AdamW : public MomentsRule {
       const torch::Tensor& p = params[i].param;
       const torch::Tensor g = p.grad();
       if (!g.defined()) continue;
-      if (g.strides() != p.strides() || p.scalar_type() != torch::kFloat || g.scalar_type() != torch::kFloat)
-        throw std::logic_error("AdamW: low-precision state needs float32 gradients laid out as their parameters");
+      const auto dtype = p.scalar_type();
+      if (g.strides() != p.strides() || g.scalar_type() != dtype || (dtype != torch::kFloat && dtype != torch::kBFloat16))
+        throw std::logic_error("AdamW: the block update needs float32 or bfloat16 parameters with gradients of their "
+                               "dtype and layout");
       const bool decays = cfg_.weight_decay != 0 && params[i].decay;
       const float decay = lr_f * static_cast<float>(cfg_.weight_decay);
-      float* pp = p.data_ptr<float>();
-      const float* gp = g.data_ptr<float>();
+      // The updated weight from its old value x and gradient g, with the moments m and v in and out.
+      const auto update = [&](float x, float g, float& m, float& v) {
+        if (decays) x = x - decay * x;
+        m = std::fma(w1, g - m, m);
+        v = std::fma(w2, g * g - v, v);
+        const float denom = std::sqrt(v) / bc2_sqrt + eps;
+        return x - lr_f * (m / bc1) / denom;
+      };
+      if (dtype == torch::kFloat) {
+        float* pp = p.data_ptr<float>();
+        const float* gp = g.data_ptr<float>();
+        moments_.update(i, [&](float* m, float* v, int64_t begin, int64_t n) {
+          for (int64_t j = 0; j < n; ++j) pp[begin + j] = update(pp[begin + j], gp[begin + j], m[j], v[j]);
+        });
+        continue;
+      }
+      auto* pp = p.data_ptr<c10::BFloat16>();
+      const auto* gp = g.data_ptr<c10::BFloat16>();
+      const bool stochastic = cfg_.stochastic_rounding;
+      const uint64_t key = stochastic_key(rounding_seed_, t, static_cast<int64_t>(i));
       moments_.update(i, [&](float* m, float* v, int64_t begin, int64_t n) {
         for (int64_t j = 0; j < n; ++j) {
-          float x = pp[begin + j];
-          const float gj = gp[begin + j];
-          if (decays) x = x - decay * x;
-          m[j] = std::fma(w1, gj - m[j], m[j]);
-          v[j] = std::fma(w2, gj * gj - v[j], v[j]);
-          const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
-          pp[begin + j] = x - lr_f * (m[j] / bc1) / denom;
+          const int64_t k = begin + j;
+          const float x = update(static_cast<float>(pp[k]), static_cast<float>(gp[k]), m[j], v[j]);
+          pp[k] = stochastic ? round_stochastic(x, random16(key, k)) : c10::BFloat16(x);
         }
       });
     }

@@ -1,5 +1,7 @@
 #include "trainer/numerics/forward.h"
 
+#include "common/compat.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -52,6 +54,7 @@ torch::Tensor images_to_float(const torch::Tensor& x, const ForwardOptions& o) {
 torch::Tensor model_input(const torch::Tensor& inputs, const ForwardOptions& o) {
   auto x = inputs.to(o.device, /*non_blocking=*/true);
   if (x.scalar_type() == torch::kUInt8) x = images_to_float(x, o);
+  if (x.is_floating_point() && x.scalar_type() != o.param_dtype) x = x.to(o.param_dtype);
   if (o.channels_last && x.dim() == 4) return x.contiguous(at::MemoryFormat::ChannelsLast);
   if (x.dim() == 4) return x.contiguous();  // NHWC batches of uint8 images, for a model that is not
   return x;
@@ -72,6 +75,16 @@ Logits logits_of(models::ModelImpl& model, const torch::Tensor& x, const torch::
 Logits forward_logits(models::ModelImpl& model, const torch::Tensor& inputs, const torch::Tensor& labels,
                       const ForwardOptions& o) {
   return logits_of(model, model_input(inputs, o), labels.to(o.device, /*non_blocking=*/true), o);
+}
+
+std::string missing_bfloat16_kernel(const std::exception& e) {
+  const std::string what = e.what();
+  const size_t at = what.find(" not implemented for 'BFloat16'");
+  if (at == std::string::npos) return "";
+  const size_t start = what.rfind('\n', at);
+  const std::string op = what.substr(start == std::string::npos ? 0 : start + 1, at - (start == std::string::npos ? 0 : start + 1));
+  return "model.param_dtype: bfloat16 needs a kernel that LibTorch " + compat::torch_version() + " lacks on the CPU (" +
+         op + " for BFloat16); use float32 weights";
 }
 
 }  // namespace trainer

@@ -4,6 +4,9 @@
 
 #include <torch/torch.h>
 
+#include <exception>
+#include <string>
+
 #include "models/model.h"
 
 namespace trainer {
@@ -13,6 +16,8 @@ struct ForwardOptions {
   bool channels_last = false;               ///< NHWC inputs (4-d inputs only)
   bool amp = false;                         ///< autocast the model's forward
   at::ScalarType amp_dtype = at::kBFloat16;
+  /// The weights' dtype (model.param_dtype): float inputs (images) are cast to it on the device.
+  at::ScalarType param_dtype = at::kFloat;
   /// uint8 image inputs (decoded datasets, NHWC): x = (pixel / 255 - mean[c]) / std[c] on the device, with
   /// these (1, C, 1, 1) float tensors on the device; undefined: pixel / 255. Float inputs are used as they are.
   torch::Tensor input_mean, input_std;
@@ -51,6 +56,10 @@ torch::Tensor model_input(const torch::Tensor& inputs, const ForwardOptions& opt
 /// N or N*T, reshaped to one per row of logits) or soft targets (N, classes).
 Logits logits_of(models::ModelImpl& model, const torch::Tensor& x, const torch::Tensor& targets,
                  const ForwardOptions& options);
+
+/// When `e` says that LibTorch has no bfloat16 kernel for an op (its "\"op\" not implemented for
+/// 'BFloat16'"), the line that tells a user of model.param_dtype bfloat16 so; "" for any other error.
+std::string missing_bfloat16_kernel(const std::exception& e);
 
 /// Runs `model` on `inputs` with `labels` as targets. uint8 inputs are copied to the device as uint8 (a
 /// quarter of float32's bytes) and converted and normalized there (ForwardOptions::input_mean).

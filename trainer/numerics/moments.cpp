@@ -112,13 +112,15 @@ const char* dtype_name(const torch::Tensor& values) {
 void AdamMoments::allocate(const std::vector<ParamSlot>& params) {
   if (m_.size() == params.size()) return;
   for (const auto& s : params) {
-    if (dtype_ == StateDtype::kFloat32) break;
+    // The block loop (update()) runs for moments in fewer bytes and for bfloat16 weights.
+    const bool bf16 = s.param.scalar_type() == torch::kBFloat16;
+    if (dtype_ == StateDtype::kFloat32 && !bf16) continue;
+    const std::string what = bf16 ? std::string("model.param_dtype: bfloat16") : "optim.state_dtype: " + mode_name(dtype_);
     if (!s.param.device().is_cpu())
-      throw std::invalid_argument("optim.state_dtype: " + mode_name(dtype_) + " runs on the CPU only; '" + s.name +
-                                  "' is on " + s.param.device().str() + " (use float32)");
+      throw std::invalid_argument(what + " runs on the CPU only; '" + s.name + "' is on " + s.param.device().str() +
+                                  " (use float32)");
     if (!s.param.is_non_overlapping_and_dense())
-      throw std::invalid_argument("optim.state_dtype: " + mode_name(dtype_) + " needs dense parameters; '" + s.name +
-                                  "' is a view with gaps (use float32)");
+      throw std::invalid_argument(what + " needs dense parameters; '" + s.name + "' is a view with gaps (use float32)");
   }
   std::vector<torch::Tensor> m(params.size()), v(params.size()), ma(params.size()), va(params.size());
   for (size_t i = 0; i < params.size(); ++i) {

@@ -12,7 +12,8 @@
 // stack, the rule's arithmetic runs on them and on the parameter's and gradient's values, and what it left
 // is encoded back. Nothing is allocated (the OOM rule of optim.h), and the state is read and written once
 // per step, as torchao's compiled AdamW8bit does. Blocks run in parallel over LibTorch's intra-op threads.
-// CPU only: a CUDA parameter with low-precision state is refused when the optimizer is built.
+// CPU only: a CUDA parameter with low-precision state is refused when the optimizer is built. AdamW's
+// update of bfloat16 weights (model.param_dtype) runs the same loop, whatever the moments' dtype.
 //
 // Checkpoints name the entries as float32 state does ("exp_avg.<param>", "exp_avg_sq.<param>") and add the
 // scales of quantized tensors ("exp_avg_absmax.<param>", "exp_avg_sq_absmax.<param>"); an entry's dtype
@@ -53,7 +54,8 @@ class AdamMoments {
   /// The values [begin, begin + n) of one parameter, n <= 256, with its two moments there in float32: what
   /// the function leaves in m and v is stored back. Must touch nothing outside its range.
   using BlockFn = std::function<void(float* m, float* v, int64_t begin, int64_t n)>;
-  /// Runs `f` over every block of parameter `i` (in parallel). Low-precision state only.
+  /// Runs `f` over every block of parameter `i` (in parallel): the update of moments in fewer bytes, and of
+  /// bfloat16 weights (whose float32 moments it reads and writes in place).
   void update(size_t i, const BlockFn& f);
 
   /// The checkpoint's entries: the moments, then the scales of the quantized ones.

@@ -13,6 +13,9 @@ namespace trainer {
 
 namespace {
 bool on_cuda(const std::vector<ParamSlot>& params) { return !params.empty() && params.front().param.is_cuda(); }
+bool any_bfloat16(const std::vector<ParamSlot>& params) {
+  return std::any_of(params.begin(), params.end(), [](const ParamSlot& s) { return s.param.scalar_type() == torch::kBFloat16; });
+}
 }  // namespace
 
 std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_norm_and_bias) {
@@ -28,6 +31,17 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
     : params_(std::move(params)), rule_(make_optimizer_rule(cfg)) {
   const OptimImpl impl = foreach ? (*foreach ? OptimImpl::kForeach : OptimImpl::kPlain) : cfg.implementation;
+  if (any_bfloat16(params_)) {
+    // bfloat16 weights: the update in float32, rounded back, by AdamW's block loop (adamw.cpp), plain.
+    if (!rule_->updates_bfloat16_weights())
+      throw std::invalid_argument("model.param_dtype: bfloat16 weights are updated by AdamW in float32 and rounded "
+                                  "back; " + rule_->name() + " has no such update (use optim.name adamw, or float32)");
+    if (impl != OptimImpl::kAuto && impl != OptimImpl::kPlain)
+      throw std::invalid_argument("optim.implementation: " + mode_name(impl) + " updates in the weights' dtype; "
+                                  "bfloat16 weights run their own float32 block update (use auto or plain)");
+    impl_ = OptimImpl::kPlain;
+    return;
+  }
   if (cfg.state_dtype != StateDtype::kFloat32) {
     // Moments in bfloat16 or int8 are updated by their own block loop (moments.h), which is plain.
     if (impl != OptimImpl::kAuto && impl != OptimImpl::kPlain)

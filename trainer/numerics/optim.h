@@ -107,6 +107,8 @@ class Optimizer {
   /// Completed steps (AdamW's and LAMB's bias corrections count these).
   int64_t steps() const { return steps_; }
   bool foreach() const { return impl_ == OptimImpl::kForeach; }
+  /// The seed the stochastic rounding of bfloat16 weights draws from (optim.stochastic_rounding): the run's.
+  void set_rounding_seed(uint64_t seed) { rule_->set_rounding_seed(seed); }
   /// "plain", "foreach" or "fused": what step() runs.
   std::string implementation() const;
 

@@ -69,9 +69,14 @@ class OptimizerRule {
   /// Holds the state in `dtype` from now on, converting it tensor by tensor (AdamW, LAMB: AdamMoments::convert).
   /// Returns what was converted ("" when there is no state yet). Default: std::invalid_argument (SGD).
   virtual std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params);
+  /// Whether the rule updates bfloat16 weights in float32 and rounds them back (AdamW).
+  virtual bool updates_bfloat16_weights() const { return false; }
+  /// The run's seed, which the stochastic rounding of bfloat16 weights draws its bits from.
+  void set_rounding_seed(uint64_t seed) { rounding_seed_ = seed; }
 
  protected:
   OptimConfig cfg_;
+  uint64_t rounding_seed_ = 0;
 };
 
 /// The rule of optim.name.

@@ -337,6 +337,7 @@ StepOptions step_options(const Config& cfg, const torch::Device& device) {
   o.forward.channels_last = cfg.model.channels_last;
   o.forward.amp = cfg.amp.enabled;
   o.forward.amp_dtype = amp_scalar_type(cfg.amp.dtype);
+  o.forward.param_dtype = cfg.model.param_dtype == ParamDtype::kBfloat16 ? torch::kBFloat16 : torch::kFloat;
   o.loss.label_smoothing = cfg.train.label_smoothing;
   o.loss.fused = cfg.train.fused_loss;
   o.loss.kind = cfg.train.loss;

@@ -126,6 +126,11 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
   };
   same("model.name", cfg_.model.name, saved.model.name);
   same("model.num_classes", cfg_.model.num_classes, saved.model.num_classes);
+  if (cfg_.model.param_dtype != saved.model.param_dtype)
+    spdlog::warn("resume: {} holds {} weights and model.param_dtype is {}: they are converted ({}; the next steps "
+                 "differ from a run that kept one dtype)", ck.path, mode_name(saved.model.param_dtype),
+                 mode_name(cfg_.model.param_dtype),
+                 cfg_.model.param_dtype == ParamDtype::kBfloat16 ? "rounded to nearest" : "exactly");
   same("data.kind", cfg_.data.kind, saved.data.kind);
   same("data.train", cfg_.data.train, saved.data.train);
   same("data.shape", cfg_.data.shape, saved.data.shape);

@@ -24,6 +24,7 @@
 #include "common/compat.h"
 #include "common/signals.h"
 #include "trainer/step/search_findings.h"
+#include "trainer/numerics/forward.h"
 #include "trainer/run/from_config.h"
 
 namespace trainer {
@@ -93,6 +94,14 @@ int TrainingRun::run_stages() {
   } catch (const OomGaveUp& e) {
     return give_up(e);
   } catch (const std::exception& e) {
+    // A kernel LibTorch lacks for bfloat16 weights is a setting this LibTorch cannot run: bad input, as the
+    // config's own checks would say (the step that failed changed nothing).
+    const std::string lacking = missing_bfloat16_kernel(e);
+    if (!lacking.empty()) {
+      spdlog::error("{}", lacking);
+      trackers_.metrics().event("error", {{"step", progress_.step()}, {"message", lacking}});
+      return kExitBadInput;
+    }
     // Setup and resume errors (bad input) propagate; a failure while training is an error of the run.
     const std::string what = error_message(e);
     spdlog::error("training stopped at step {}: {}", progress_.step(), what);

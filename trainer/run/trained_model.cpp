@@ -15,9 +15,18 @@ void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) 
   vocab_ = tokens ? vocab_size(cfg_) : 0;
   model_ = build_model(cfg_, sample_shape, vocab_);
   if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_, vocab_);
+  // bfloat16 weights: initialized (or loaded) in float32 as always, then rounded to nearest, parameters and
+  // buffers alike, as PyTorch's model.to(torch.bfloat16).
+  if (cfg_.model.param_dtype == ParamDtype::kBfloat16) {
+    if (device_.is_cuda())
+      throw ConfigError("config: key 'model.param_dtype': bfloat16 weights run on the CPU only (on " + device_.str() +
+                        " use float32 with amp.enabled)");
+    model_->to(torch::kBFloat16);
+  }
   model_->to(device_);
   if (cfg_.model.channels_last && !tokens) models::to_channels_last(*model_);
   optimizer_ = std::make_unique<Optimizer>(param_slots(*model_, cfg_.optim.decay_norm_and_bias), cfg_.optim);
+  optimizer_->set_rounding_seed(static_cast<uint64_t>(cfg_.seed));
   flops_per_sample_ = model_->forward_flops(sample_shape);
   spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
                models::count_parameters(*model_), flops_per_sample_ / 1e9);
