@@ -46,20 +46,22 @@ PlanJob plan_job(const Config& cfg, int64_t cap) {
   const models::Footprint f = models::model_footprint(cfg.model.name, model_options(cfg, shape, vocab), shape,
                                                       models::fused_attention_available());
   const int64_t params = f.parameter_count();
+  const bool bf16 = cfg.model.param_dtype == ParamDtype::kBfloat16;
+  const int64_t weight = bf16 ? 2 : 4;  // bytes of a weight, of its gradient
   PlanJob job;
   job.cap = cap;
-  job.fixed.push_back({"weights", (params + f.buffers) * 4,
+  job.fixed.push_back({"weights", (params + f.buffers) * weight,
                        count(params) + " parameters" + (f.buffers ? " and " + count(f.buffers) + " buffer values" : "") +
-                           ", float32"});
+                           ", " + mode_name(cfg.model.param_dtype)});
   job.fixed.push_back(optimizer_line(cfg, f));
   if (cfg.train.ema_decay > 0)
     job.fixed.push_back({"EMA", (params + f.buffers) * 4, "the averaged weights (train.ema_decay), float32"});
   if (cfg.amp.enabled)
     job.fixed.push_back({"autocast weights", params * 2,
                          std::string("the weights cast to ") + mode_name(cfg.amp.dtype) + " for the forward pass, kept for backward"});
-  job.gradient_bytes = params * 4;
+  job.gradient_bytes = params * weight;
   // The largest gradient as backward makes it, and a tied weight's second one before the two are summed.
-  job.largest_gradient_bytes = (f.largest_parameter() + f.tied) * 4;
+  job.largest_gradient_bytes = (f.largest_parameter() + f.tied) * weight;
 
   // One sample as the loader hands it over: int64 tokens and targets; float32 (or uint8) pixels and a label.
   int64_t sample_bytes = 0;
@@ -77,8 +79,9 @@ PlanJob plan_job(const Config& cfg, int64_t cap) {
                          std::to_string(batches) + " batches of " + std::to_string(job.rank_batch) +
                              " samples (data.prefetch + the step's)"});
   }
-  // Activations per sample: 16-bit under autocast, but what stays float32 (the loss's log-probabilities).
-  const double element = cfg.amp.enabled ? 2.0 : 4.0;
+  // Activations per sample: 16-bit under autocast or with bfloat16 weights, but what stays float32 (the
+  // loss's log-probabilities).
+  const double element = cfg.amp.enabled || bf16 ? 2.0 : 4.0;
   auto activation_bytes = [&](double kept) {
     return element * (kept - f.saved_float32) + 4.0 * f.saved_float32 + element * f.transient;
   };
@@ -123,17 +126,35 @@ PlanReport plan_report(const Config& cfg, int64_t cap) {
   m << "], " << precision_of(cfg) << (models::fused_attention_available() ? "" : ", plain attention");
   r.model = m.str();
   if (r.plan.fits || cfg.optim.name == OptimKind::kSgd) return r;
-  // The settings that change how the numbers are stored, not what is trained, least change first.
+  // The settings that change how the numbers are stored, not what is trained, least change first: the
+  // moments in bfloat16, in int8, then the weights in bfloat16 too (with int8 moments and stochastic
+  // rounding), where the config allows that (AdamW on the CPU, without autocast or an EMA).
+  const auto add = [&](const Config& alt, const std::string& setting) {
+    PlanAlternative a;
+    a.setting = setting;
+    a.state_dtype = alt.optim.state_dtype;
+    a.param_dtype = alt.model.param_dtype;
+    a.job = plan_job(alt, cap);
+    a.plan = plan_memory(a.job);
+    r.alternatives.push_back(std::move(a));
+  };
   for (StateDtype d : {StateDtype::kBfloat16, StateDtype::kInt8}) {
     if (static_cast<int>(d) <= static_cast<int>(cfg.optim.state_dtype)) continue;
     Config alt = cfg;
     alt.optim.state_dtype = d;
-    PlanAlternative a;
-    a.setting = std::string("optim.state_dtype: ") + mode_name(d);
-    a.state_dtype = d;
-    a.job = plan_job(alt, cap);
-    a.plan = plan_memory(a.job);
-    r.alternatives.push_back(std::move(a));
+    add(alt, std::string("optim.state_dtype: ") + mode_name(d));
+  }
+  if (cfg.model.param_dtype == ParamDtype::kFloat32 && !cuda_job(cfg)) {
+    Config alt = cfg;
+    alt.model.param_dtype = ParamDtype::kBfloat16;
+    alt.optim.state_dtype = StateDtype::kInt8;
+    alt.optim.stochastic_rounding = true;
+    try {
+      validate(alt);
+      add(alt, "model.param_dtype: bfloat16 (optim.state_dtype: int8, optim.stochastic_rounding: true)");
+    } catch (const ConfigError&) {
+      // not a setting this job can take (another optimizer, CUDA, autocast, an EMA)
+    }
   }
   return r;
 }

@@ -2,7 +2,7 @@
 // parameters and activations from its shape (models/footprint.h), the optimizer's state in its
 // optim.state_dtype (AdamMoments::bytes_for), the EMA, autocast's 16-bit weight copies, the batches in
 // flight, and the cap memory.limit resolves to on this machine. When the job does not fit, the plan of each
-// setting that changes only the numbers' storage (optim.state_dtype) says which would. `trainer plan`, and
+// setting that changes only the numbers' storage (optim.state_dtype, then model.param_dtype) says which would. `trainer plan`, and
 // `trainer --dry-run` under "# memory plan". docs/MEMORY.md "The memory plan".
 #pragma once
 
@@ -20,6 +20,7 @@ namespace trainer {
 struct PlanAlternative {
   std::string setting;  ///< "optim.state_dtype: int8"
   StateDtype state_dtype = StateDtype::kFloat32;  ///< the moments' dtype it names
+  ParamDtype param_dtype = ParamDtype::kFloat32;  ///< the weights' dtype it names
   PlanJob job;
   MemoryPlan plan;
 };

@@ -1,5 +1,6 @@
-// memory.state: before the model is built, the memory plan decides whether the optimizer's state is stored
-// in fewer bytes (auto), and a run that gives up on memory names the settings the plan finds would fit.
+// memory.state: before the model is built, the memory plan decides whether the optimizer's state (and then
+// the weights) are stored in fewer bytes (auto), and a run that gives up on memory names the settings the
+// plan finds would fit. After a give-up, only the moments move (the weights keep their dtype mid-run).
 #include <spdlog/spdlog.h>
 
 #include "trainer/memory/backend.h"
@@ -34,32 +35,50 @@ void TrainingRun::choose_memory_state() {
   const PlanAlternative* chosen = nullptr;
   for (const auto& a : report.alternatives)
     if (!chosen && a.plan.fits) chosen = &a;
-  // Every rank stores its moments as the rank with the least memory needs: replicas must take the same steps.
-  StateDtype to = chosen ? chosen->state_dtype : cfg_.optim.state_dtype;
+  // The rungs in order: as configured, bfloat16 moments, int8 moments, bfloat16 weights (with int8 moments).
+  // Every rank takes the highest any rank needs: replicas must take the same steps.
+  const auto level = [](StateDtype s, ParamDtype p) { return p == ParamDtype::kBfloat16 ? 3 : static_cast<int>(s); };
+  const int now = level(cfg_.optim.state_dtype, cfg_.model.param_dtype);
+  int to = chosen ? level(chosen->state_dtype, chosen->param_dtype) : now;
   if (ranks_.dist())
-    to = static_cast<StateDtype>(static_cast<int>(
-        ranks_.dist()->all_max({static_cast<double>(static_cast<int>(to))}, "memory.state auto")[0]));
+    to = static_cast<int>(ranks_.dist()->all_max({static_cast<double>(to)}, "memory.state auto")[0]);
   const std::string from = mode_name(cfg_.optim.state_dtype);
-  if (to == cfg_.optim.state_dtype) {
+  if (to == now) {
     if (report.plan.fits)
       spdlog::info("memory.state auto: the plan fits with {} moments ({}, peak {} under {})", from, report.plan.rung,
                    format_bytes(report.plan.peak_bytes), cap ? format_bytes(cap) : std::string("no cap"));
     else
-      spdlog::warn("memory.state auto: the job does not fit under {} (peak {}), and no optim.state_dtype makes it "
-                   "fit; it runs as configured", format_bytes(cap), format_bytes(report.plan.peak_bytes));
+      spdlog::warn("memory.state auto: the job does not fit under {} (peak {}), and no optim.state_dtype or "
+                   "model.param_dtype makes it fit; it runs as configured", format_bytes(cap),
+                   format_bytes(report.plan.peak_bytes));
     return;
   }
-  cfg_.optim.state_dtype = to;
-  const std::string planned = chosen && chosen->state_dtype == to
-                                  ? chosen->plan.rung + ", peak " + format_bytes(chosen->plan.peak_bytes)
-                                  : "as another rank needs";
-  spdlog::warn("memory.state auto: the job does not fit under {} with {} moments (peak {}); they are stored in {} "
-               "({})", format_bytes(cap), from, format_bytes(report.plan.peak_bytes), mode_name(to), planned);
-  trackers_.metrics().event("memory_state", {{"setting", "optim.state_dtype"}, {"from", from}, {"to", mode_name(to)},
-                                             {"reason", "plan"}, {"limit", cap},
-                                             {"planned_peak_bytes", chosen ? chosen->plan.peak_bytes : 0},
-                                             {"planned_peak_bytes_before", report.plan.peak_bytes}});
-  trackers_.set_changed_setting("optim.state_dtype", from, mode_name(to));
+  const bool chosen_here = chosen && level(chosen->state_dtype, chosen->param_dtype) == to;
+  const std::string planned =
+      chosen_here ? chosen->plan.rung + ", peak " + format_bytes(chosen->plan.peak_bytes) : "as another rank needs";
+  const nlohmann::json common = {{"reason", "plan"}, {"limit", cap},
+                                 {"planned_peak_bytes", chosen_here ? chosen->plan.peak_bytes : 0},
+                                 {"planned_peak_bytes_before", report.plan.peak_bytes}};
+  const auto changed = [&](const std::string& setting, const std::string& was, const std::string& is) {
+    nlohmann::json fields = common;
+    fields.update({{"setting", setting}, {"from", was}, {"to", is}});
+    trackers_.metrics().event("memory_state", fields);
+    trackers_.set_changed_setting(setting, was, is);
+  };
+  const StateDtype state = to == 3 ? StateDtype::kInt8 : static_cast<StateDtype>(to);
+  spdlog::warn("memory.state auto: the job does not fit under {} as configured (peak {}); {} ({})", format_bytes(cap),
+               format_bytes(report.plan.peak_bytes),
+               to == 3 ? "the weights are stored in bfloat16, rounded stochastically, and the moments in int8"
+                       : "the moments are stored in " + mode_name(state),
+               planned);
+  // The config first: each change is recorded with the resolved config as it now is.
+  const Config before = cfg_;
+  cfg_.optim.state_dtype = state;
+  if (to == 3) cfg_.model.param_dtype = ParamDtype::kBfloat16, cfg_.optim.stochastic_rounding = true;
+  if (state != before.optim.state_dtype) changed("optim.state_dtype", from, mode_name(state));
+  if (cfg_.model.param_dtype != before.model.param_dtype)
+    changed("model.param_dtype", mode_name(before.model.param_dtype), mode_name(cfg_.model.param_dtype));
+  if (cfg_.optim.stochastic_rounding != before.optim.stochastic_rounding) changed("optim.stochastic_rounding", "false", "true");
 }
 
 bool TrainingRun::store_state_in_fewer_bytes(const OomGaveUp& e) {
@@ -99,7 +118,7 @@ std::string TrainingRun::what_would_fit() const {
     PlanReport report = plan_report(cfg_, cap);
     if (report.plan.fits) return "";  // the plan expected it to fit: it has nothing to name
     const std::string fits = fitting(report);
-    return fits.empty() ? "the memory plan finds no optim.state_dtype that fits under " + format_bytes(cap)
+    return fits.empty() ? "the memory plan finds no optim.state_dtype or model.param_dtype that fits under " + format_bytes(cap)
                         : "the memory plan under " + format_bytes(cap) + " finds that " + fits + " would fit" +
                               (cfg_.memory.state == MemoryState::kFixed ? " (memory.state: auto moves to it by itself)" : "");
   } catch (const std::exception&) {
