@@ -13,12 +13,11 @@ namespace trainer {
 
 namespace {
 
-// The settings of `report` that fit, as "optim.state_dtype: int8 (peak 14.81 GiB)", joined.
+// The least change of `report` that fits, as "optim.state_dtype: int8 (peak 14.81 GiB)"; "" when none does.
 std::string fitting(const PlanReport& report) {
-  std::string out;
   for (const auto& a : report.alternatives)
-    if (a.plan.fits) out += (out.empty() ? "" : ", ") + a.setting + " (peak " + format_bytes(a.plan.peak_bytes) + ")";
-  return out;
+    if (a.plan.fits) return a.setting + " (peak " + format_bytes(a.plan.peak_bytes) + ")";
+  return "";
 }
 
 }  // namespace
@@ -66,10 +65,10 @@ void TrainingRun::choose_memory_state() {
     trackers_.set_changed_setting(setting, was, is);
   };
   const StateDtype state = to == 3 ? StateDtype::kInt8 : static_cast<StateDtype>(to);
-  spdlog::warn("memory.state auto: the job does not fit under {} as configured (peak {}); {} ({})", format_bytes(cap),
-               format_bytes(report.plan.peak_bytes),
+  spdlog::warn("memory.state auto: the job does not fit under {} with {} moments (peak {}); {} ({})", format_bytes(cap),
+               from, format_bytes(report.plan.peak_bytes),
                to == 3 ? "the weights are stored in bfloat16, rounded stochastically, and the moments in int8"
-                       : "the moments are stored in " + mode_name(state),
+                       : "they are stored in " + mode_name(state),
                planned);
   // The config first: each change is recorded with the resolved config as it now is.
   const Config before = cfg_;
