@@ -479,3 +479,21 @@ TEST(DistTorchrun, HeldRunFolderIsRefusedOnEveryRankOrWaitedFor) {
 }
 
 }  // namespace test_dist
+
+namespace test_dist {
+
+// bfloat16 weights train in one process: under torchrun every rank refuses them as it connects, with the
+// one line, before anything is broadcast (Gloo's collectives take no bfloat16 in LibTorch 1.13).
+TEST(DistTorchrun, BFloat16WeightsAreRefusedOnEveryRank) {
+  if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TempDir dir;
+  const auto r = testutil::run(torchrun(dir, (dir / "run").string(),
+                                        dist_job("--set train.steps=1 --set optim.name=adamw --set model.param_dtype=bfloat16")));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[default0]:error: config: key 'model.param_dtype': bfloat16 weights train in one process"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default1]:error: config: key 'model.param_dtype'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("broadcast of the initial model failed"), std::string::npos) << r.output;
+}
+
+}  // namespace test_dist

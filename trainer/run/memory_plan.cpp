@@ -128,7 +128,7 @@ PlanReport plan_report(const Config& cfg, int64_t cap) {
   if (r.plan.fits || cfg.optim.name == OptimKind::kSgd) return r;
   // The settings that change how the numbers are stored, not what is trained, least change first: the
   // moments in bfloat16, in int8, then the weights in bfloat16 too (with int8 moments and stochastic
-  // rounding), where the config allows that (AdamW on the CPU, without autocast or an EMA).
+  // rounding), where the config allows that (AdamW on the CPU in one process, without autocast or an EMA).
   const auto add = [&](const Config& alt, const std::string& setting) {
     PlanAlternative a;
     a.setting = setting;
@@ -144,7 +144,7 @@ PlanReport plan_report(const Config& cfg, int64_t cap) {
     alt.optim.state_dtype = d;
     add(alt, std::string("optim.state_dtype: ") + mode_name(d));
   }
-  if (cfg.model.param_dtype == ParamDtype::kFloat32 && !cuda_job(cfg)) {
+  if (cfg.model.param_dtype == ParamDtype::kFloat32 && !cuda_job(cfg) && dist_env_from().world_size <= 1) {
     Config alt = cfg;
     alt.model.param_dtype = ParamDtype::kBfloat16;
     alt.optim.state_dtype = StateDtype::kInt8;

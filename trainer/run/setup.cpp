@@ -39,6 +39,10 @@ void TrainingRun::setup_distributed() {
   trained_.set_device(
       resolve_device(cfg_.train.device, env.distributed() ? std::optional<int64_t>(env.local_rank) : std::nullopt));
   ranks_.connect(trained_.device());
+  // Every rank refuses alike, before anything is broadcast (Gloo's collectives take no bfloat16 in 1.13).
+  if (ranks_.dist() && cfg_.model.param_dtype == ParamDtype::kBfloat16)
+    throw ConfigError("config: key 'model.param_dtype': bfloat16 weights train in one process for now (data "
+                      "parallel broadcasts and all-reduces float32); use float32 under torchrun");
 }
 
 void TrainingRun::setup_run_folder() {
