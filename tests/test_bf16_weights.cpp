@@ -68,11 +68,12 @@ double rate(int step) { return 1e-2 * (step + 1) / 20; }
 torch::Tensor run_ours(const std::vector<Param>& ps, const OptimConfig& c, const std::vector<torch::Tensor>& grads,
                        int steps, torch::ScalarType dtype, uint64_t seed = 0) {
   std::vector<trainer::ParamSlot> slots;
-  for (const auto& p : ps) slots.push_back({p.name, p.value.to(dtype).requires_grad_(true), p.decay});
+  for (const auto& p : ps) slots.push_back({p.name, p.value.to(dtype).clone().requires_grad_(true), p.decay});
   trainer::Optimizer opt(slots, c);
   opt.set_rounding_seed(seed);
   for (int s = 0; s < steps; ++s) {
-    for (size_t i = 0; i < ps.size(); ++i) slots[i].param.mutable_grad() = grads[s * ps.size() + i].to(dtype);
+    // A copy: the float32 update writes its denominator into the gradient (optim.h).
+    for (size_t i = 0; i < ps.size(); ++i) slots[i].param.mutable_grad() = grads[s * ps.size() + i].to(dtype).clone();
     opt.step(rate(s));
   }
   std::vector<torch::Tensor> f;
@@ -113,8 +114,8 @@ torch::Tensor run_torchao(const std::vector<Param>& ps, const OptimConfig& c, co
 }  // namespace
 
 // Rounded to nearest, twenty steps on bfloat16 weights are torchao's (_AdamW on bfloat16 parameters, whose
-// moments are bfloat16; AdamW8bit with int8 moments), but where torch.sqrt's last bit (MKL's, not IEEE's:
-// test_optim_state.cpp) moves an update across a rounding boundary of the weight: then by one bfloat16 step.
+// moments are bfloat16; AdamW8bit with int8 moments, run eagerly with IEEE's square root: optim8_ref.py),
+// within one bfloat16 step of the weight where an int8 moment's code differs.
 TEST(BFloat16Weights, RoundedToNearestTheyAreTorchaos) {
   SKIP_WITHOUT_TORCHAO();
   const auto ps = model_params();
@@ -129,8 +130,13 @@ TEST(BFloat16Weights, RoundedToNearestTheyAreTorchaos) {
     const int64_t differ = (ours != theirs).sum().item<int64_t>();
     EXPECT_LE(differ, ours.numel() / 100) << trainer::mode_name(dtype);
     // One bfloat16 step of the weight at most: 2^-7 of it.
-    const double rel = ((ours - theirs).abs() / theirs.abs().clamp_min(1e-30)).max().item<double>();
-    EXPECT_LE(rel, 1.0 / 128) << trainer::mode_name(dtype) << ": " << differ << " of " << ours.numel() << " differ";
+    // One bfloat16 step of the weight, and a tenth of the largest rate: an int8 moment one code apart (the
+    // codes are torchao's but within a float32 rounding of a midpoint: test_optim_state.cpp) moves its
+    // update by a few percent of the rate.
+    const torch::Tensor bound = torch::max(ours.abs(), theirs.abs()) / 128 + 0.1 * rate(steps - 1);
+    const double worst = ((ours - theirs).abs() / bound).max().item<double>();
+    EXPECT_LE(worst, 1.0) << trainer::mode_name(dtype) << ": " << differ << " of " << ours.numel() << " differ; "
+                          << (ours - theirs).abs().max().item<double>() << " at most";
     std::vector<torch::Tensor> init;
     for (const auto& p : ps) init.push_back(p.value.to(torch::kBFloat16).to(torch::kFloat).reshape(-1));
     EXPECT_GT((ours - torch::cat(init)).abs().max().item<double>(), 1e-3) << "the parameters moved";
