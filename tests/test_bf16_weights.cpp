@@ -15,6 +15,7 @@
 #include "train_util.h"
 #include "trainer/config/config.h"
 #include "trainer/memory/backend.h"
+#include "trainer/memory/resources.h"
 #include "trainer/numerics/forward.h"
 #include "trainer/numerics/optim.h"
 
@@ -206,6 +207,20 @@ TEST(BFloat16Weights, AMissingKernelNamesTheSetting) {
     EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   }
   EXPECT_EQ(trainer::missing_bfloat16_kernel(std::runtime_error("out of memory")), "");
+}
+
+// The warning that bfloat16 matmuls are emulated reads the CPU's flags: avx512_bf16 or amx_bf16.
+TEST(BFloat16Weights, CpuFlagsSayWhetherBfloat16IsNative) {
+  TempDir dir;
+  const auto cpuinfo = [&](const std::string& flags) {
+    testutil::fs::create_directories(dir / "proc");
+    testutil::write_file(dir / "proc" / "cpuinfo", "processor\t: 0\nmodel name\t: x\nflags\t\t: " + flags + "\n\n");
+    return trainer::cpu_has_bfloat16(dir.str());
+  };
+  EXPECT_FALSE(cpuinfo("fpu sse2 avx2 fma"));
+  EXPECT_TRUE(cpuinfo("fpu avx2 avx512f avx512_bf16 avx512_vnni"));
+  EXPECT_TRUE(cpuinfo("fpu avx2 amx_bf16 amx_tile"));
+  EXPECT_FALSE(trainer::cpu_has_bfloat16((dir / "nothing").string())) << "no cpuinfo: not known to have it";
 }
 
 // Each bad combination: one line naming the key, and what applies instead.

@@ -235,6 +235,14 @@ int usable_cpus(const std::string& root) {
   return std::max(1, n);
 }
 
+bool cpu_has_bfloat16(const std::string& root) {
+  std::ifstream f(root + "/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+  return false;
+}
+
 void apply_cpu_threads(int n) {
   if (n < 1) throw std::invalid_argument("resources: CPU threads must be >= 1, got " + std::to_string(n));
   at::set_num_threads(n);

@@ -58,6 +58,10 @@ std::string container_root();
 /// CPUs this process can use: min(CPUs in its sched_getaffinity mask, ceil(cgroup quota)), at least 1.
 int usable_cpus(const std::string& root = "/");
 
+/// Whether the CPU has bfloat16 arithmetic (the avx512_bf16 or amx_bf16 flag of ROOT/proc/cpuinfo). Without
+/// it LibTorch's bfloat16 matmuls are emulated, many times slower than float32's (docs/MEMORY.md).
+bool cpu_has_bfloat16(const std::string& root = "/");
+
 /// Sets LibTorch's intra-op threads to `n` (at::set_num_threads) and, if the inter-op pool has not
 /// started yet, its inter-op threads too. LibTorch refuses to resize the inter-op pool once any parallel
 /// work ran; that case is skipped silently (the pool keeps its size). Throws std::invalid_argument for

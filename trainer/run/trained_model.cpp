@@ -6,6 +6,7 @@
 #include "models/registry.h"
 #include "models/summary.h"
 #include "trainer/memory/backend.h"
+#include "trainer/memory/resources.h"
 #include "trainer/run/from_config.h"
 
 namespace trainer {
@@ -22,6 +23,10 @@ void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) 
       throw ConfigError("config: key 'model.param_dtype': bfloat16 weights run on the CPU only (on " + device_.str() +
                         " use float32 with amp.enabled)");
     model_->to(torch::kBFloat16);
+    if (!cpu_has_bfloat16())
+      spdlog::warn("model.param_dtype bfloat16: this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16); "
+                   "LibTorch emulates its bfloat16 matmuls, many times slower than float32's: the weights take "
+                   "half the memory, the steps far more time");
   }
   model_->to(device_);
   if (cfg_.model.channels_last && !tokens) models::to_channels_last(*model_);
