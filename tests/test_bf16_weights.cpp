@@ -12,6 +12,7 @@
 
 #include <signal.h>
 
+#include "optim_ref.h"
 #include "train_util.h"
 #include "trainer/config/config.h"
 #include "trainer/memory/backend.h"
@@ -28,15 +29,9 @@ using trainer::StateDtype;
 
 namespace {
 
-std::string ref_script() { return testutil::source_dir() + "/tests/ref/optim8_ref.py"; }
+using optimref::Param;
 
 // Tensors with and without weight decay, quantized (>= 4,096 values) and not.
-struct Param {
-  std::string name;
-  torch::Tensor value;  // float32
-  bool decay;
-};
-
 std::vector<Param> model_params() {
   torch::manual_seed(3);
   return {{"w1", torch::randn({64, 128}) * 0.05, true},
@@ -54,13 +49,7 @@ OptimConfig adamw(StateDtype dtype, bool stochastic) {
   return c;
 }
 
-std::vector<torch::Tensor> gradients(const std::vector<Param>& ps, int steps) {
-  torch::manual_seed(4);
-  std::vector<torch::Tensor> g;
-  for (int s = 0; s < steps; ++s)
-    for (const auto& p : ps) g.push_back(torch::randn(p.value.sizes()) * (0.01 * (1 + s % 5)));
-  return g;
-}
+using optimref::gradients;
 
 double rate(int step) { return 1e-2 * (step + 1) / 20; }
 
@@ -82,35 +71,13 @@ torch::Tensor run_ours(const std::vector<Param>& ps, const OptimConfig& c, const
   return torch::cat(f);
 }
 
+// torchao's run on the same bfloat16 weights and gradients.
 torch::Tensor run_torchao(const std::vector<Param>& ps, const OptimConfig& c, const std::vector<torch::Tensor>& grads,
                           int steps) {
-  TempDir dir;
   std::vector<double> lr;
   for (int s = 0; s < steps; ++s) lr.push_back(rate(s));
-  nlohmann::json spec = {{"steps", steps}, {"lr", lr}, {"weight_decay", c.weight_decay}, {"betas", {c.beta1, c.beta2}},
-                         {"eps", c.eps}, {"compile", false}, {"state", trainer::mode_name(c.state_dtype)},
-                         {"param_dtype", "bfloat16"}, {"stochastic", c.stochastic_rounding}};
-  std::vector<torch::Tensor> init;
-  for (const auto& p : ps) {
-    spec["shapes"].push_back(p.value.sizes().vec());
-    spec["decay"].push_back(p.decay);
-    init.push_back(p.value);
-  }
-  testutil::write_file(dir / "spec.json", spec.dump());
-  testutil::write_raw(dir / "init.bin", init);
-  testutil::write_raw(dir / "grads.bin", grads);
-  const auto r = testutil::run(testutil::python() + " " + ref_script() + " adamw " + dir.str());
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return r.exit_code == 0 ? testutil::read_raw(dir / "out.bin", torch::kFloat) : torch::Tensor();
+  return optimref::run_torchao(ps, c, grads, lr, "bfloat16");
 }
-
-#define SKIP_WITHOUT_TORCHAO()                                                                                  \
-  do {                                                                                                          \
-    const std::string missing = testutil::missing_module_of(ref_script());                                    \
-    if (!missing.empty())                                                                                       \
-      GTEST_SKIP() << "the reference Python " << testutil::python() << " has no module " << missing           \
-                   << " (torchao: the 2.11 leg's environment has it)";                                         \
-  } while (0)
 
 }  // namespace
 

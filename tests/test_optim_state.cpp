@@ -13,6 +13,7 @@
 
 #include <signal.h>
 
+#include "optim_ref.h"
 #include "train_util.h"
 #include "trainer/config/config.h"
 #include "trainer/memory/backend.h"
@@ -31,15 +32,7 @@ namespace quant8 = trainer::quant8;
 
 namespace {
 
-std::string ref_script() { return testutil::source_dir() + "/tests/ref/optim8_ref.py"; }
-
-#define SKIP_WITHOUT_TORCHAO()                                                                                  \
-  do {                                                                                                          \
-    const std::string missing = testutil::missing_module_of(ref_script());                                    \
-    if (!missing.empty())                                                                                       \
-      GTEST_SKIP() << "the reference Python " << testutil::python() << " has no module " << missing           \
-                   << " (torchao: the 2.11 leg's environment has it)";                                         \
-  } while (0)
+using optimref::ref_script;
 
 // The nearest entry of `map` to each value / its block's scale, searched over all 256 in double; of two
 // equally near, the larger (quant8.h).
@@ -160,11 +153,7 @@ TEST(OptimState, CodesAndScalesAreTorchaos) {
 
 namespace {
 
-struct Param {
-  std::string name;
-  torch::Tensor value;
-  bool decay;
-};
+using optimref::Param;
 
 // Two quantized tensors (one without decay), two that stay float32 (under 4,096 values; not whole blocks).
 std::vector<Param> model_params() {
@@ -190,14 +179,7 @@ OptimConfig adamw(StateDtype dtype) {
   return c;
 }
 
-// `steps` gradients per tensor, their scale changing from step to step as a training run's do.
-std::vector<torch::Tensor> gradients(const std::vector<Param>& ps, int steps) {
-  torch::manual_seed(4);
-  std::vector<torch::Tensor> g;
-  for (int s = 0; s < steps; ++s)
-    for (const auto& p : ps) g.push_back(torch::randn(p.value.sizes()) * (0.01 * (1 + s % 5)));
-  return g;
-}
+using optimref::gradients;
 
 std::vector<double> rates(int steps) {
   std::vector<double> lr;
@@ -224,22 +206,7 @@ torch::Tensor run_ours(const std::vector<Param>& ps, const OptimConfig& c, const
 
 torch::Tensor run_torchao(const std::vector<Param>& ps, const OptimConfig& c, const std::vector<torch::Tensor>& grads,
                           int steps) {
-  TempDir dir;
-  nlohmann::json spec = {{"steps", steps}, {"lr", rates(steps)}, {"weight_decay", c.weight_decay},
-                         {"betas", {c.beta1, c.beta2}}, {"eps", c.eps}, {"compile", false},
-                         {"state", trainer::mode_name(c.state_dtype)}};
-  std::vector<torch::Tensor> init;
-  for (const auto& p : ps) {
-    spec["shapes"].push_back(p.value.sizes().vec());
-    spec["decay"].push_back(p.decay);
-    init.push_back(p.value);
-  }
-  testutil::write_file(dir / "spec.json", spec.dump());
-  write_raw(dir / "init.bin", init);
-  write_raw(dir / "grads.bin", grads);
-  const auto r = testutil::run(testutil::python() + " " + ref_script() + " adamw " + dir.str());
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return r.exit_code == 0 ? read_raw(dir / "out.bin", torch::kFloat) : torch::Tensor();
+  return optimref::run_torchao(ps, c, grads, rates(steps));
 }
 
 }  // namespace
