@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include <signal.h>
@@ -326,6 +327,64 @@ TEST(MemoryState, AutoAfterAGiveUpTheStartDidNotForesee) {
       EXPECT_LE(steps[i]["mem_peak_bytes"].get<int64_t>(), parse_bytes("8.3MiB"));
   }
   EXPECT_NE(read_file(dir / "run" / "resolved_config.yaml").find("state_dtype: \"int8\""), std::string::npos);
+}
+
+}  // namespace test_memory_plan
+
+namespace test_memory_plan {
+
+TEST(MemoryState, AutoAfterAGiveUpWithInt8MomentsStoresTheWeightsInBfloat16) {
+  // int8 moments from the start, float32 weights; the cap is cut to where only bfloat16 weights fit (about
+  // 4.5 MiB of weights, gradients and moments against 7.4 MiB with float32 weights). The ladder gives up at
+  // its floor, memory.state auto rounds the weights to bfloat16 in place, and the same step runs again.
+  TempDir dir("memory_state_weights");
+  const std::string run_dir = (dir / "run").string();
+  const std::string job = "--config " + source_dir() + "/configs/llama_tiny_fortunes.yaml" +
+                          " --set data.kind=synthetic --set data.test= --set model.context=16 --set train.global_batch=1" +
+                          " --set optim.name=adamw --set optim.state_dtype=int8 --set train.steps=100000" +
+                          " --set train.epochs=0 --set log.every=1 --set checkpoint.every_steps=0" +
+                          " --set memory.limit=64MiB --set memory.state=auto";
+  const pid_t pid = spawn(trainer_cmd(run_dir, job), (dir / "log.txt").string());
+  ASSERT_TRUE(wait_for_metrics(run_dir, [](auto& l) { return last_step(l) >= 5; })) << read_file(dir / "log.txt");
+  write_file(dir / "run" / "control.yaml", "memory:\n  limit: 6MiB\n");
+  int64_t converted_at = 0;
+  const bool converted = wait_for_metrics(run_dir, [&](auto& lines) {
+    for (auto& l : lines)
+      if (l.value("event", "") == "memory_state" && l.value("setting", "") == "model.param_dtype")
+        converted_at = l["step"].template get<int64_t>();
+    return converted_at > 0 && last_step(lines) >= converted_at + 5;
+  });
+  kill(pid, SIGTERM);
+  const int code = wait_exit(pid);
+  const std::string log = read_file(dir / "log.txt");
+  ASSERT_TRUE(converted) << log;
+  EXPECT_EQ(code, 143) << log;
+  const auto changes = events(run_dir, "memory_state");
+  ASSERT_EQ(changes.size(), 2u) << log;
+  EXPECT_EQ(changes[0]["setting"], "model.param_dtype");
+  EXPECT_EQ(changes[0]["from"], "float32");
+  EXPECT_EQ(changes[0]["to"], "bfloat16");
+  EXPECT_EQ(changes[0]["reason"], "gave_up");
+  EXPECT_EQ(changes[1]["setting"], "optim.stochastic_rounding");
+  EXPECT_TRUE(events(run_dir, "oom_gave_up").empty());
+  const auto steps = step_lines(run_dir);
+  double before = 0, after = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["samples_seen"].get<int64_t>(), static_cast<int64_t>(i + 1));  // no step lost or repeated
+    const int64_t step = steps[i]["step"].get<int64_t>();
+    EXPECT_TRUE(std::isfinite(steps[i]["loss"].get<double>())) << "step " << step;
+    if (step >= converted_at) EXPECT_LE(steps[i]["mem_peak_bytes"].get<int64_t>(), parse_bytes("6MiB")) << "step " << step;
+    if (step == converted_at - 1) before = steps[i]["loss"].get<double>();
+    if (step == converted_at) after = steps[i]["loss"].get<double>();
+  }
+  // The step after the move starts from the weights rounded to nearest: its loss is the float32 weights'
+  // within bfloat16's resolution, not a restart.
+  EXPECT_GT(before, 0);
+  EXPECT_NEAR(after, before, 0.5) << "the loss around the move";
+  const std::string resolved = read_file(dir / "run" / "resolved_config.yaml");
+  EXPECT_NE(resolved.find("param_dtype: \"bfloat16\""), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("stochastic_rounding: true"), std::string::npos) << resolved;
+  EXPECT_NE(log.find("the weights are stored in bfloat16 from now on"), std::string::npos) << log;
 }
 
 }  // namespace test_memory_plan

@@ -158,6 +158,14 @@ std::string Optimizer::load_state(const std::map<std::string, torch::Tensor>& st
   return rule_->load_state(state, params_);
 }
 
+void Optimizer::use_bfloat16_weights(bool stochastic) {
+  if (!rule_->updates_bfloat16_weights())
+    throw std::invalid_argument("model.param_dtype: bfloat16 weights are updated by AdamW in float32 and rounded back; " +
+                                rule_->name() + " has no such update");
+  rule_->set_stochastic_rounding(stochastic);
+  impl_ = OptimImpl::kPlain;  // the block loop (adamw.cpp)
+}
+
 std::string Optimizer::convert_state(const OptimConfig& cfg) {
   if (cfg.name == OptimKind::kSgd || cfg.state_dtype == StateDtype::kFloat32)
     throw std::invalid_argument("convert_state: moments in fewer bytes are AdamW's and LAMB's (got " +

@@ -109,6 +109,10 @@ class Optimizer {
   bool foreach() const { return impl_ == OptimImpl::kForeach; }
   /// The seed the stochastic rounding of bfloat16 weights draws from (optim.stochastic_rounding): the run's.
   void set_rounding_seed(uint64_t seed) { rule_->set_rounding_seed(seed); }
+  /// The weights were converted to bfloat16 in place (memory.state auto, mid-run): from the next step they
+  /// are updated by the float32 block loop and rounded back, stochastically when `stochastic`. Throws
+  /// std::invalid_argument for an optimizer without that update (SGD, LAMB).
+  void use_bfloat16_weights(bool stochastic);
   /// "plain", "foreach" or "fused": what step() runs.
   std::string implementation() const;
 

@@ -73,6 +73,7 @@ class OptimizerRule {
   virtual bool updates_bfloat16_weights() const { return false; }
   /// The run's seed, which the stochastic rounding of bfloat16 weights draws its bits from.
   void set_rounding_seed(uint64_t seed) { rounding_seed_ = seed; }
+  void set_stochastic_rounding(bool on) { cfg_.stochastic_rounding = on; }
 
  protected:
   OptimConfig cfg_;

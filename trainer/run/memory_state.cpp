@@ -1,6 +1,7 @@
 // memory.state: before the model is built, the memory plan decides whether the optimizer's state (and then
 // the weights) are stored in fewer bytes (auto), and a run that gives up on memory names the settings the
-// plan finds would fit. After a give-up, only the moments move (the weights keep their dtype mid-run).
+// plan finds would fit. After a give-up the plan did not foresee, the same rungs are taken mid-run, one at
+// a time: the moments in bfloat16, in int8, then the weights in bfloat16 (stochastic rounding).
 #include <spdlog/spdlog.h>
 
 #include "trainer/memory/backend.h"
@@ -84,8 +85,12 @@ bool TrainingRun::store_state_in_fewer_bytes(const OomGaveUp& e) {
   // One process on the CPU, batches fetched inside the step: a second attempt at the same batch is the
   // first one again. Data parallel replicas would have to agree on it; they give up instead.
   if (cfg_.memory.state != MemoryState::kAuto || trained_.device().is_cuda() || ranks_.dist() ||
-      cfg_.optim.state_dtype == StateDtype::kInt8 || fetches_ahead(cfg_, trained_.device()))
+      fetches_ahead(cfg_, trained_.device()))
     return false;
+  return cfg_.optim.state_dtype == StateDtype::kInt8 ? store_weights_in_bfloat16(e) : store_moments_in_fewer_bytes(e);
+}
+
+bool TrainingRun::store_moments_in_fewer_bytes(const OomGaveUp& e) {
   const std::string from = mode_name(cfg_.optim.state_dtype);
   OptimConfig next = cfg_.optim;
   next.state_dtype = cfg_.optim.state_dtype == StateDtype::kFloat32 ? StateDtype::kBfloat16 : StateDtype::kInt8;
@@ -106,6 +111,43 @@ bool TrainingRun::store_state_in_fewer_bytes(const OomGaveUp& e) {
                                              {"reason", "gave_up"}, {"limit", memory_.agreed_limit()},
                                              {"step", progress_.step() + 1}});
   trackers_.set_changed_setting("optim.state_dtype", from, to);
+  return true;
+}
+
+bool TrainingRun::store_weights_in_bfloat16(const OomGaveUp& e) {
+  if (cfg_.model.param_dtype == ParamDtype::kBfloat16) return false;  // nothing left to store in fewer bytes
+  Config next = cfg_;
+  next.model.param_dtype = ParamDtype::kBfloat16;
+  next.optim.stochastic_rounding = true;
+  try {
+    validate(next);  // AdamW, plain, without autocast or an EMA: what bfloat16 weights train with
+  } catch (const ConfigError& why) {
+    spdlog::warn("memory.state auto: the weights stay float32 ({})", why.what());
+    return false;
+  }
+  try {
+    const LiftedCap lifted(memory_.backend());
+    trained_.store_weights_in_bfloat16();
+  } catch (const std::exception& failed) {
+    spdlog::warn("memory.state auto: the weights could not be stored in bfloat16 ({})", error_message(failed));
+    return false;
+  }
+  step_runner_->set_param_dtype(torch::kBFloat16);
+  step_runner_->controller().on_state_shrank();
+  const bool was_stochastic = cfg_.optim.stochastic_rounding;
+  cfg_.model.param_dtype = ParamDtype::kBfloat16;
+  cfg_.optim.stochastic_rounding = true;
+  spdlog::warn("memory.state auto: {}; the weights are stored in bfloat16 from now on, rounded stochastically after "
+               "each update, and the step runs again", e.what());
+  const nlohmann::json common = {{"reason", "gave_up"}, {"limit", memory_.agreed_limit()}, {"step", progress_.step() + 1}};
+  const auto changed = [&](const std::string& setting, const std::string& was, const std::string& is) {
+    nlohmann::json fields = common;
+    fields.update({{"setting", setting}, {"from", was}, {"to", is}});
+    trackers_.metrics().event("memory_state", fields);
+    trackers_.set_changed_setting(setting, was, is);
+  };
+  changed("model.param_dtype", "float32", "bfloat16");
+  if (!was_stochastic) changed("optim.stochastic_rounding", "false", "true");
   return true;
 }
 

@@ -90,9 +90,12 @@ class TrainingRun {
   // memory_state.cpp
   void choose_memory_state();  // memory.state auto: the moments' dtype the plan fits with, before the model
   std::string what_would_fit() const;  // for the give-up: the settings the plan finds would fit ("" none)
-  /// memory.state auto, after a give-up the plan did not foresee: the moments one step fewer bytes
-  /// (float32 -> bfloat16 -> int8), converted in place; whether the step may run again.
+  /// memory.state auto, after a give-up the plan did not foresee: the state one rung fewer bytes (moments
+  /// float32 -> bfloat16 -> int8, then the weights in bfloat16), converted in place; whether the step may
+  /// run again.
   bool store_state_in_fewer_bytes(const OomGaveUp& e);
+  bool store_moments_in_fewer_bytes(const OomGaveUp& e);
+  bool store_weights_in_bfloat16(const OomGaveUp& e);
 
   // run.cpp
   void start(bool resumed);

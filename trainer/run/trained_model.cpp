@@ -11,6 +11,17 @@
 
 namespace trainer {
 
+namespace {
+
+void warn_without_bfloat16_instructions() {
+  if (!cpu_has_bfloat16())
+    spdlog::warn("model.param_dtype bfloat16: this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16); "
+                 "LibTorch emulates its bfloat16 matmuls, many times slower than float32's: the weights take "
+                 "half the memory, the steps far more time");
+}
+
+}  // namespace
+
 void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) {
   torch::manual_seed(cfg_.seed);
   vocab_ = tokens ? vocab_size(cfg_) : 0;
@@ -23,10 +34,7 @@ void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) 
       throw ConfigError("config: key 'model.param_dtype': bfloat16 weights run on the CPU only (on " + device_.str() +
                         " use float32 with amp.enabled)");
     model_->to(torch::kBFloat16);
-    if (!cpu_has_bfloat16())
-      spdlog::warn("model.param_dtype bfloat16: this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16); "
-                   "LibTorch emulates its bfloat16 matmuls, many times slower than float32's: the weights take "
-                   "half the memory, the steps far more time");
+    warn_without_bfloat16_instructions();
   }
   model_->to(device_);
   if (cfg_.model.channels_last && !tokens) models::to_channels_last(*model_);
@@ -35,6 +43,16 @@ void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) 
   flops_per_sample_ = model_->forward_flops(sample_shape);
   spdlog::info("model: {} with {} parameters, {:.3f} GFLOPs per sample forward", cfg_.model.name,
                models::count_parameters(*model_), flops_per_sample_ / 1e9);
+}
+
+void TrainedModel::store_weights_in_bfloat16() {
+  optimizer_->zero_grad();  // float32 gradients would not accumulate into bfloat16 weights
+  // Parameter by parameter (Module::to sets each one's data): the optimizer's handles stay valid, and beyond
+  // the float32 weights one tensor's bfloat16 copy at a time is allocated.
+  model_->to(torch::kBFloat16);
+  optimizer_->use_bfloat16_weights(/*stochastic=*/true);
+  forward_.param_dtype = torch::kBFloat16;
+  warn_without_bfloat16_instructions();
 }
 
 void TrainedModel::make_scaler() {

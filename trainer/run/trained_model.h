@@ -38,6 +38,10 @@ class TrainedModel {
   void update_ema(int64_t step);
   /// `evaluate` with the averaged weights swapped in; back to the trained weights when it returns or throws.
   EvalResult evaluate_ema(const std::function<EvalResult()>& evaluate);
+  /// memory.state auto after a give-up with int8 moments: the weights (and buffers) rounded to nearest
+  /// bfloat16 in place, the gradients dropped, the optimizer on its bfloat16 update with stochastic
+  /// rounding, float inputs cast to bfloat16 from now on. The config must allow it (AdamW on the CPU).
+  void store_weights_in_bfloat16();
 
   const torch::Device& device() const { return device_; }
   /// device, channels_last, autocast: training and evaluation alike (setup_data adds uint8 images' statistics).

@@ -153,6 +153,8 @@ class Step {
   // ---- for the micro-batch search's probes (MicroBatchSearcher, search.h) ----
   const StepParts& parts() const { return p_; }
   const StepOptions& options() const { return o_; }
+  /// The weights' dtype changed (memory.state auto moved them to bfloat16): float inputs are cast to it.
+  void set_param_dtype(at::ScalarType dtype) { o_.forward.param_dtype = dtype; }
   /// The cuDNN policy's flag for an attempt of kind `attempt` at `sizes`, set, and the decision recorded.
   CudnnDecision apply_cudnn(CudnnAttempt attempt, const std::vector<int64_t>& sizes, int64_t step);
   /// What a failed attempt (or probe) left, dropped: its gradients, the scaler's step, what autograd still
