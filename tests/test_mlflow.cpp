@@ -339,6 +339,40 @@ TEST_F(MlflowServer, ARunsParamsMetricsAndArtifactsReadBackThroughMlflowsClient)
   EXPECT_EQ(nlohmann::json::parse(m["artifacts"]["final_eval.json"].get<std::string>()), evals[0]);
 }
 
+// memory.state auto changes a setting mid-run: MLflow refuses a param's new value, so the change is a tag
+// (the latest one of each key), and the params stay the config the run started with.
+TEST_F(MlflowServer, AMidRunMemoryStateChangeIsATag) {
+  TempDir dir;
+  const std::string run = (dir / "run").string();
+  const std::string job = "--config " + testutil::source_dir() + "/configs/llama_tiny_fortunes.yaml" +
+                          " --set data.kind=synthetic --set data.test= --set model.context=16 --set train.global_batch=1"
+                          " --set train.steps=100000 --set train.epochs=0 --set log.every=1 --set checkpoint.every_steps=0"
+                          " --set memory.limit=64MiB --set memory.state=auto --set log.mlflow=" + server_->uri();
+  const pid_t pid = testutil::spawn(testutil::trainer_cmd(run, job), (dir / "train.log").string());
+  ASSERT_TRUE(testutil::wait_for_metrics(run, [&](auto& l) {
+    return testutil::last_step(l) >= 5 && std::filesystem::exists(run + "/mlflow.json");
+  })) << testutil::read_file(dir / "train.log");
+  testutil::write_file(dir / "run" / "control.yaml", "memory:\n  limit: 8.3MiB\n");  // only int8 moments fit
+  std::string last_to;
+  const bool changed = testutil::wait_for_metrics(run, [&](auto& lines) {
+    for (auto& l : lines)
+      if (l.value("event", "") == "memory_state") last_to = l.value("to", "");
+    return last_to == "int8" && testutil::last_step(lines) >= 3;
+  });
+  kill(pid, SIGTERM);
+  const int code = testutil::wait_exit(pid);
+  const std::string out = testutil::read_file(dir / "train.log");
+  ASSERT_TRUE(changed) << out;
+  ASSERT_EQ(code, 128 + SIGTERM) << out;
+  const auto changes = testutil::events(run, "memory_state");
+  ASSERT_FALSE(changes.empty());
+  const auto m = read_run(server_->uri(), run_id_of(run));
+  EXPECT_EQ(m["params"]["optim.state_dtype"], "float32") << "the params are the config the run started with";
+  EXPECT_FALSE(m["params"].contains("memory.state.changed.optim.state_dtype"));
+  EXPECT_EQ(m["tags"].value("memory.state.changed.optim.state_dtype", "<missing>"),
+            changes.back()["from"].get<std::string>() + " -> int8") << m["tags"].dump();
+}
+
 TEST_F(MlflowServer, SigkillAndResumeIsOneRunWithEveryStepOnce) {
   TempDir dir;
   const std::string run = (dir / "run").string();

@@ -50,7 +50,10 @@ void Trackers::write_resolved_config() const {
 }
 
 void Trackers::set_changed_setting(const std::string& key, const std::string& from, const std::string& to) {
+  // Before the run is tracked (the plan's choice at start): a param beside the config's. Mid-run, where
+  // MLflow refuses a param's new value: a tag of the same name, which a later change replaces.
   changed_["memory.state.changed." + key] = from + " -> " + to;
+  if (tracker_) tracker_->set_tags({{"memory.state.changed." + key, from + " -> " + to}});
   write_resolved_config();
 }
 

@@ -82,6 +82,12 @@ void MlflowTracker::observe(const nlohmann::json& record) {
   cv_.notify_all();
 }
 
+void MlflowTracker::set_tags(const std::map<std::string, std::string>& tags) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_ || stats_.disabled) return;
+  for (const auto& [key, value] : tags) new_tags_[key] = value;
+}
+
 void MlflowTracker::end(int exit_code) {
   std::lock_guard<std::mutex> lock(mu_);
   status_ = status_of_exit_code(exit_code);
@@ -138,7 +144,7 @@ void MlflowTracker::loop() {
       continue;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (closing && queue_.empty() && artifacts_.empty()) break;
+    if (closing && queue_.empty() && artifacts_.empty() && new_tags_.empty()) break;
   }
   if (connected && !abort_) send_status();
   std::lock_guard<std::mutex> lock(mu_);
@@ -313,6 +319,12 @@ bool MlflowTracker::post_batch(const nlohmann::json& body, const std::string& wh
 }
 
 bool MlflowTracker::send_pending() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!new_tags_.empty())
+      for (auto& body : log_batch_bodies(stats_.run_id, {}, {}, new_tags_)) settings_.push_back(std::move(body));
+    new_tags_.clear();
+  }
   while (!settings_.empty()) {
     if (!post_batch(settings_.front(), "the run's params and tags", 0)) return false;
     settings_.erase(settings_.begin());

@@ -76,6 +76,9 @@ class MlflowTracker {
   /// A metrics.jsonl record (MetricsLog's observer). Thread-safe, never blocks on the server. An eval
   /// record marked final is also uploaded as the artifact final_eval.json.
   void observe(const nlohmann::json& record);
+  /// Tags set on the run during it (a setting memory.state auto changed mid-run: params cannot change).
+  /// Thread-safe; sent with the next request, a later value of a key replacing the earlier one.
+  void set_tags(const std::map<std::string, std::string>& tags);
   /// The process ends with `exit_code`: the run's status (status_of_exit_code) is sent at close().
   /// Without it, close() marks the run FAILED (the process is ending on an error).
   void end(int exit_code);
@@ -112,6 +115,7 @@ class MlflowTracker {
   std::condition_variable cv_;
   std::deque<Metric> queue_;
   std::vector<Artifact> artifacts_;
+  std::map<std::string, std::string> new_tags_;  // set_tags' not yet taken by the thread
   std::string status_ = "FAILED";
   bool closing_ = false;
   bool closed_ = false;
