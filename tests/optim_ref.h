@@ -44,15 +44,18 @@ inline std::vector<torch::Tensor> gradients(const std::vector<Param>& ps, int st
 /// torchao's AdamW (int8: AdamW8bit; bfloat16: single_param_adam on bfloat16 moments), eagerly, with `c`'s
 /// hyperparameters and the rate lr[s] at step s, on the tensors in `param_dtype` (float32 or bfloat16,
 /// rounded to nearest; c.stochastic_rounding rounds the updated ones stochastically): the parameters after
-/// the last step, as float32; undefined (and a failed expectation) when the script fails.
+/// the last step, as float32; undefined (and a failed expectation) when the script fails. small_state
+/// "float32": the moments of the tensors torchao leaves unquantized in float32, as the trainer keeps them
+/// (torchao's own: the parameters' dtype).
 inline torch::Tensor run_torchao(const std::vector<Param>& ps, const trainer::OptimConfig& c,
                                  const std::vector<torch::Tensor>& grads, const std::vector<double>& lr,
-                                 const std::string& param_dtype = "float32") {
+                                 const std::string& param_dtype = "float32", const std::string& small_state = "") {
   testutil::TempDir dir;
   nlohmann::json spec = {{"steps", lr.size()}, {"lr", lr}, {"weight_decay", c.weight_decay},
                          {"betas", {c.beta1, c.beta2}}, {"eps", c.eps}, {"compile", false},
                          {"state", trainer::mode_name(c.state_dtype)}, {"param_dtype", param_dtype},
                          {"stochastic", c.stochastic_rounding}};
+  if (!small_state.empty()) spec["small_state"] = small_state;
   std::vector<torch::Tensor> init;
   for (const auto& p : ps) {
     spec["shapes"].push_back(p.value.sizes().vec());

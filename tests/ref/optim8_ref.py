@@ -13,6 +13,9 @@ little-endian). The 2.11 leg's environment has torchao (scripts/install-torch.sh
                  compile false replaces torch.compile by the eager function. With "param_dtype": "bfloat16"
                  the parameters and gradients are bfloat16 (rounded to nearest from the files), and
                  "stochastic": true rounds the updated ones stochastically (bf16_stochastic_round).
+                 "small_state": "float32" keeps the moments of tensors torchao does not quantize (under 4,096
+                 values) in float32 whatever the parameters' dtype (bitsandbytes' rule, and the trainer's);
+                 torchao's own is zeros_like(p), bfloat16 moments for bfloat16 parameters.
                  Writes DIR/out.bin (the parameters after the last step, as float32).
   modules        exits 0 when torchao imports, else prints "torchao"
 """
@@ -74,6 +77,16 @@ def set_grads(params, grads, step):
 
 def adamw_int8(spec, params):
     from torchao.optim import AdamW8bit
+
+    if spec.get("small_state") == "float32":
+        quantized = AdamW8bit._new_buffer
+
+        def new_buffer(self, p, signed):
+            if p.numel() >= 4096 and p.numel() % self.block_size == 0:
+                return quantized(self, p, signed)
+            return torch.zeros_like(p, dtype=torch.float32)
+
+        AdamW8bit._new_buffer = new_buffer
 
     groups = [{"params": [p for p, d in zip(params, spec["decay"]) if d], "weight_decay": spec["weight_decay"]},
               {"params": [p for p, d in zip(params, spec["decay"]) if not d], "weight_decay": 0.0}]
