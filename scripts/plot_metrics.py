@@ -5,8 +5,16 @@ optimizer steps, with OOM, backoff, probe, limit, checkpoint, resume and stop ev
     /usr/bin/python3 scripts/plot_metrics.py RUN_DIR_OR_METRICS_JSONL [--out plot.png] [--html page.html]
 
 Writes a PNG (default: metrics.png next to metrics.jsonl) and, with --html, a self-contained HTML page
-(the PNG embedded, plus the event list). Needs matplotlib (Debian: python3-matplotlib). Exit code 2 on
-bad input, with a message naming the file.
+(the PNG embedded, plus the event list).
+
+    /usr/bin/python3 scripts/plot_metrics.py RUN_A RUN_B [...] --out compare.png [--labels a,b,...]
+                     [--smooth 50]
+
+Two or more runs: their curves on one figure, to compare runs of one job (the training loss as a moving
+average over --smooth steps, the evaluation loss, and the training loss relative to the first run's),
+with each run's last evaluation printed. Labels default to the run folders' names.
+
+Needs matplotlib (Debian: python3-matplotlib). Exit code 2 on bad input, with a message naming the file.
 """
 import argparse
 import base64
@@ -147,13 +155,86 @@ def plot(path, steps, evals, events, title):
     return fig
 
 
+def moving_average(xs, ys, window):
+    """The mean of the last `window` values at each point (fewer at the start)."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y
+        if i >= window:
+            total -= ys[i - window]
+        out.append(total / min(i + 1, window))
+    return xs, out
+
+
+def compare(runs, labels, smooth, title):
+    """runs: [(path, steps, evals)]; one figure with every run's losses."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True, constrained_layout=True)
+    fig.suptitle(title, fontsize=12)
+    base = dict(zip(*moving_average(*column(runs[0][1], "loss"), smooth)))
+    for (path, steps, evals), label in zip(runs, labels):
+        x, y = moving_average(*column(steps, "loss"), smooth)
+        line, = axes[0].plot(x, y, lw=1, label=label)
+        ex, ey = column(evals, "loss")
+        if ex:
+            axes[1].plot(ex, ey, "o-", ms=4, lw=1, color=line.get_color(), label=f"{label}: {ey[-1]:.4f}")
+        rx = [s for s in x if s in base and base[s] > 0]
+        ry = [100.0 * (v / base[s] - 1.0) for s, v in zip(x, y) if s in base and base[s] > 0]
+        axes[2].plot(rx, ry, lw=1, color=line.get_color(), label=label)
+    axes[0].set_ylabel(f"train loss (mean of {smooth} steps)")
+    axes[1].set_ylabel("eval loss")
+    axes[2].set_ylabel(f"train loss vs {labels[0]} (%)")
+    axes[2].axhline(0.0, color="#000000", lw=0.8)
+    axes[2].set_xlabel("optimizer step")
+    for a in axes:
+        a.grid(True, alpha=0.3)
+        a.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def main_compare(a):
+    runs = []
+    for m in a.metrics:
+        path, steps, evals, _ = read_metrics(m)
+        runs.append((path, steps, evals))
+    names = [os.path.basename(os.path.dirname(os.path.abspath(path))) for path, _, _ in runs]
+    labels = a.labels.split(",") if a.labels else names
+    if len(labels) != len(runs):
+        fail(f"--labels: {len(labels)} labels for {len(runs)} runs")
+    if a.smooth < 1:
+        fail(f"--smooth: {a.smooth}; expected a number of steps >= 1")
+    if not a.out:
+        fail("--out: give the PNG to write when comparing runs")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        fail("matplotlib is not installed for " + sys.executable + " (Debian: apt-get install python3-matplotlib)")
+    fig = compare(runs, labels, a.smooth, a.title or " vs ".join(labels))
+    fig.savefig(a.out, dpi=100)
+    print(f"wrote {a.out}: {len(runs)} runs")
+    for (path, steps, evals), label in zip(runs, labels):
+        last = f"eval loss {evals[-1]['loss']:.6g} at step {evals[-1]['step']}" if evals and isinstance(
+            evals[-1].get("loss"), (int, float)) else "no evaluation"
+        print(f"{label}: {len(steps)} steps, {last}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("metrics", help="run folder or metrics.jsonl")
+    p.add_argument("metrics", nargs="+", help="run folder or metrics.jsonl (two or more: compare them)")
     p.add_argument("--out", help="PNG to write (default: metrics.png beside metrics.jsonl)")
-    p.add_argument("--html", help="also write a self-contained HTML page")
+    p.add_argument("--html", help="also write a self-contained HTML page (one run)")
     p.add_argument("--title", help="figure title (default: the run folder's name)")
+    p.add_argument("--labels", help="comparing: the runs' names, comma separated (default: their folders' names)")
+    p.add_argument("--smooth", type=int, default=50, help="comparing: the training loss's moving average, in steps")
     a = p.parse_args()
+    if len(a.metrics) > 1:
+        if a.html:
+            fail("--html: one run only")
+        return main_compare(a)
+    a.metrics = a.metrics[0]
     path, steps, evals, events = read_metrics(a.metrics)
     run_dir = os.path.dirname(os.path.abspath(path))
     title = a.title or f"{os.path.basename(run_dir)}: {len(steps)} steps"
