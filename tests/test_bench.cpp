@@ -515,6 +515,61 @@ TEST(BenchReference, PaddedVocabularyLossIsTheRealColumnsLoss) {
   EXPECT_GT(std::abs(full[5].get<double>() - full[0].get<double>()), 1e-4) << "the model trained: the steps differ";
 }
 
+// ---- bench/optim_quality.py -----------------------------------------------------------------------
+
+// Each precision trained on one small token job: the summary's losses are the runs' final evaluations,
+// float32 is the reference, and the bounds are checked.
+TEST(BenchOptimQuality, EachPrecisionAgainstFloat32) {
+  TempDir dir;
+  std::vector<int64_t> train, val;
+  uint64_t x = 7;
+  for (int i = 0; i < 6000; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    (i < 5000 ? train : val).push_back(static_cast<int64_t>((x >> 33) % 64));
+  }
+  data::write_tokens((dir / "train.h5").string(), train, 256, "tests/test_bench.cpp");
+  data::write_tokens((dir / "val.h5").string(), val, 256, "tests/test_bench.cpp");
+  const std::string script = testutil::python() + " " + testutil::source_dir() + "/bench/optim_quality.py";
+  const std::string args =
+      " --config " + testutil::source_dir() + "/configs/llama_tiny_fortunes.yaml --trainer " + testutil::trainer_bin() +
+      " --runs " + (dir / "runs").string() + " --set data.train=" + (dir / "train.h5").string() +
+      " --set data.test=" + (dir / "val.h5").string() +
+      " --set model.context=16 --set train.global_batch=4 --set train.steps=12 --set train.eval_every=12"
+      " --set schedule.warmup_steps=2 --set checkpoint.every_seconds=0 --set log.every=6 --jobs 1";
+  const std::string out = (dir / "summary.json").string();
+  auto r = testutil::run(script + args + " --variants float32,int8,bf16_weights_sr --out " + out);
+  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.output;
+  const json s = read_json(out);
+  EXPECT_EQ(s["schema"], "trainer-bench-optim-quality/1");
+  ASSERT_EQ(s["variants"].size(), 3u) << s.dump(1);
+  bool all = true;
+  for (const char* v : {"float32", "int8", "bf16_weights_sr"}) {
+    const json& run = s["variants"][v];
+    const auto evals = testutil::events((dir / "runs" / v).string(), "eval");
+    ASSERT_FALSE(evals.empty()) << v;
+    EXPECT_EQ(run["final_val_loss"].get<double>(), evals.back()["loss"].get<double>()) << v;
+    EXPECT_EQ(run["final_step"], 12) << v;
+    EXPECT_NEAR(run["vs_float32"].get<double>(),
+                run["final_val_loss"].get<double>() / s["variants"]["float32"]["final_val_loss"].get<double>() - 1, 1e-12);
+    if (run["within_bound"].is_boolean()) all = all && run["within_bound"].get<bool>();
+  }
+  EXPECT_EQ(s["variants"]["float32"]["vs_float32"].get<double>(), 0.0);
+  EXPECT_TRUE(s["variants"]["float32"]["within_bound"].is_null());
+  EXPECT_EQ(s["variants"]["int8"]["bound"].get<double>(), 0.01);
+  EXPECT_EQ(s["variants"]["bf16_weights_sr"]["bound"].get<double>(), 0.02);
+  EXPECT_EQ(s["all_within_bounds"].get<bool>(), all);
+  EXPECT_EQ(r.exit_code, all ? 0 : 1) << r.output;
+  // --reuse trains nothing again; bad input is one line, exit 2.
+  r = testutil::run(script + args + " --variants float32,int8 --reuse --out " + out);
+  EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.output;
+  EXPECT_EQ(read_json(out)["variants"]["int8"]["wall_s"], nullptr);
+  r = testutil::run(script + args + " --variants float32,int4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown int4"), std::string::npos) << r.output;
+  r = testutil::run(script + args + " --variants int8,float32");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 // ---- bench/compare.py -----------------------------------------------------------------------------
 
 TEST(BenchCompare, AlternatingRoundsOnATinyJob) {

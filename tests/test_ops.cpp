@@ -1059,6 +1059,23 @@ TEST(OpsPlot, PlotScriptDrawsLossThroughputMemoryAndEvents) {
                     (dir / "nothing.jsonl").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("nothing.jsonl"), std::string::npos) << r.output;
+  // Two runs on one figure: each run's last evaluation printed under its label.
+  testutil::fs::create_directories(dir / "b");
+  {
+    std::ofstream f(dir / "b" / "metrics.jsonl");
+    for (int i = 1; i <= 40; ++i) f << json{{"step", i}, {"loss", 2.2 / i}}.dump() << "\n";
+    f << R"({"event": "eval", "step": 40, "loss": 0.25})" << "\n";
+  }
+  const std::string script = testutil::python() + " " + testutil::source_dir() + "/scripts/plot_metrics.py ";
+  r = testutil::run(script + dir.str() + " " + (dir / "b").string() + " --labels float32,int8 --smooth 5 --out " +
+                    (dir / "compare.png").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testutil::read_file(dir / "compare.png").substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_NE(r.output.find("float32: 40 steps, eval loss 0.3 at step 20"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("int8: 40 steps, eval loss 0.25 at step 40"), std::string::npos) << r.output;
+  r = testutil::run(script + dir.str() + " " + (dir / "b").string() + " --labels one --out " + (dir / "c.png").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--labels"), std::string::npos) << r.output;
 }
 
 }  // namespace test_ops
