@@ -29,11 +29,12 @@ import concurrent.futures
 import datetime
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
 import time
+
+from hostinfo import cpu_model
 
 SCHEMA = "trainer-bench-optim-quality/1"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,17 +103,6 @@ def train(args, variant):
     if r.returncode != 0:
         fail(f"{shlex.join(cmd)} exited {r.returncode} (its output: {args.runs}/{variant}.log)")
     return variant, cmd, wall
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():

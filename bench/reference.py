@@ -78,6 +78,8 @@ import time
 
 import yaml
 
+from hostinfo import cpu_model
+
 # The trainer's defaults (trainer/config/config.h, Config{}), every key. tests/test_bench.cpp checks that this
 # copy equals the trainer's, key for key.
 DEFAULTS = {
@@ -440,17 +442,6 @@ def usable_cpus():
     if quota > 0:
         n = min(n, math.ceil(quota - 1e-9))
     return max(1, n)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def known_peak_tflops(name, precision):
