@@ -27,9 +27,10 @@ torch::Tensor plain_attention(const torch::Tensor& q, const torch::Tensor& k, co
   return torch::matmul(att, v);  // (B, nh, T, hs)
 }
 
-// A Linear layer applied to x: with the bias fused into the matmul (at::linear), or nn::Linear's forward.
-torch::Tensor run_linear(nn::Linear& layer, const torch::Tensor& x, bool fused_bias) {
-  return fused_bias ? torch::linear(x, layer->weight, layer->bias) : layer->forward(x);
+// A Linear layer applied to x: with the bias fused into the matmul (at::linear), or nn::Linear's forward;
+// then its LoRA adapter's term, if it has one.
+torch::Tensor run_linear(Linear& layer, const torch::Tensor& x, bool fused_bias) {
+  return layer->add_lora(x, fused_bias ? torch::linear(x, layer->weight, layer->bias) : layer->nn::LinearImpl::forward(x));
 }
 
 }  // namespace
@@ -95,8 +96,8 @@ SelfAttentionImpl::SelfAttentionImpl(const TransformerBlockOptions& o) : options
               "SelfAttention: n_embd must be a positive multiple of n_head, got n_embd ", o.n_embd(),
               ", n_head ", o.n_head());
   TORCH_CHECK(o.dropout() >= 0 && o.dropout() < 1, "SelfAttention: dropout must be in [0, 1), got ", o.dropout());
-  c_attn = register_module("c_attn", nn::Linear(o.n_embd(), 3 * o.n_embd()));
-  c_proj = register_module("c_proj", nn::Linear(o.n_embd(), o.n_embd()));
+  c_attn = register_module("c_attn", Linear(o.n_embd(), 3 * o.n_embd()));
+  c_proj = register_module("c_proj", Linear(o.n_embd(), o.n_embd()));
   resid_dropout = register_module("resid_dropout", nn::Dropout(o.dropout()));
 }
 
@@ -128,8 +129,8 @@ torch::Tensor SelfAttentionImpl::forward_cached(const torch::Tensor& x, Attentio
 // ---------------------------------------------------------------------------------------------------------
 MLPImpl::MLPImpl(const TransformerBlockOptions& o) : fused_bias(o.fused_bias()) {
   TORCH_CHECK(o.mlp_ratio() > 0, "MLP: mlp_ratio must be positive, got ", o.mlp_ratio());
-  c_fc = register_module("c_fc", nn::Linear(o.n_embd(), o.mlp_ratio() * o.n_embd()));
-  c_proj = register_module("c_proj", nn::Linear(o.mlp_ratio() * o.n_embd(), o.n_embd()));
+  c_fc = register_module("c_fc", Linear(o.n_embd(), o.mlp_ratio() * o.n_embd()));
+  c_proj = register_module("c_proj", Linear(o.mlp_ratio() * o.n_embd(), o.n_embd()));
   dropout = register_module("dropout", nn::Dropout(o.dropout()));
 }
 

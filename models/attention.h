@@ -5,6 +5,8 @@
 // transposed Conv1D weights).
 #pragma once
 
+#include "models/lora.h"
+
 #include <torch/torch.h>
 
 #include <string>
@@ -96,8 +98,8 @@ class SelfAttentionImpl : public torch::nn::Module {
   TransformerBlockOptions options;
   /// Which implementation forward uses; changeable between calls.
   AttentionBackend backend = AttentionBackend::automatic;
-  torch::nn::Linear c_attn{nullptr};
-  torch::nn::Linear c_proj{nullptr};
+  Linear c_attn{nullptr};
+  Linear c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
 };
 TORCH_MODULE(SelfAttention);
@@ -110,8 +112,8 @@ class MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   bool fused_bias = true;  ///< TransformerBlockOptions::fused_bias
-  torch::nn::Linear c_fc{nullptr};
-  torch::nn::Linear c_proj{nullptr};
+  Linear c_fc{nullptr};
+  Linear c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
 TORCH_MODULE(MLP);

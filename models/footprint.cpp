@@ -205,6 +205,7 @@ Footprint gpt_footprint(const GPTOptions& o, const std::vector<int64_t>& shape, 
     add_layer(f, C, C);                          // ln_2
     add_layer(f, ratio * C * C, ratio * C);      // c_fc
     add_layer(f, C * ratio * C, C);              // mlp.c_proj
+    f.linears.insert(f.linears.end(), {{"c_attn", C, 3 * C}, {"c_proj", C, C}, {"c_fc", C, ratio * C}, {"c_proj", ratio * C, C}});
   }
   add_layer(f, C, C);  // ln_f
   const int64_t T = shape.at(0);
@@ -232,6 +233,8 @@ Footprint llama_footprint(const LlamaOptions& o, const std::vector<int64_t>& sha
     add_layer(f, I * C);                // gate_proj
     add_layer(f, I * C);                // up_proj
     add_layer(f, C * I);                // down_proj
+    f.linears.insert(f.linears.end(), {{"q_proj", C, q}, {"k_proj", C, kv}, {"v_proj", C, kv}, {"o_proj", q, C},
+                                       {"gate_proj", C, I}, {"up_proj", C, I}, {"down_proj", I, C}});
   }
   add_layer(f, C);  // norm
   if (!o.tie_embeddings()) add_layer(f, C * o.vocab_size());  // lm_head

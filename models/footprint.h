@@ -40,6 +40,13 @@ struct Footprint {
   double transient = 0;
   /// Of `saved`, the elements that stay float32 under autocast (log-softmax of the loss, norm statistics).
   double saved_float32 = 0;
+  /// The Linear layers a LoRA adapter can target (models/lora.h), one entry per layer: the last part of its
+  /// name (q_proj, c_attn), its input and output widths. Empty for the models LoRA does not adapt.
+  struct Linear {
+    std::string name;
+    int64_t in = 0, out = 0;
+  };
+  std::vector<Linear> linears;
 
   int64_t parameter_count() const;
   int64_t largest_parameter() const;

@@ -100,10 +100,10 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 // ---------------------------------------------------------------------------------------------------------
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o) : options(llama_checked(o)) {
   const int64_t C = o.n_embd(), hd = o.head_size();
-  q_proj = register_module("q_proj", nn::Linear(nn::LinearOptions(C, o.n_head() * hd).bias(o.qkv_bias())));
-  k_proj = register_module("k_proj", nn::Linear(nn::LinearOptions(C, o.kv_heads() * hd).bias(o.qkv_bias())));
-  v_proj = register_module("v_proj", nn::Linear(nn::LinearOptions(C, o.kv_heads() * hd).bias(o.qkv_bias())));
-  o_proj = register_module("o_proj", nn::Linear(nn::LinearOptions(o.n_head() * hd, C).bias(false)));
+  q_proj = register_module("q_proj", Linear(nn::LinearOptions(C, o.n_head() * hd).bias(o.qkv_bias())));
+  k_proj = register_module("k_proj", Linear(nn::LinearOptions(C, o.kv_heads() * hd).bias(o.qkv_bias())));
+  v_proj = register_module("v_proj", Linear(nn::LinearOptions(C, o.kv_heads() * hd).bias(o.qkv_bias())));
+  o_proj = register_module("o_proj", Linear(nn::LinearOptions(o.n_head() * hd, C).bias(false)));
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -138,9 +138,9 @@ torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x, const t
 // ---------------------------------------------------------------------------------------------------------
 LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o) {
   const int64_t C = o.n_embd(), I = o.intermediate_size();
-  gate_proj = register_module("gate_proj", nn::Linear(nn::LinearOptions(C, I).bias(false)));
-  up_proj = register_module("up_proj", nn::Linear(nn::LinearOptions(C, I).bias(false)));
-  down_proj = register_module("down_proj", nn::Linear(nn::LinearOptions(I, C).bias(false)));
+  gate_proj = register_module("gate_proj", Linear(nn::LinearOptions(C, I).bias(false)));
+  up_proj = register_module("up_proj", Linear(nn::LinearOptions(C, I).bias(false)));
+  down_proj = register_module("down_proj", Linear(nn::LinearOptions(I, C).bias(false)));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {

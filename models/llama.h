@@ -29,6 +29,7 @@
 
 #include "models/attention.h"
 #include "models/language_model.h"
+#include "models/lora.h"
 
 #include <torch/torch.h>
 
@@ -150,7 +151,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
 
   LlamaOptions options;
   AttentionBackend backend = AttentionBackend::automatic;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -160,7 +161,7 @@ class LlamaMLPImpl : public torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
 
