@@ -208,15 +208,28 @@ std::string to_yaml(const Config& cfg) {
   auto fs = fields(copy);
   YAML::Emitter out;
   out << YAML::BeginMap;
-  std::string open;  // the section whose map is open
+  std::string open;      // the section whose map is open
+  std::string open_sub;  // the mapping open inside it, if any
   for (const auto& f : fs) {
     auto dot = f.key.find('.');
     std::string section = dot == std::string::npos ? "" : f.key.substr(0, dot);
     std::string leaf = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+    // A key of three parts (model.lora.rank) sits in a mapping inside its section's.
+    const auto dot2 = leaf.find('.');
+    const std::string sub = dot2 == std::string::npos ? "" : leaf.substr(0, dot2);
+    if (dot2 != std::string::npos) leaf = leaf.substr(dot2 + 1);
+    if (section != open || sub != open_sub) {
+      if (!open_sub.empty()) out << YAML::EndMap;
+      open_sub.clear();
+    }
     if (section != open) {
       if (!open.empty()) out << YAML::EndMap;
       if (!section.empty()) out << YAML::Key << section << YAML::Value << YAML::BeginMap;
       open = section;
+    }
+    if (sub != open_sub) {
+      out << YAML::Key << sub << YAML::Value << YAML::BeginMap;
+      open_sub = sub;
     }
     out << YAML::Key << leaf << YAML::Value;
     std::visit(
@@ -249,6 +262,7 @@ std::string to_yaml(const Config& cfg) {
         },
         f.ref);
   }
+  if (!open_sub.empty()) out << YAML::EndMap;
   if (!open.empty()) out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

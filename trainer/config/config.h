@@ -139,6 +139,18 @@ struct ModelConfig {
   /// model.name llama: the transformers config.json (or the folder holding it) the architecture is read
   /// from; empty = the config.json beside model.init_from (a Hub folder). Other models: must be empty.
   std::string hf_config;
+  /// LoRA (models/lora.h, peft's LoraConfig): adapters on the named Linear layers, every other weight
+  /// frozen. rank 0 = off.
+  struct Lora {
+    int64_t rank = 0;                  ///< r
+    double alpha = 8;                  ///< lora_alpha: the adapter's term is scaled by alpha / rank
+    double dropout = 0;                ///< lora_dropout, on the adapter's input
+    std::vector<std::string> targets;  ///< target_modules: Linear layers by name (empty = peft's default: q_proj, v_proj / c_attn)
+    bool use_rslora = false;           ///< scale by alpha / sqrt(rank) (rsLoRA)
+  } lora;
+  /// A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start the adapters from;
+  /// its rank and targets must be model.lora's.
+  std::string lora_init_from;
 };
 
 struct DataConfig {

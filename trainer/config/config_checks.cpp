@@ -93,6 +93,23 @@ struct Checks {
       bad("data.crop_padding", "must be at most data.size (" + std::to_string(c.data.size) + ")");
   }
 
+  // LoRA (models/lora.h): what can be told from the config alone; the targets against the model's layers
+  // and the rank against their sizes are checked when the model is built.
+  void lora() const {
+    const auto& l = c.model.lora;
+    if (l.rank < 0 || l.rank > 65536) bad("model.lora.rank", "must be in [0, 65536] (0 = no LoRA), got " + std::to_string(l.rank));
+    if (!c.model.lora_init_from.empty() && l.rank == 0)
+      bad("model.lora_init_from", "starts LoRA adapters, but model.lora.rank is 0: set it to the folder's r");
+    if (l.rank == 0) return;
+    if (!(l.alpha > 0)) bad("model.lora.alpha", "must be positive");
+    if (!(l.dropout >= 0 && l.dropout < 1)) bad("model.lora.dropout", "must be in [0, 1)");
+    for (const auto& t : l.targets)
+      if (t.empty() || t.find('.') != std::string::npos)
+        bad("model.lora.targets", "'" + t + "' is not a layer name (the last part of one: q_proj, c_attn)");
+    if (!models::model_traits(c.model.name).language_model())
+      bad("model.lora.rank", "LoRA adapts the Llama family and GPT models; '" + c.model.name + "' is not one");
+  }
+
   // The training-only augmentations of images (data/pixels/augment.h).
   void augmentations(bool language_model) const {
     if (c.data.randaugment_ops < 0 || c.data.randaugment_ops > 64) bad("data.randaugment_ops", "must be in [0, 64]");
@@ -300,6 +317,7 @@ struct Checks {
 void validate(const Config& c) {
   const Checks checks{c};
   checks.model_and_data();
+  checks.lora();
   checks.optimizer_and_schedule();
   checks.training();
   checks.amp();

@@ -104,6 +104,12 @@ std::vector<Field> model_fields(Config& c) {  // the model
       {"model.fused_bias", &c.model.fused_bias, false},
       {"model.dropout", &c.model.dropout, false},
       {"model.hf_config", &c.model.hf_config, false},
+      {"model.lora.rank", &c.model.lora.rank, false},
+      {"model.lora.alpha", &c.model.lora.alpha, false},
+      {"model.lora.dropout", &c.model.lora.dropout, false},
+      {"model.lora.targets", &c.model.lora.targets, false},
+      {"model.lora.use_rslora", &c.model.lora.use_rslora, false},
+      {"model.lora_init_from", &c.model.lora_init_from, false},
   };
 }
 
