@@ -219,6 +219,8 @@ int sample_main(int argc, char** argv) {
       "checkpoint", "this checkpoint folder", cxxopts::value<std::string>()->default_value(""))(
       "init-from", "weights file (safetensors or torch.save); the shape from --run-dir's config or config.json beside it",
       cxxopts::value<std::string>()->default_value(""))(
+      "lora", "a peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) on --init-from's weights",
+      cxxopts::value<std::string>()->default_value(""))(
       "tokenizer", "tokenizer file (gpt2.tiktoken, tokenizer.json); default: the run's token files', else bytes",
       cxxopts::value<std::string>()->default_value(""))(
       "prompt", "the text to continue", cxxopts::value<std::string>())(
@@ -244,6 +246,7 @@ int sample_main(int argc, char** argv) {
   cmd.run_dir = a["run-dir"].as<std::string>();
   cmd.checkpoint = a["checkpoint"].as<std::string>();
   cmd.init_from = a["init-from"].as<std::string>();
+  cmd.lora = a["lora"].as<std::string>();
   cmd.tokenizer = a["tokenizer"].as<std::string>();
   cmd.prompt = a["prompt"].as<std::string>();
   cmd.device = a["device"].as<std::string>();
@@ -268,8 +271,10 @@ int export_main(int argc, char** argv) {
       "out", "output file, or an existing folder (model.safetensors / model.pt in it)", cxxopts::value<std::string>())(
       "format", "pt (torch.save) | safetensors (default: safetensors for an --out ending in .safetensors, else pt)",
       cxxopts::value<std::string>()->default_value(""))(
-      "layout", "ours | hf (GPT: transformers' GPT2LMHeadModel, with config.json beside the file) | timm (ResNet-18..152, ViT)",
+      "layout", "ours | hf (transformers' GPT2LMHeadModel or LlamaForCausalLM, with config.json beside the file) | timm "
+      "(ResNet-18..152, ViT) | peft (a LoRA run's adapters: --out is a folder for PeftModel.from_pretrained)",
       cxxopts::value<std::string>()->default_value("ours"))(
+      "merge", "a LoRA run: the model with its adapters merged into the weights (layout hf or ours)")(
       "weights", "ema (the averaged weights, train.ema_decay) | raw (the trained weights) | auto (ema where the "
       "checkpoint has them, else raw)", cxxopts::value<std::string>()->default_value("auto"))("h,help", "this help");
   auto a = o.parse(argc, argv);
@@ -282,6 +287,7 @@ int export_main(int argc, char** argv) {
   options.format = a["format"].as<std::string>();
   options.layout = a["layout"].as<std::string>();
   options.weights = a["weights"].as<std::string>();
+  options.merge = a.count("merge") > 0;
   const ExportResult r = export_weights(run_dir, a["checkpoint"].as<std::string>(), a["out"].as<std::string>(), options);
   std::cout << "wrote " << r.weights << (r.config.empty() ? "" : " and " + r.config) << " from " << r.checkpoint
             << (r.weight_set == "ema" ? " (averaged weights)" : "") << "\n"

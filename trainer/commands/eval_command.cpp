@@ -21,6 +21,7 @@
 #include "trainer/memory/resources.h"
 #include "trainer/numerics/amp.h"
 #include "trainer/run/from_config.h"
+#include "trainer/run/lora.h"
 
 namespace fs = std::filesystem;
 
@@ -117,8 +118,7 @@ void build_scored_model(EvalTarget& t, const std::optional<LoadedCheckpoint>& ck
   torch::manual_seed(t.cfg.seed);
   t.model = build_model(t.cfg, shape, t.vocab_size);
   const std::string file = t.weight_set == "ema" ? "ema.pt" : "model.pt";
-  if (ck) load_state_dict_bytes(*t.model, ck->file(file), /*strict=*/true, t.weights + "/" + file);
-  else load_init_weights(*t.model, t.cfg, t.vocab_size);
+  load_run_weights(*t.model, t.cfg, t.vocab_size, ck ? &*ck : nullptr, file);
   t.model->to(t.device);
   if (t.cfg.model.channels_last && !t.tokens) models::to_channels_last(*t.model);
   t.model->eval();

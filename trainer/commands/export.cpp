@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "models/gpt.h"
 #include "models/llama.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "models/vit.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -21,7 +22,9 @@
 #include "trainer/commands/eval_command.h"
 #include "trainer/config/config.h"
 #include "trainer/hf/families.h"
+#include "trainer/hf/peft.h"
 #include "trainer/run/from_config.h"
+#include "trainer/run/lora.h"
 
 namespace fs = std::filesystem;
 
@@ -170,10 +173,56 @@ std::string timm_vit_how_to_load(const NamedTensors& ours, const std::string& mo
          py_quote(file) + ")";
 }
 
+// --layout peft: a LoRA run's adapters as peft's adapter folder (trainer/hf/peft.h).
+ExportResult export_peft(const LoadedCheckpoint& ck, const Config& cfg, const std::string& source, const std::string& out,
+                         const std::string& weight_set) {
+  hf::write_peft_adapter(tensors_from_bytes(ck.file(source), ck.path + "/" + source), lora_options(cfg), out,
+                         cfg.model.init_from, cfg.model.name.rfind("gpt", 0) == 0);
+  ExportResult r;
+  r.checkpoint = ck.path;
+  r.weights = (fs::path(out) / "adapter_model.safetensors").string();
+  r.config = (fs::path(out) / "adapter_config.json").string();
+  r.weight_set = weight_set;
+  const std::string base = cfg.model.init_from.empty() ? "<the base model>" : py_quote(cfg.model.init_from);
+  r.how_to_load = "peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(" + base + "), " +
+                  py_quote(out) + ")";
+  return r;
+}
+
+// --merge: the run's model rebuilt (its base, its adapters), each adapter merged into its layer's weight.
+NamedTensors merged_weights(const LoadedCheckpoint& ck, const Config& cfg, const std::string& source, Layout layout) {
+  int64_t vocab = 0;
+  const auto state = nlohmann::json::parse(ck.file("state.json"), nullptr, /*allow_exceptions=*/false);
+  if (state.is_object() && state.contains("vocab_size") && state["vocab_size"].is_number_integer())
+    vocab = state["vocab_size"].get<int64_t>();
+  torch::manual_seed(cfg.seed);
+  models::Model model = build_model(cfg, sample_shape(cfg), vocab);
+  load_run_weights(*model, cfg, vocab, &ck, source);
+  NamedTensors merged = models::merged_state(*model);
+  return layout == Layout::hf && vocab > 0 ? without_vocab_padding(std::move(merged), vocab) : merged;
+}
+
 }  // namespace
+
+ExportResult export_lora_adapter(const std::string& run_dir, const std::string& checkpoint, const std::string& out,
+                                 const ExportOptions& options) {
+  const LoadedCheckpoint ck = export_checkpoint(run_dir, checkpoint);
+  Config cfg;
+  if (ck.files.count("config.yaml")) apply_yaml_text(cfg, ck.files.at("config.yaml"), ck.path + "/config.yaml");
+  if (cfg.model.lora.rank == 0)
+    throw std::invalid_argument("export: --layout peft writes LoRA adapters, and " + ck.path +
+                                " is of a run without model.lora; use --layout hf or ours");
+  if (options.merge) throw std::invalid_argument("export: --merge writes a whole model: use it with --layout hf or ours");
+  if (!options.format.empty() && options.format != "safetensors")
+    throw std::invalid_argument("export: --layout peft writes safetensors (adapter_model.safetensors), not --format " +
+                                options.format);
+  const std::string source = weights_file(options.weights, ck.files.count("ema.pt") > 0, "export: " + ck.path);
+  return export_peft(ck, cfg, source, out, source == "ema.pt" ? "ema" : "raw");
+}
 
 ExportResult export_weights(const std::string& run_dir, const std::string& checkpoint, const std::string& out,
                             const ExportOptions& options) {
+  if (options.layout == "peft") return export_lora_adapter(run_dir, checkpoint, out, options);
   const Layout layout = parse_layout(options.layout);
   const std::string format = export_format(options, out);
 
@@ -188,16 +237,22 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   r.checkpoint = ck.path;
   r.weights = file;
   r.weight_set = source == "ema.pt" ? "ema" : "raw";
-  if (format == "pt" && layout == Layout::ours) {
+  Config cfg;
+  if (ck.files.count("config.yaml")) apply_yaml_text(cfg, ck.files.at("config.yaml"), ck.path + "/config.yaml");
+  const bool lora = cfg.model.lora.rank > 0;
+  if (lora && !options.merge)
+    throw std::invalid_argument("export: " + ck.path + " holds LoRA adapters, not a whole model: --layout peft writes "
+                                "them for peft, --merge writes the model with them merged");
+  if (!lora && options.merge)
+    throw std::invalid_argument("export: --merge merges LoRA adapters, and " + ck.path + " is of a run without model.lora");
+  if (format == "pt" && layout == Layout::ours && !lora) {
     // model.pt (and ema.pt) is already a state dict that torch.load reads, with our names: copied as it is.
     write_file_atomically(file, ck.file(source), "export");
     r.how_to_load = "torch.load(" + py_quote(file) + ")";
     return r;
   }
 
-  Config cfg;
-  if (ck.files.count("config.yaml")) apply_yaml_text(cfg, ck.files.at("config.yaml"), ck.path + "/config.yaml");
-  const NamedTensors ours = our_weights(ck, source, layout);
+  const NamedTensors ours = lora ? merged_weights(ck, cfg, source, layout) : our_weights(ck, source, layout);
   const std::string& model = cfg.model.name;
   NamedTensors mapped;
   try {

@@ -21,6 +21,8 @@
 #include "trainer/hf/families.h"
 #include "trainer/memory/resources.h"
 #include "trainer/run/from_config.h"
+#include "trainer/hf/peft.h"
+#include "trainer/run/lora.h"
 
 namespace fs = std::filesystem;
 
@@ -120,8 +122,7 @@ Loaded load_from_run(const SampleCommand& c) {
   const int64_t vocab = run_vocab(l.cfg, l.recorded_tokenizer);
   torch::manual_seed(l.cfg.seed);
   auto model = build_model(l.cfg, sample_shape(l.cfg), vocab);
-  if (ck) load_state_dict_bytes(*model, ck->file("model.pt"), /*strict=*/true, l.weights + "/model.pt");
-  else load_init_weights(*model, l.cfg, vocab);
+  load_run_weights(*model, l.cfg, vocab, ck ? &*ck : nullptr, "model.pt");
   l.model = as_language_model(model, l.cfg.model.name);
   return l;
 }
@@ -156,6 +157,16 @@ Loaded load_from_file(const SampleCommand& c) {
   }
   const LoadedWeights w = load_weights(*l.model, c.init_from, {}, vocab);
   spdlog::info("model: weights from {} ({}, {} layout)", c.init_from, w.format, w.layout);
+  if (!c.lora.empty()) {  // as peft's PeftModel.from_pretrained(base, folder): the folder's own r, alpha, targets
+    const hf::PeftAdapter adapter = hf::read_peft_adapter(c.lora);
+    try {
+      models::add_lora(*l.model, adapter.options);
+    } catch (const models::LoraError& e) {
+      fail("--lora " + c.lora + ": " + e.what());
+    }
+    hf::load_peft_adapter(*l.model, adapter, adapter.options, "--lora " + c.lora);
+    spdlog::info("model: LoRA adapters from {} (r {}, alpha {})", c.lora, adapter.options.rank, adapter.options.alpha);
+  }
   l.cfg.model.context = l.model->context();
   l.weights = c.init_from;
   return l;
@@ -226,6 +237,8 @@ nlohmann::json shape_json(const models::LanguageModelImpl& model) {
 
 SampleResult run_sample_command(const SampleCommand& cmd) {
   check_numbers(cmd);
+  if (!cmd.lora.empty() && (!cmd.run_dir.empty() || !cmd.checkpoint.empty() || cmd.init_from.empty()))
+    fail("--lora puts a peft adapter on --init-from's weights alone (a LoRA run's checkpoint holds its own adapters)");
   Loaded l = cmd.run_dir.empty() && cmd.checkpoint.empty() ? load_from_file(cmd) : load_from_run(cmd);
   const torch::Device device = resolve_device(cmd.device.empty() ? l.cfg.train.device : cmd.device);
   apply_cpu_threads(cpu_threads(l.cfg, 1));

@@ -32,6 +32,7 @@ struct SampleCommand {
   std::string run_dir;                 ///< the run's latest checkpoint (and its config)
   std::string checkpoint;              ///< or this checkpoint folder
   std::string init_from;               ///< or this weights file (with --run-dir: the run's config, these weights)
+  std::string lora;                    ///< with init_from alone: a peft LoRA adapter folder on those weights
   std::string tokenizer;               ///< a tokenizer file; "" = the run's, or bytes
   std::vector<std::string> overrides;  ///< --set assignments on the run's config (or the defaults: train.threads)
   std::string device;                  ///< "" = the config's train.device (auto)

@@ -14,10 +14,12 @@ namespace {
 using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // PyTorch's Module.state_dict walk: own parameters, own buffers, then each child with "child." prepended
-// (trainer/checkpoint/state_dict.h's named_state, which this component cannot see).
+// (trainer/checkpoint/state_dict.h's named_state, which this component cannot see). A frozen parameter
+// (LoRA's base) never changes, so its average would be a copy of it: the average leaves it out, and under
+// LoRA holds the adapters, as the checkpoint's model.pt does.
 void collect(const torch::nn::Module& module, const std::string& prefix, Named& out) {
   for (const auto& p : module.named_parameters(/*recurse=*/false))
-    if (p.value().defined()) out.emplace_back(prefix + p.key(), p.value());
+    if (p.value().defined() && p.value().requires_grad()) out.emplace_back(prefix + p.key(), p.value());
   for (const auto& b : module.named_buffers(/*recurse=*/false))
     if (b.value().defined()) out.emplace_back(prefix + b.key(), b.value());
   for (const auto& c : module.named_children()) collect(*c.value(), prefix + c.key() + ".", out);

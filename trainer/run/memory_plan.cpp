@@ -11,6 +11,7 @@
 #include "trainer/memory/resources.h"
 #include "trainer/numerics/moments.h"
 #include "trainer/run/from_config.h"
+#include "trainer/run/lora.h"
 
 namespace trainer {
 namespace {
@@ -25,15 +26,31 @@ std::string count(int64_t n) {
 
 // The optimizer's state: SGD's momentum buffer (float32), or AdamW's and LAMB's two moments in
 // optim.state_dtype, tensor by tensor (a small tensor's int8 moments stay float32).
-PlanLine optimizer_line(const Config& cfg, const models::Footprint& f) {
+PlanLine optimizer_line(const Config& cfg, const std::vector<int64_t>& trained) {
   const auto& o = cfg.optim;
+  int64_t count = 0;
+  for (int64_t n : trained) count += n;
   if (o.name == OptimKind::kSgd) {
     if (o.momentum == 0) return {"optimizer state", 0, "SGD without momentum keeps none"};
-    return {"optimizer state", f.parameter_count() * 4, "SGD's momentum buffer, float32"};
+    return {"optimizer state", count * 4, "SGD's momentum buffer, float32"};
   }
   int64_t bytes = 0;
-  for (int64_t n : f.parameters) bytes += AdamMoments::bytes_for(n, o.state_dtype);
+  for (int64_t n : trained) bytes += AdamMoments::bytes_for(n, o.state_dtype);
   return {"optimizer state", bytes, std::string(mode_name(o.name)) + "'s two moments, " + mode_name(o.state_dtype)};
+}
+
+// The element counts of the tensors the optimizer updates: every parameter, or with model.lora each adapted
+// layer's A (r x in) and B (out x r).
+std::vector<int64_t> trained_tensors(const Config& cfg, const models::Footprint& f) {
+  if (cfg.model.lora.rank == 0) return f.parameters;
+  const models::LoraOptions o = lora_options(cfg);
+  std::vector<int64_t> adapters;
+  for (const auto& l : f.linears) {
+    if (std::find(o.targets.begin(), o.targets.end(), l.name) == o.targets.end()) continue;
+    adapters.push_back(o.rank * l.in);
+    adapters.push_back(l.out * o.rank);
+  }
+  return adapters;
 }
 
 }  // namespace
@@ -50,18 +67,26 @@ PlanJob plan_job(const Config& cfg, int64_t cap) {
   const int64_t weight = bf16 ? 2 : 4;  // bytes of a weight, of its gradient
   PlanJob job;
   job.cap = cap;
+  // With LoRA the trained tensors are the adapters, float32 beside the frozen base whatever its dtype.
+  const bool lora = cfg.model.lora.rank > 0;
+  const std::vector<int64_t> trained = trained_tensors(cfg, f);
+  int64_t trained_count = 0, largest_trained = 0;
+  for (int64_t n : trained) trained_count += n, largest_trained = std::max(largest_trained, n);
+  const int64_t grad = lora ? 4 : weight;  // bytes of a gradient
   job.fixed.push_back({"weights", (params + f.buffers) * weight,
                        count(params) + " parameters" + (f.buffers ? " and " + count(f.buffers) + " buffer values" : "") +
-                           ", " + mode_name(cfg.model.param_dtype)});
-  job.fixed.push_back(optimizer_line(cfg, f));
+                           ", " + mode_name(cfg.model.param_dtype) + (lora ? " (frozen)" : "")});
+  if (lora) job.fixed.push_back({"LoRA adapters", trained_count * 4, count(trained_count) + " parameters, float32"});
+  job.fixed.push_back(optimizer_line(cfg, trained));
   if (cfg.train.ema_decay > 0)
-    job.fixed.push_back({"EMA", (params + f.buffers) * 4, "the averaged weights (train.ema_decay), float32"});
+    job.fixed.push_back({"EMA", ((lora ? trained_count : params) + f.buffers) * 4,
+                         "the averaged weights (train.ema_decay), float32"});
   if (cfg.amp.enabled)
     job.fixed.push_back({"autocast weights", params * 2,
                          std::string("the weights cast to ") + mode_name(cfg.amp.dtype) + " for the forward pass, kept for backward"});
-  job.gradient_bytes = params * weight;
+  job.gradient_bytes = trained_count * grad;
   // The largest gradient as backward makes it, and a tied weight's second one before the two are summed.
-  job.largest_gradient_bytes = (f.largest_parameter() + f.tied) * weight;
+  job.largest_gradient_bytes = lora ? largest_trained * grad : (f.largest_parameter() + f.tied) * weight;
 
   // One sample as the loader hands it over: int64 tokens and targets; float32 (or uint8) pixels and a label.
   int64_t sample_bytes = 0;

@@ -1,6 +1,7 @@
 // What a checkpoint holds and how a run comes back from one:
 //
-//   model.pt      the weights, a state dict Python's torch.load reads (trainer/checkpoint/state_dict.h)
+//   model.pt      the weights, a state dict Python's torch.load reads (trainer/checkpoint/state_dict.h);
+//                 with model.lora the adapters alone, the base's fingerprint in state.json (lora.h)
 //   optimizer.pt  the optimizer's state tensors
 //   rng.pt        every rank's generators: "cpu"/"cuda" for rank 0, "cpu.rank<r>"/"cuda.rank<r>" others
 //   state.json    the loop's position (step, epoch, position in samples), the ladder, the GradScaler
@@ -14,6 +15,7 @@
 #include "common/clock.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/run/from_config.h"
+#include "trainer/run/lora.h"
 #include "trainer/run/run.h"
 
 namespace trainer {
@@ -33,6 +35,7 @@ nlohmann::json TrainingRun::state_json() const {
     j["ema"] = {{"decay", ema->options().decay}, {"warmup", ema->options().warmup}, {"every", ema->options().every}};
   // the real vocabulary: `trainer export --layout hf` drops wte's padding rows
   if (trained_.vocab() > 0) j["vocab_size"] = trained_.vocab();
+  if (!trained_.lora_base().is_null()) j["lora_base"] = trained_.lora_base();  // what the adapters were trained on
   return j;
 }
 
@@ -57,7 +60,7 @@ std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
     if (generators.cuda.defined()) rng.emplace_back("cuda", generators.cuda);
   }
   CheckpointFiles files;
-  files["model.pt"] = state_dict_bytes(*trained_.model());
+  files["model.pt"] = model_file_bytes(*trained_.model());  // with LoRA, the adapters alone
   if (trained_.ema()) files["ema.pt"] = tensors_to_bytes(trained_.ema()->state());
   files["optimizer.pt"] = tensors_to_bytes(trained_.optimizer().state());
   files["rng.pt"] = tensors_to_bytes(rng);
@@ -125,6 +128,9 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
                                " differs from the checkpoint's; start a new run folder for a different experiment");
   };
   same("model.name", cfg_.model.name, saved.model.name);
+  same("model.lora.rank", cfg_.model.lora.rank, saved.model.lora.rank);
+  same("model.lora.targets", lora_options(cfg_).targets, lora_options(saved).targets);
+  check_lora_base(nlohmann::json::parse(ck.files.at("state.json")), trained_.lora_base(), "resume from " + ck.path + " refused");
   same("model.num_classes", cfg_.model.num_classes, saved.model.num_classes);
   if (cfg_.model.param_dtype != saved.model.param_dtype)
     spdlog::warn("resume: {} holds {} weights and model.param_dtype is {}: they are converted ({}; the next steps "
@@ -156,7 +162,7 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
 
 void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
   const LiftedCap lifted(memory_.backend());
-  load_state_dict_bytes(*trained_.model(), ck.files.at("model.pt"), /*strict=*/true);
+  load_model_file(*trained_.model(), ck.files.at("model.pt"), ck.path + "/model.pt");
   std::map<std::string, torch::Tensor> opt_state;
   for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(trained_.device());
   const std::string converted = trained_.optimizer().load_state(opt_state);

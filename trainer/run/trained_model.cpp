@@ -8,6 +8,7 @@
 #include "trainer/memory/backend.h"
 #include "trainer/memory/resources.h"
 #include "trainer/run/from_config.h"
+#include "trainer/run/lora.h"
 
 namespace trainer {
 
@@ -20,6 +21,16 @@ void warn_without_bfloat16_instructions() {
                  "half the memory, the steps far more time");
 }
 
+// model.to(bfloat16), then LoRA's adapters back to float32 (peft's: the base in bfloat16, the adapters in
+// float32, the adapter's term computed in float32).
+void to_bfloat16_keeping_adapters(torch::nn::Module& model) {
+  model.to(torch::kBFloat16);
+  for (auto& [name, layer] : models::lora_layers(model)) {
+    layer->lora_A->to(torch::kFloat);
+    layer->lora_B->to(torch::kFloat);
+  }
+}
+
 }  // namespace
 
 void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) {
@@ -27,13 +38,15 @@ void TrainedModel::build(const std::vector<int64_t>& sample_shape, bool tokens) 
   vocab_ = tokens ? vocab_size(cfg_) : 0;
   model_ = build_model(cfg_, sample_shape, vocab_);
   if (!cfg_.model.init_from.empty()) load_init_weights(*model_, cfg_, vocab_);
+  // LoRA: the base's fingerprint is taken in float32, before the weights may move to bfloat16.
+  lora_base_ = apply_lora(*model_, cfg_);
   // bfloat16 weights: initialized (or loaded) in float32 as always, then rounded to nearest, parameters and
-  // buffers alike, as PyTorch's model.to(torch.bfloat16).
+  // buffers alike, as PyTorch's model.to(torch.bfloat16). LoRA's adapters stay float32.
   if (cfg_.model.param_dtype == ParamDtype::kBfloat16) {
     if (device_.is_cuda())
       throw ConfigError("config: key 'model.param_dtype': bfloat16 weights run on the CPU only (on " + device_.str() +
                         " use float32 with amp.enabled)");
-    model_->to(torch::kBFloat16);
+    to_bfloat16_keeping_adapters(*model_);
     warn_without_bfloat16_instructions();
   }
   model_->to(device_);
@@ -49,8 +62,9 @@ void TrainedModel::store_weights_in_bfloat16() {
   optimizer_->zero_grad();  // float32 gradients would not accumulate into bfloat16 weights
   // Parameter by parameter (Module::to sets each one's data): the optimizer's handles stay valid, and beyond
   // the float32 weights one tensor's bfloat16 copy at a time is allocated.
-  model_->to(torch::kBFloat16);
-  optimizer_->use_bfloat16_weights(/*stochastic=*/true);
+  to_bfloat16_keeping_adapters(*model_);
+  // With LoRA the trained weights are the adapters, which stay float32: AdamW's update is unchanged.
+  if (lora_base_.is_null()) optimizer_->use_bfloat16_weights(/*stochastic=*/true);
   forward_.param_dtype = torch::kBFloat16;
   warn_without_bfloat16_instructions();
 }

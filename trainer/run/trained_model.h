@@ -4,6 +4,7 @@
 // checkpoints (resume.cpp) work on them.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -54,10 +55,13 @@ class TrainedModel {
   Optimizer& optimizer() { return *optimizer_; }
   ModelEma* ema() const { return ema_.get(); }  ///< null unless train.ema_decay > 0
   GradScaler& scaler() const { return *scaler_; }
+  /// model.lora: the frozen base's fingerprint (trainer/run/lora.h); null json without LoRA.
+  const nlohmann::json& lora_base() const { return lora_base_; }
 
  private:
   const Config& cfg_;
   torch::Device device_{torch::kCPU};
+  nlohmann::json lora_base_;
   ForwardOptions forward_;  // device, channels_last, autocast: training and evaluation alike
   double flops_per_sample_ = 0;        // forward
   int64_t vocab_ = 0;                  // a language model's vocabulary (wte may have more rows: model.vocab_multiple)
