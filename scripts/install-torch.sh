@@ -17,10 +17,10 @@ pins=(torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 pyyaml==6.0.3 protobuf==7.3
 # The libraries the weight-file tests load and save with (tests/test_safetensors.cpp, tests/ref/):
 # safetensors, transformers (GPT2LMHeadModel) and timm (ResNet, ViT); the tokenizer tests' references
 # (tests/test_tokenizer.cpp): tiktoken, and tokenizers (transformers brings it); the 8-bit optimizer
-# state's (tests/test_optim_state.cpp): torchao. Added to an existing
+# state's (tests/test_optim_state.cpp): torchao; the LoRA tests' (tests/test_lora.cpp): peft. Added to an existing
 # environment without rebuilding it: a change here reinstalls only these (pip leaves the satisfied pins
 # above alone).
-extras=(safetensors==0.8.0 transformers==5.23.0 timm==1.0.31 tiktoken==0.14.0 torchao==0.18.0)
+extras=(safetensors==0.8.0 transformers==5.23.0 timm==1.0.31 tiktoken==0.14.0 torchao==0.18.0 peft==0.21.0)
 # GPT-2's rank file, gpt2.tiktoken, without the internet: openai-whisper ships it in whisper/assets/.
 # Installed without its dependencies (numba, its own torch pin): only the file is used.
 no_deps=(openai-whisper==20250625)
