@@ -85,7 +85,9 @@ from hostinfo import cpu_model
 DEFAULTS = {
     "model": {"name": "resnet20", "num_classes": 10, "zero_init_residual": False, "channels_last": False,
               "init_from": "", "init_skip": [], "context": 0, "vocab_size": 0, "vocab_multiple": 1,
-              "fused_bias": True, "dropout": 0.0, "hf_config": "", "param_dtype": "float32"},
+              "fused_bias": True, "dropout": 0.0, "hf_config": "", "param_dtype": "float32",
+              "lora": {"rank": 0, "alpha": 8.0, "dropout": 0.0, "targets": [], "use_rslora": False},
+              "lora_init_from": ""},
     "data": {"kind": "hdf5", "train": "datasets/fmnist/train.h5", "test": "datasets/fmnist/test.h5",
              "in_memory": True, "check_timeout_s": 30.0, "shape": [3, 224, 224], "synthetic_size": 10000,
              "workers": 0, "prefetch": 2, "crop_padding": 0, "hflip": False, "normalize": True,
@@ -195,6 +197,10 @@ def coerce(value, default, key, source):
             return float(value)
         except (TypeError, ValueError):
             bad("a number")
+    if key == "model.lora.targets":
+        if not isinstance(value, list):
+            bad("a list of layer names")
+        return [str(v) for v in value]
     if isinstance(default, list):
         if not isinstance(value, list):
             bad("a list of integers")
@@ -666,6 +672,26 @@ def build_llama(a, torch, nn, device=None):
     return model
 
 
+def with_lora(model, cfg):
+    """model.lora: peft's LoRA injected into the model's Linear layers (LoraConfig with the trainer's
+    settings; peft freezes every other parameter), the model a peft user trains."""
+    lora = cfg["model"]["lora"]
+    if lora["rank"] == 0:
+        return model
+    if cfg["model"]["lora_init_from"]:
+        raise ConfigError("config: key 'model.lora_init_from': not mirrored by the Python reference")
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError:
+        raise ConfigError("config: key 'model.lora.rank': LoRA is mirrored by peft, and this Python (%s) has no "
+                          "peft; run the reference with an interpreter that has it" % sys.executable)
+    targets = lora["targets"] or (["q_proj", "v_proj"] if is_llama(cfg) else ["c_attn"])
+    config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                        target_modules=targets, use_rslora=lora["use_rslora"])
+    inject_adapter_in_model(config, model)
+    return model
+
+
 def build_model(cfg, torch, nn, F):
     name = cfg["model"]["name"]
     if name in GPTS:
@@ -938,7 +964,8 @@ def run(cfg, args, torch):
     use_scaler = amp["enabled"] and amp["dtype"] == "fp16" and amp["scaler"] != "false"
 
     model = build_model(cfg, torch, nn, F)
-    fwd_flops = forward_flops(model, shape, torch, nn)
+    fwd_flops = forward_flops(model, shape, torch, nn)  # of the base: the trainer counts no adapter either
+    model = with_lora(model, cfg)
     columns = getattr(model, "columns", 1 << 62)  # a GPT's real vocabulary; every column of an image model's
     model.to(device)
     if channels_last and not tokens:
@@ -951,7 +978,8 @@ def run(cfg, args, torch):
     o = cfg["optim"]
     decay, no_decay = [], []
     for p in model.parameters():
-        (decay if o["decay_norm_and_bias"] or p.dim() >= 2 else no_decay).append(p)
+        if p.requires_grad:  # LoRA: the adapters alone
+            (decay if o["decay_norm_and_bias"] or p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
     impl = optimizer_implementation(o["implementation"], torch.device(device), torch)
     try:

@@ -3,6 +3,10 @@
 // orderings, FLOPs against the model's own count, figures against the run's metrics.jsonl), never fast;
 // and the Python reference's config defaults and models against the trainer's.
 #include <gtest/gtest.h>
+
+#include <functional>
+#include <sstream>
+#include <vector>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -355,14 +359,22 @@ TEST(BenchReference, DefaultsAreTheTrainers) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json py = json::parse(r.output);
   YAML::Node cpp = YAML::Load(trainer::to_yaml(trainer::Config{}));
-  size_t py_keys = 0;
-  for (auto& [section, v] : py.items()) py_keys += v.is_object() ? v.size() : 1;
-  EXPECT_EQ(py_keys, trainer::config_keys().size());
+  // Leaves of the nested sections (model.lora.rank is py["model"]["lora"]["rank"]).
+  std::function<size_t(const json&)> leaves = [&](const json& v) -> size_t {
+    if (!v.is_object()) return 1;
+    size_t n = 0;
+    for (const auto& [k, child] : v.items()) n += leaves(child);
+    return n;
+  };
+  EXPECT_EQ(leaves(py), trainer::config_keys().size());
   for (const auto& key : trainer::config_keys()) {
-    auto dot = key.find('.');
-    json pv = dot == std::string::npos ? py.value(key, json()) : py.value(key.substr(0, dot), json::object())
-                                                                     .value(key.substr(dot + 1), json());
-    YAML::Node cv = dot == std::string::npos ? cpp[key] : cpp[key.substr(0, dot)][key.substr(dot + 1)];
+    std::vector<std::string> p;
+    std::stringstream parts(key);
+    for (std::string part; std::getline(parts, part, '.');) p.push_back(part);
+    json pv = py;
+    for (const auto& part : p) pv = pv.is_object() ? pv.value(part, json()) : json();
+    // Indexed in one expression: assigning a YAML::Node to another rewrites the node it refers to.
+    const YAML::Node cv = p.size() == 1 ? cpp[p[0]] : p.size() == 2 ? cpp[p[0]][p[1]] : cpp[p[0]][p[1]][p[2]];
     ASSERT_FALSE(pv.is_null()) << key << " is missing in bench/reference.py's DEFAULTS";
     if (pv.is_boolean()) EXPECT_EQ(pv.get<bool>(), cv.as<bool>()) << key;
     else if (pv.is_number_integer()) EXPECT_EQ(pv.get<int64_t>(), cv.as<int64_t>()) << key;
