@@ -169,12 +169,13 @@ TEST(DistTorchrun, TwoRanksEqualOneProcess) {
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
 }
 
-// A Llama-family model (tied embeddings, grouped-query attention) in data parallel: two ranks compute the
-// one process's losses and end with its weights.
-TEST(DistTorchrun, ALlamaOnTwoRanksEqualsOneProcess) {
+namespace {
+
+// A llama_tiny job trained on two ranks and in one process: the same losses, the same final weights.
+void two_ranks_equal_one_process(const std::string& lora) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
-  const std::string job = "--set model.name=llama_tiny --set data.kind=synthetic --set model.context=16"
+  const std::string job = lora + " --set model.name=llama_tiny --set data.kind=synthetic --set model.context=16"
                           " --set data.synthetic_size=64 --set data.test= --set train.global_batch=8 --set train.epochs=0"
                           " --set train.steps=3 --set optim.lr=0.1 --set schedule.warmup_steps=0 --set schedule.name=constant"
                           " --set checkpoint.every_seconds=0 --set log.every=1000 --set seed=5 --set train.threads=1"
@@ -191,6 +192,18 @@ TEST(DistTorchrun, ALlamaOnTwoRanksEqualsOneProcess) {
     EXPECT_NEAR(two_steps[i]["loss"].get<double>(), one_steps[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
   }
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(single), testutil::final_weights(two)), 1e-6);
+}
+
+}  // namespace
+
+// A Llama-family model (tied embeddings, grouped-query attention) in data parallel: two ranks compute the
+// one process's losses and end with its weights. Also with LoRA (models/lora.h): the frozen base has no
+// gradient to all-reduce, the adapters' are averaged.
+TEST(DistTorchrun, ALlamaOnTwoRanksEqualsOneProcess) {
+  for (const std::string lora : {"", " --set model.lora.rank=4"}) {
+    SCOPED_TRACE(lora);
+    two_ranks_equal_one_process(lora);
+  }
 }
 
 TEST(DistTorchrun, RanksOfANodeKeepTheirShareOfTheCpus) {

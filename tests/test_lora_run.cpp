@@ -8,11 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <sstream>
 
 #include "test_util.h"
 #include "train_util.h"
 #include "trainer/checkpoint/state_dict.h"
+#include "trainer/checkpoint/weights.h"
 
 // This file's own namespace: the unity build compiles several test files as one unit (docs/TESTING.md).
 namespace test_lora_run {
@@ -29,15 +31,6 @@ std::string missing_module() { return testutil::missing_module_of(ref_script());
   if (!missing_module().empty())                                                                              \
   GTEST_SKIP() << "the reference Python " << testutil::python() << " has no module " << missing_module()     \
                << " (scripts/install-torch.sh installs peft, transformers and safetensors into the 2.11 venv)"
-
-std::vector<int64_t> ids_after(const std::string& output, const std::string& key) {
-  const auto at = output.find(key + " ");
-  if (at == std::string::npos) return {};
-  std::stringstream ss(output.substr(at + key.size() + 1, output.find('\n', at) - at - key.size() - 1));
-  std::vector<int64_t> ids;
-  for (std::string item; std::getline(ss, item, ',');) ids.push_back(std::stoll(item));
-  return ids;
-}
 
 double number_after(const std::string& output, const std::string& key) {
   const auto at = output.find(key + " ");
@@ -150,7 +143,7 @@ TEST_F(LoraRun, SampleWithAPeftAdapterEqualsPeftGenerate) {
   SKIP_WITHOUT_PEFT_RUN();
   auto w = testutil::run(testutil::python() + " " + ref_script() + " adapter " + dir_->str() + " 48,49,50,51 12");
   ASSERT_EQ(w.exit_code, 0) << w.output;
-  const auto want = ids_after(w.output, "tokens");
+  const auto want = testutil::ids_after(w.output, "tokens");
   ASSERT_EQ(want.size(), 12u) << w.output;
   EXPECT_GT(number_after(w.output, "gap"), 1e-3) << "near-tie in the reference's greedy path";
   const auto json = *dir_ / "sample.json";
@@ -165,7 +158,8 @@ TEST_F(LoraRun, SampleWithAPeftAdapterEqualsPeftGenerate) {
                                                                        " --set optim.lr=1e-30 --set schedule.min_lr=0")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto ours = trainer::read_tensors(from + "/checkpoints/step-00000002/model.pt");
-  const auto theirs = trainer::read_tensors(adapter + "/adapter_model.safetensors");
+  const trainer::WeightsFile file = trainer::read_weights(adapter + "/adapter_model.safetensors");
+  const auto& theirs = file.tensors;
   ASSERT_EQ(ours.size(), theirs.size());
   for (const auto& [name, t] : theirs) {
     const std::string our_name = name.substr(std::string("base_model.model.").size());
@@ -177,6 +171,55 @@ TEST_F(LoraRun, SampleWithAPeftAdapterEqualsPeftGenerate) {
     }
     EXPECT_TRUE(found) << our_name;
   }
+}
+
+// The runner's rungs hold with LoRA (llama_tiny on synthetic tokens, no reference needed): the same job
+// (a) as one micro-batch, (b) in micro-batches of 2 with every block recomputed, (c) backing off under a
+// 40 MiB cap from micro-batch 16, (d) under bf16 autocast, and (e) with an EMA. (b) and (c) train what (a)
+// trains, up to the order of the sums; (d) keeps float32 adapters; (e) averages the adapters alone. The base is never touched: the last checkpoint's state.json
+// records the fingerprint the run started with.
+TEST(LoraRungs, AccumulationRecomputationTheLadderAutocastAndEmaTrainTheSameAdapters) {
+  TempDir dir("trainer_lora_rungs");
+  const std::string job = "--config " + testutil::source_dir() + "/configs/llama_tiny_fortunes.yaml --set data.kind=synthetic"
+                          " --set data.test= --set model.context=64 --set train.global_batch=16 --set train.steps=3"
+                          " --set train.threads=1 --set train.deterministic=true --set log.every=1000"
+                          " --set schedule.warmup_steps=0 --set schedule.name=constant --set checkpoint.every_seconds=0"
+                          " --set model.lora.rank=4 --set 'model.lora.targets=[q_proj,k_proj,v_proj,o_proj,down_proj]' ";
+  struct Arm {
+    std::string name, set;
+  };
+  const std::vector<Arm> arms = {{"whole", "--set train.micro_batch=16"},
+                                 {"recomputed", "--set train.micro_batch=2 --set memory.activation_checkpointing=all"},
+                                 {"ladder", "--set train.micro_batch=16 --set memory.limit=40MiB"},
+                                 {"autocast", "--set amp.enabled=true --set amp.dtype=bf16"},
+                                 {"ema", "--set train.micro_batch=16 --set train.ema_decay=0.9"}};
+  std::map<std::string, trainer::NamedTensors> adapters;
+  for (const auto& arm : arms) {
+    SCOPED_TRACE(arm.name);
+    const std::string run_dir = (dir / arm.name).string();
+    const auto r = testutil::run(testutil::trainer_cmd(run_dir, job + arm.set));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    adapters[arm.name] = trainer::read_tensors(run_dir + "/checkpoints/step-00000003/model.pt");
+    ASSERT_EQ(adapters[arm.name].size(), 4u * 5u * 2u) << "4 blocks x 5 targets x (A, B)";
+    if (arm.name == "ladder") EXPECT_NE(r.output.find("halving to 8"), std::string::npos) << r.output;
+    if (arm.name == "ema") {  // the average is of the adapters alone, under model.pt's names
+      const auto ema = trainer::read_tensors(run_dir + "/checkpoints/step-00000003/ema.pt");
+      ASSERT_EQ(ema.size(), adapters[arm.name].size());
+      for (size_t i = 0; i < ema.size(); ++i) EXPECT_EQ(ema[i].first, adapters[arm.name][i].first);
+    }
+  }
+  for (const char* name : {"recomputed", "ladder", "autocast", "ema"}) {
+    SCOPED_TRACE(name);
+    const auto& a = adapters["whole"];
+    const auto& b = adapters[name];
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      EXPECT_EQ(b[i].second.scalar_type(), torch::kFloat) << b[i].first;
+      const double tol = std::string(name) == "autocast" ? 2e-2 : 1e-5;
+      EXPECT_LT((a[i].second - b[i].second).abs().max().item<double>(), tol) << a[i].first;
+    }
+  }
+  EXPECT_GT(adapters["whole"][1].second.abs().max().item<double>(), 0) << "B never moved: nothing was trained";
 }
 
 // Bad LoRA settings: one line each, exit 2, before any step.

@@ -162,15 +162,6 @@ std::string missing_module() { return testutil::missing_module_of(ref_script());
   GTEST_SKIP() << "the reference Python " << testutil::python() << " has no module " << missing_module()     \
                << " (scripts/install-torch.sh installs safetensors and transformers into the 2.11 venv)"
 
-std::vector<int64_t> ids_after(const std::string& output, const std::string& key) {
-  const auto at = output.find(key + " ");
-  if (at == std::string::npos) return {};
-  std::stringstream ss(output.substr(at + key.size() + 1, output.find('\n', at) - at - key.size() - 1));
-  std::vector<int64_t> ids;
-  for (std::string item; std::getline(ss, item, ',');) ids.push_back(std::stoll(item));
-  return ids;
-}
-
 nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(testutil::read_file(p)); }
 
 }  // namespace
@@ -183,7 +174,7 @@ TEST(SampleLibraries, GreedyEqualsTransformersGenerate) {
   TempDir dir;
   auto w = testutil::run(testutil::python() + " " + ref_script() + " write " + dir.str() + " 48,49,50,51 24");
   ASSERT_EQ(w.exit_code, 0) << w.output;
-  const auto want = ids_after(w.output, "tokens");
+  const auto want = testutil::ids_after(w.output, "tokens");
   ASSERT_EQ(want.size(), 24u) << w.output;
   const auto gap = w.output.substr(w.output.find("gap ") + 4);
   EXPECT_GT(std::stod(gap), 1e-3) << "near-tie in the reference's greedy path: the comparison would hang on rounding";

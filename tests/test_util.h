@@ -102,6 +102,17 @@ inline std::string missing_module_of(const std::string& script) {
   return answers[script] = missing;
 }
 
+/// The comma-separated integers after "KEY " on a line of a reference script's output ("tokens 3,1,4");
+/// empty when the key is not there.
+inline std::vector<int64_t> ids_after(const std::string& output, const std::string& key) {
+  const auto at = output.find(key + " ");
+  if (at == std::string::npos) return {};
+  std::stringstream ss(output.substr(at + key.size() + 1, output.find('\n', at) - at - key.size() - 1));
+  std::vector<int64_t> ids;
+  for (std::string item; std::getline(ss, item, ',');) ids.push_back(std::stoll(item));
+  return ids;
+}
+
 inline std::string read_file(const fs::path& p) {
   std::ifstream f(p);
   std::stringstream ss;

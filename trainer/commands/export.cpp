@@ -240,19 +240,20 @@ ExportResult export_weights(const std::string& run_dir, const std::string& check
   Config cfg;
   if (ck.files.count("config.yaml")) apply_yaml_text(cfg, ck.files.at("config.yaml"), ck.path + "/config.yaml");
   const bool lora = cfg.model.lora.rank > 0;
-  if (lora && !options.merge)
+  // A LoRA checkpoint's model.pt is its adapters: layout ours writes them as they are (our names).
+  if (lora && !options.merge && layout != Layout::ours)
     throw std::invalid_argument("export: " + ck.path + " holds LoRA adapters, not a whole model: --layout peft writes "
                                 "them for peft, --merge writes the model with them merged");
   if (!lora && options.merge)
     throw std::invalid_argument("export: --merge merges LoRA adapters, and " + ck.path + " is of a run without model.lora");
-  if (format == "pt" && layout == Layout::ours && !lora) {
+  if (format == "pt" && layout == Layout::ours && !options.merge) {
     // model.pt (and ema.pt) is already a state dict that torch.load reads, with our names: copied as it is.
     write_file_atomically(file, ck.file(source), "export");
     r.how_to_load = "torch.load(" + py_quote(file) + ")";
     return r;
   }
 
-  const NamedTensors ours = lora ? merged_weights(ck, cfg, source, layout) : our_weights(ck, source, layout);
+  const NamedTensors ours = options.merge ? merged_weights(ck, cfg, source, layout) : our_weights(ck, source, layout);
   const std::string& model = cfg.model.name;
   NamedTensors mapped;
   try {

@@ -27,7 +27,7 @@ struct ExportOptions {
   /// "ema" | "raw" | "auto" (ema where the checkpoint has ema.pt, else raw): eval_command.h's weights_file.
   std::string weights = "auto";
   /// A LoRA run (model.lora): each adapter merged into its layer's weight, the whole model written (layout
-  /// ours or hf); without it a LoRA checkpoint exports with layout peft only.
+  /// ours or hf); without it a LoRA checkpoint exports its adapters (layout peft, or ours: our names).
   bool merge = false;
 };
 
