@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -103,6 +104,29 @@ TEST_F(LoraRun, TheCheckpointHoldsTheAdaptersAndAResumeIsBitwise) {
   const auto again = trainer::read_tensors(resumed + "/checkpoints/step-00000004/model.pt");
   ASSERT_EQ(again.size(), adapters.size());
   for (size_t i = 0; i < again.size(); ++i) EXPECT_TRUE(again[i].second.equal(adapters[i].second)) << again[i].first;
+}
+
+// `trainer eval` and `trainer sample` on the run build its base, add its adapters and load the latest
+// checkpoint's: the scored loss is the adapted model's, not the base's (the adapters trained at lr 1e-2
+// moved it), and sampling runs.
+TEST_F(LoraRun, EvalAndSampleUseTheRunsBaseAndAdapters) {
+  SKIP_WITHOUT_PEFT_RUN();
+  const std::string split = data() + "/train.h5";
+  auto r = testutil::run(testutil::trainer_bin() + " eval --run-dir " + run() + " --split " + split + " --out " +
+                         (*dir_ / "eval.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("lora: rank 4"), std::string::npos) << r.output;
+  const double adapted = nlohmann::json::parse(testutil::read_file(*dir_ / "eval.json"))["loss"].get<double>();
+  // The base alone: the same run's config without LoRA, from the Hub folder's weights.
+  r = testutil::run(testutil::trainer_bin() + " eval --config " + run() + "/resolved_config.yaml --split " + split +
+                    " --out " + (*dir_ / "eval_base.json").string() + " --set model.lora.rank=0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double base_loss = nlohmann::json::parse(testutil::read_file(*dir_ / "eval_base.json"))["loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(adapted));
+  EXPECT_GT(std::abs(adapted - base_loss), 1e-4) << "the adapters changed nothing: " << adapted << " " << base_loss;
+  r = testutil::run(testutil::trainer_bin() + " sample --run-dir " + run() + " --prompt 'The ' --tokens 8 --device cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("lora: rank 4"), std::string::npos) << r.output;
 }
 
 // The same run folder resumed on another base (other weights under the same names) is refused in one line.
