@@ -112,6 +112,11 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
+/// True where Gloo has a reduce-scatter (checked in 2.11; 1.13's Gloo throws "does not support
+/// reduce_scatter"). Without it, dist.shard: gradients sums the bucket with an all-reduce and keeps the
+/// rank's slice: the same values, twice the traffic. NCCL has it in every version.
+constexpr bool kHasGlooReduceScatter = TRAINER_TORCH_AT_LEAST(2, 11);
+
 // ---- attention ------------------------------------------------------------------------------------
 
 /// True where LibTorch has the fused scaled_dot_product_attention (2.0+).

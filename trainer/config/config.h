@@ -94,6 +94,10 @@ template <> inline constexpr size_t kModeCount<LogLevel> = 5;
 /// dist.backend: auto | gloo | nccl.
 enum class DistBackend { kAuto, kGloo, kNccl };
 template <> inline constexpr size_t kModeCount<DistBackend> = 3;
+/// dist.shard: none | optimizer | gradients (what data-parallel ranks split instead of copying:
+/// trainer/dist/shard.h).
+enum class ShardMode { kNone, kOptimizer, kGradients };
+template <> inline constexpr size_t kModeCount<ShardMode> = 3;
 
 /// The names of the mode E's values, in the enum's order: the one list they are written in
 /// (config_fields.cpp, for each enum above).
@@ -345,6 +349,10 @@ struct DistConfig {
   DistBackend backend = DistBackend::kAuto;  ///< auto (nccl on CUDA, gloo on CPU) | gloo | nccl
   double timeout_s = 600.0;      ///< a collective (or the rendezvous) that waits longer is an error
   double bucket_mb = 25.0;       ///< gradient all-reduce bucket size, MiB
+  /// none: every rank holds the whole optimizer state; optimizer: each rank updates and keeps the state of
+  /// its slice of every bucket (ZeRO stage 1); gradients: the gradients are reduce-scattered too, each rank
+  /// keeping its slice (stage 2). A single process warns and ignores it.
+  ShardMode shard = ShardMode::kNone;
 };
 
 /// The whole configuration. Each component is built from its own sub-tree only.

@@ -46,6 +46,7 @@ std::vector<std::string> names_of(CudnnMode) {
 }
 std::vector<std::string> names_of(LogLevel) { return listed<LogLevel>({"trace", "debug", "info", "warn", "error"}); }
 std::vector<std::string> names_of(DistBackend) { return listed<DistBackend>({"auto", "gloo", "nccl"}); }
+std::vector<std::string> names_of(ShardMode) { return listed<ShardMode>({"none", "optimizer", "gradients"}); }
 
 }  // namespace
 
@@ -76,6 +77,7 @@ template const std::vector<std::string>& mode_names<AutoSearch>();
 template const std::vector<std::string>& mode_names<CudnnMode>();
 template const std::vector<std::string>& mode_names<LogLevel>();
 template const std::vector<std::string>& mode_names<DistBackend>();
+template const std::vector<std::string>& mode_names<ShardMode>();
 
 size_t mode_index(const std::vector<std::string>& names, const std::string& name) {
   std::string list;
@@ -268,6 +270,7 @@ std::vector<Field> dist_fields(Config& c) {  // data parallelism
       {"dist.backend", mode(&c.dist.backend), false},
       {"dist.timeout_s", &c.dist.timeout_s, false},
       {"dist.bucket_mb", &c.dist.bucket_mb, false},
+      {"dist.shard", mode(&c.dist.shard), false},
   };
 }
 

@@ -19,6 +19,7 @@
 
 #include "common/compat.h"
 #include "common/log.h"
+#include "trainer/dist/shard.h"
 
 namespace trainer {
 namespace {
@@ -228,6 +229,41 @@ std::function<void()> Distributed::all_sum_async(torch::Tensor t, const std::str
   return [work, what, where = impl_->where, timeout = impl_->timeout_s] { wait_for(work, what, where, timeout); };
 }
 
+std::function<void()> Distributed::reduce_scatter_async(torch::Tensor bucket, torch::Tensor slice,
+                                                        const std::string& what) {
+  const int64_t n = slice.numel();
+  if (bucket.numel() != n * env_.world_size)
+    throw std::invalid_argument("reduce_scatter_async: the bucket holds " + std::to_string(bucket.numel()) +
+                                " values, not world_size x " + std::to_string(n));
+  auto waiter = [what, where = impl_->where, timeout = impl_->timeout_s](c10::intrusive_ptr<c10d::Work> work) {
+    return [work, what, where, timeout] { wait_for(work, what, where, timeout); };
+  };
+  if (backend_ == CommBackend::kNccl || compat::kHasGlooReduceScatter) {
+    std::vector<at::Tensor> out{slice};
+    std::vector<std::vector<at::Tensor>> in(1);
+    for (int64_t r = 0; r < env_.world_size; ++r) in[0].push_back(bucket.narrow(0, r * n, n));
+    return waiter(impl_->pg->reduce_scatter(out, in));
+  }
+  std::vector<at::Tensor> v{bucket};
+  auto wait = waiter(impl_->pg->allreduce(v));
+  return [wait, bucket, slice, n, rank = env_.rank] {
+    wait();
+    slice.copy_(bucket.narrow(0, rank * n, n));
+  };
+}
+
+std::function<void()> Distributed::all_gather_async(torch::Tensor slice, torch::Tensor bucket, const std::string& what) {
+  const int64_t n = slice.numel();
+  if (bucket.numel() != n * env_.world_size)
+    throw std::invalid_argument("all_gather_async: the bucket holds " + std::to_string(bucket.numel()) +
+                                " values, not world_size x " + std::to_string(n));
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int64_t r = 0; r < env_.world_size; ++r) out[0].push_back(bucket.narrow(0, r * n, n));
+  std::vector<at::Tensor> in{slice};
+  auto work = impl_->pg->allgather(out, in);
+  return [work, what, where = impl_->where, timeout = impl_->timeout_s] { wait_for(work, what, where, timeout); };
+}
+
 // ---- gradient buckets ---------------------------------------------------------------------------------
 
 struct GradientSync::Bucket {
@@ -250,41 +286,33 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 };
 }  // namespace
 
-GradientSync::GradientSync(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes)
-    : dist_(dist), params_(std::move(params)) {
+GradientSync::GradientSync(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes, bool scatter)
+    : dist_(dist), params_(std::move(params)), scatter_(scatter) {
   if (bucket_bytes <= 0) throw std::invalid_argument("GradientSync: bucket_bytes must be positive");
   const size_t n = params_.size();
   bucket_of_.assign(n, 0);
   offset_in_bucket_.assign(n, 0);
   ready_.assign(n, 0);
   // Reverse registration order: roughly the order in which backward completes the gradients, so the
-  // first bucket fills first and is on the wire while the rest of backward runs.
-  std::vector<std::vector<size_t>> groups;
-  int64_t bytes = 0;
-  for (size_t k = n; k-- > 0;) {
-    const auto& p = params_[k];
-    const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
-    const bool fresh = groups.empty() || (bytes > 0 && bytes + b > bucket_bytes) ||
-                       params_[groups.back().front()].scalar_type() != p.scalar_type() ||
-                       params_[groups.back().front()].device() != p.device();
-    if (fresh) {
-      groups.emplace_back();
-      bytes = 0;
-    }
-    groups.back().push_back(k);
-    bytes += b;
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
+  // first bucket fills first and is on the wire while the rest of backward runs. The shards (shard.h)
+  // are laid out over the same buckets.
+  std::vector<TensorShape> shapes;
+  for (const auto& p : params_)
+    shapes.push_back({p.numel(), static_cast<int64_t>(p.element_size()),
+                      std::string(c10::toString(p.scalar_type())) + "@" + p.device().str()});
+  const ShardLayout layout(shapes, bucket_bytes, scatter ? dist.world_size() : 1);
+  for (size_t g = 0; g < layout.buckets().size(); ++g) {
+    const ShardBucket& sb = layout.buckets()[g];
     auto bucket = std::make_unique<Bucket>();
-    int64_t numel = 0;
-    for (size_t k : groups[g]) {
-      bucket_of_[k] = g;
-      offset_in_bucket_[k] = numel;
-      numel += params_[k].numel();
+    for (size_t j = 0; j < sb.params.size(); ++j) {
+      bucket_of_[sb.params[j]] = g;
+      offset_in_bucket_[sb.params[j]] = sb.offsets[j];
     }
-    const auto& first = params_[groups[g].front()];
-    bucket->buffer = torch::zeros({numel}, first.options().requires_grad(false));
-    bucket->params = groups[g];
+    const auto opts = params_[sb.params.front()].options().requires_grad(false);
+    // Scattered, the bucket is padded to world * slice values; the padding stays zero.
+    bucket->buffer = torch::zeros({scatter ? sb.slice * dist.world_size() : sb.numel}, opts);
+    if (scatter) slices_.push_back(torch::zeros({sb.slice}, opts));
+    bucket->params = sb.params;
     buckets_.push_back(std::move(bucket));
   }
   for (size_t k = 0; k < n; ++k) {
@@ -324,9 +352,11 @@ void GradientSync::on_grad_ready(size_t k) {
   if (b.wait) return;  // already sent (cannot happen for a parameter used once per backward)
   const auto& p = params_[k];
   torch::NoGradGuard ng;
-  auto slot = b.buffer.narrow(0, offset_in_bucket_[k], p.numel()).view(p.sizes());
+  auto slot = shaped_like(b.buffer.narrow(0, offset_in_bucket_[k], p.numel()), p);
   if (p.grad().defined()) slot.copy_(p.grad());
   else slot.zero_();
+  // Sharded gradients: the bucket holds it now; the rank keeps only its slice of the sum.
+  if (scatter_) params_[k].mutable_grad() = torch::Tensor();
   ready_[k] = 1;
   --b.pending;
   const size_t before = next_to_send_;
@@ -340,7 +370,11 @@ void GradientSync::send_ready_buckets() {
 }
 
 void GradientSync::send(size_t i) {
-  buckets_[i]->wait = dist_.all_sum_async(buckets_[i]->buffer, "gradient all-reduce (bucket " + std::to_string(i) + ")");
+  if (scatter_)
+    buckets_[i]->wait = dist_.reduce_scatter_async(buckets_[i]->buffer, slices_[i],
+                                                   "gradient reduce-scatter (bucket " + std::to_string(i) + ")");
+  else
+    buckets_[i]->wait = dist_.all_sum_async(buckets_[i]->buffer, "gradient all-reduce (bucket " + std::to_string(i) + ")");
 }
 
 void GradientSync::wait_all() {
@@ -365,7 +399,7 @@ void GradientSync::finish() {
   for (size_t k = 0; k < params_.size(); ++k) {
     if (ready_[k]) continue;
     auto& b = *buckets_[bucket_of_[k]];
-    auto slot = b.buffer.narrow(0, offset_in_bucket_[k], params_[k].numel()).view(params_[k].sizes());
+    auto slot = shaped_like(b.buffer.narrow(0, offset_in_bucket_[k], params_[k].numel()), params_[k]);
     if (params_[k].grad().defined()) slot.copy_(params_[k].grad());
     else slot.zero_();
     ready_[k] = 1;
@@ -375,9 +409,13 @@ void GradientSync::finish() {
   armed_ = false;
   lock.unlock();
   wait_all();
+  if (scatter_) {  // the rank's slices hold its sums; the parameters' gradients went into the buckets
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    return;
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     auto& p = params_[k];
-    auto sum = buckets_[bucket_of_[k]]->buffer.narrow(0, offset_in_bucket_[k], p.numel()).view(p.sizes());
+    auto sum = shaped_like(buckets_[bucket_of_[k]]->buffer.narrow(0, offset_in_bucket_[k], p.numel()), p);
     if (p.grad().defined()) p.mutable_grad().copy_(sum);
     else p.mutable_grad() = sum.clone();
   }

@@ -80,6 +80,14 @@ class Distributed {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const std::string& what);
   /// Sum over ranks, in place, started now; the returned function waits for it (and throws on a timeout).
   std::function<void()> all_sum_async(torch::Tensor t, const std::string& what);
+  /// The sum over ranks of `bucket` (world_size * slice.numel() values, on the group's device), of which
+  /// this rank keeps its part, `slice` (values [rank * n, (rank + 1) * n)), started now: c10d's
+  /// reduce-scatter, or where Gloo lacks it (compat::kHasGlooReduceScatter) an all-reduce of `bucket`
+  /// whose part is copied out when the returned function has waited. `bucket` may be overwritten.
+  std::function<void()> reduce_scatter_async(torch::Tensor bucket, torch::Tensor slice, const std::string& what);
+  /// Every rank's `slice` into `bucket` (world_size * slice.numel() values, rank r's at r * n): c10d's
+  /// all-gather, started now; the returned function waits for it.
+  std::function<void()> all_gather_async(torch::Tensor slice, torch::Tensor bucket, const std::string& what);
 
  private:
   struct Impl;
@@ -101,14 +109,18 @@ class GradientSync {
  public:
   /// `params`: the trainable tensors (leaves), the same list in the same order on every rank.
   /// `bucket_bytes` (> 0): the size a bucket fills up to before the next starts (a larger parameter gets a
-  /// bucket of its own). The bucket buffers are allocated here, once.
-  GradientSync(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes);
+  /// bucket of its own: bucket_groups, shard.h). The bucket buffers are allocated here, once.
+  /// `scatter` (dist.shard: gradients): each bucket is padded to world * slice values and reduce-scattered,
+  /// a parameter's gradient is dropped as soon as it is copied into its bucket, and after finish() the
+  /// rank holds its slices' sums only (slices()).
+  GradientSync(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes, bool scatter = false);
   ~GradientSync();
 
   /// The next backward is the step's last: its hooks fill and send the buckets.
   void arm();
   /// After that backward: sends what is still pending (a parameter without a gradient counts as zeros),
-  /// waits for every bucket and writes the sums into the gradients. Disarms.
+  /// waits for every bucket and writes the sums into the gradients (scatter: into slices(), the
+  /// parameters' gradients dropped). Disarms.
   void finish();
   /// The attempt failed on this rank after arm(): sends every bucket not yet sent (its contents do not
   /// matter: the step is redone on every rank), waits, and disarms, so every rank issued the same
@@ -116,6 +128,10 @@ class GradientSync {
   void abandon();
 
   int64_t num_buckets() const;
+  bool scatters() const { return scatter_; }
+  /// Scatter: this rank's slice of each bucket, summed over ranks by the last finish() (ShardLayout's
+  /// slices: bucket i's values [rank * slice, (rank + 1) * slice)).
+  const std::vector<torch::Tensor>& slices() const { return slices_; }
   /// Buckets sent during backward (before finish) in the last armed pass: the overlap achieved.
   int64_t sent_during_backward() const { return sent_during_backward_; }
 
@@ -135,6 +151,8 @@ class GradientSync {
   std::vector<char> ready_;             // param index -> gradient copied in this pass
   size_t next_to_send_ = 0;
   bool armed_ = false;
+  bool scatter_ = false;
+  std::vector<torch::Tensor> slices_;   // scatter: this rank's summed slice of each bucket
   int64_t sent_during_backward_ = 0;
   std::mutex mu_;  // hooks run on the autograd engine's thread (a device thread on CUDA)
 };

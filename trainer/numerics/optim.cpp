@@ -29,7 +29,7 @@ std::vector<ParamSlot> param_slots(const torch::nn::Module& module, bool decay_n
 }
 
 Optimizer::Optimizer(std::vector<ParamSlot> params, const OptimConfig& cfg, std::optional<bool> foreach)
-    : params_(std::move(params)), rule_(make_optimizer_rule(cfg)) {
+    : params_(std::move(params)), update_(params_), rule_(make_optimizer_rule(cfg)) {
   const OptimImpl impl = foreach ? (*foreach ? OptimImpl::kForeach : OptimImpl::kPlain) : cfg.implementation;
   if (any_bfloat16(params_)) {
     // bfloat16 weights: the update in float32, rounded back, by AdamW's block loop (adamw.cpp), plain.
@@ -76,9 +76,18 @@ std::string Optimizer::implementation() const { return mode_name(impl_); }
 
 void Optimizer::zero_grad() {
   for (auto& s : params_) s.param.mutable_grad() = torch::Tensor();
+  if (sharded_)
+    for (auto& s : update_) s.param.mutable_grad() = torch::Tensor();
 }
 
-void Optimizer::allocate_state() { rule_->allocate_state(params_); }
+void Optimizer::shard(std::vector<ParamSlot> pieces) {
+  if (steps_ > 0 || state_bytes() > 0)
+    throw std::logic_error("Optimizer::shard: the update is restricted before any state exists");
+  update_ = std::move(pieces);
+  sharded_ = true;
+}
+
+void Optimizer::allocate_state() { rule_->allocate_state(update_); }
 
 void Optimizer::step(double lr) {
   // The scope torch.optim records its steps under: bench/profile_table.py classes the kernels in it.
@@ -86,8 +95,8 @@ void Optimizer::step(double lr) {
   allocate_state();  // may throw OOM: nothing has changed yet
   torch::NoGradGuard no_grad;
   if (impl_ == OptimImpl::kFused) step_fused(lr);
-  else if (impl_ == OptimImpl::kForeach) rule_->step_foreach(params_, lr, steps_ + 1);
-  else rule_->step_plain(params_, lr, steps_ + 1);
+  else if (impl_ == OptimImpl::kForeach) rule_->step_foreach(update_, lr, steps_ + 1);
+  else rule_->step_plain(update_, lr, steps_ + 1);
   ++steps_;
 }
 
@@ -128,14 +137,14 @@ void Optimizer::step_fused(double lr, const torch::Tensor& skip, bool from_devic
   s.from_device = from_device;
   s.device_lr = &device_lr_;
   s.step = &fused_step_;
-  rule_->step_fused(params_, s, skip);
+  rule_->step_fused(update_, s, skip);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const StateBuffers& b : rule_->state_buffers())
     for (size_t i = 0; i < b.tensors->size(); ++i)
-      if ((*b.tensors)[i].defined()) out.emplace_back(b.prefix + params_[i].name, (*b.tensors)[i]);
+      if ((*b.tensors)[i].defined()) out.emplace_back(b.prefix + update_[i].name, (*b.tensors)[i]);
   out.emplace_back("step", torch::tensor(steps_, torch::kInt64));
   return out;
 }
@@ -155,7 +164,7 @@ std::string Optimizer::load_state(const std::map<std::string, torch::Tensor>& st
   for (const StateBuffers& b : rule_->state_buffers()) b.tensors->clear();
   if (steps_ == 0) return "";
   allocate_state();
-  return rule_->load_state(state, params_);
+  return rule_->load_state(state, update_);
 }
 
 void Optimizer::use_bfloat16_weights(bool stochastic) {
@@ -170,7 +179,7 @@ std::string Optimizer::convert_state(const OptimConfig& cfg) {
   if (cfg.name == OptimKind::kSgd || cfg.state_dtype == StateDtype::kFloat32)
     throw std::invalid_argument("convert_state: moments in fewer bytes are AdamW's and LAMB's (got " +
                                 mode_name(cfg.name) + ", " + mode_name(cfg.state_dtype) + ")");
-  const std::string what = rule_->convert_state(cfg.state_dtype, params_);
+  const std::string what = rule_->convert_state(cfg.state_dtype, update_);
   impl_ = OptimImpl::kPlain;  // low-precision moments run their own block update
   return what;
 }

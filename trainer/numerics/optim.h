@@ -117,7 +117,15 @@ class Optimizer {
   std::string implementation() const;
 
   const std::vector<ParamSlot>& params() const { return params_; }
-  /// Every state tensor by name ("momentum_buffer.<param>", "exp_avg.<param>", "exp_avg_sq.<param>",
+  /// Data parallel with dist.shard (trainer/dist/shard.h): step() updates `pieces` instead of params(), and
+  /// the state covers them only. Each piece is a flat tensor on its parameter's values (this rank's part
+  /// of it), named as its parameter and decaying as it does; the caller sets their gradients before each
+  /// step and gathers the updated parameters after it. Before the first step (std::logic_error after).
+  void shard(std::vector<ParamSlot> pieces);
+  bool sharded() const { return sharded_; }
+  /// What step() updates: params(), or the pieces of shard().
+  const std::vector<ParamSlot>& updated() const { return update_; }
+  /// Every state tensor of updated() by name ("momentum_buffer.<param>", "exp_avg.<param>", "exp_avg_sq.<param>",
   /// with int8 state also "exp_avg_absmax.<param>" and "exp_avg_sq_absmax.<param>": moments.h; plus
   /// "step"), for checkpoints. LAMB's are AdamW's names; its workspace is not state.
   std::vector<std::pair<std::string, torch::Tensor>> state() const;
@@ -139,6 +147,8 @@ class Optimizer {
   void step_fused(double lr, const torch::Tensor& skip = {}, bool from_device = false);
 
   std::vector<ParamSlot> params_;
+  std::vector<ParamSlot> update_;  // what the rule updates: params_, or this rank's pieces (shard())
+  bool sharded_ = false;
   std::unique_ptr<OptimizerRule> rule_;  // sgd, adamw or lamb: its arithmetic and its state
   int64_t steps_ = 0;
   OptimImpl impl_ = OptimImpl::kPlain;  // what step() runs: plain, foreach or fused (auto resolved)

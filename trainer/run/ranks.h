@@ -12,6 +12,7 @@
 #include "models/model.h"
 #include "trainer/config/config.h"
 #include "trainer/dist/dist.h"
+#include "trainer/dist/shard.h"
 #include "trainer/numerics/optim.h"
 
 namespace trainer {
@@ -29,11 +30,13 @@ class Ranks {
   void set_rank_dir(const std::string& run_dir);
   /// Data parallel, after the model is built: every replica starts from rank 0's weights and buffers, the
   /// optimizer's parameters get their gradient buckets, and ranks past 0 draw their own dropout masks.
-  void replicate(models::Model& model, const Optimizer& optimizer);
+  /// With dist.shard the optimizer is restricted to this rank's pieces (trainer/dist/shard.h).
+  void replicate(models::Model& model, Optimizer& optimizer);
 
   const DistEnv& env() const { return env_; }
   Distributed* dist() const { return dist_.get(); }            ///< null in a single process
   GradientSync* grad_sync() const { return grad_sync_.get(); }  ///< null in a single process
+  ParamShards* shards() const { return shards_.get(); }         ///< null without dist.shard (or one process)
   const std::string& rank_dir() const { return rank_dir_; }
   bool main_rank() const { return env_.rank == 0; }
   int64_t rank_batch() const { return cfg_.train.global_batch / env_.world_size; }  ///< samples per step per rank
@@ -44,6 +47,7 @@ class Ranks {
   DistEnv env_;
   std::unique_ptr<Distributed> dist_;
   std::unique_ptr<GradientSync> grad_sync_;
+  std::unique_ptr<ParamShards> shards_;
   std::string rank_dir_;  // where this rank's own files go: the run folder (rank 0) or <run>/rank<r>
 };
 

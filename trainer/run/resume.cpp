@@ -2,7 +2,8 @@
 //
 //   model.pt      the weights, a state dict Python's torch.load reads (trainer/checkpoint/state_dict.h);
 //                 with model.lora the adapters alone, the base's fingerprint in state.json (lora.h)
-//   optimizer.pt  the optimizer's state tensors
+//   optimizer.pt  the optimizer's state tensors; with dist.shard the step count, the state in one
+//                 optimizer.slice-<r>-of-<N>.pt per rank (optimizer_shards.h)
 //   rng.pt        every rank's generators: "cpu"/"cuda" for rank 0, "cpu.rank<r>"/"cuda.rank<r>" others
 //   state.json    the loop's position (step, epoch, position in samples), the ladder, the GradScaler
 //   config.yaml   the resolved config, to refuse a resume into a different experiment
@@ -16,6 +17,7 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/run/from_config.h"
 #include "trainer/run/lora.h"
+#include "trainer/run/optimizer_shards.h"
 #include "trainer/run/run.h"
 
 namespace trainer {
@@ -54,6 +56,11 @@ std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
       rng.emplace_back("cpu" + suffix, cpus[r].to(torch::kByte));
       if (!cudas.empty()) rng.emplace_back("cuda" + suffix, cudas[r].to(torch::kByte));
     }
+  }
+  CheckpointFiles optimizer_files;  // sharded: every rank's slice, gathered by rank 0 (optimizer_shards.h)
+  if (ParamShards* shards = ranks_.shards())
+    optimizer_files = sharded_optimizer_files(trained_.optimizer(), shards->layout(), *ranks_.dist());
+  if (ranks_.dist()) {
     if (!main_rank()) return std::nullopt;
   } else {
     rng.emplace_back("cpu", generators.cpu);
@@ -62,7 +69,8 @@ std::optional<CheckpointFiles> TrainingRun::serialize_checkpoint() {
   CheckpointFiles files;
   files["model.pt"] = model_file_bytes(*trained_.model());  // with LoRA, the adapters alone
   if (trained_.ema()) files["ema.pt"] = tensors_to_bytes(trained_.ema()->state());
-  files["optimizer.pt"] = tensors_to_bytes(trained_.optimizer().state());
+  if (optimizer_files.empty()) files["optimizer.pt"] = tensors_to_bytes(trained_.optimizer().state());
+  files.insert(optimizer_files.begin(), optimizer_files.end());
   files["rng.pt"] = tensors_to_bytes(rng);
   files["state.json"] = json_text(state_json(), 2);
   files["config.yaml"] = to_yaml(cfg_);
@@ -163,8 +171,11 @@ void TrainingRun::check_same_experiment(const LoadedCheckpoint& ck) const {
 void TrainingRun::restore_tensors(const LoadedCheckpoint& ck) {
   const LiftedCap lifted(memory_.backend());
   load_model_file(*trained_.model(), ck.files.at("model.pt"), ck.path + "/model.pt");
-  std::map<std::string, torch::Tensor> opt_state;
-  for (auto& [k, v] : tensors_from_bytes(ck.files.at("optimizer.pt"))) opt_state[k] = v.to(trained_.device());
+  // This rank's part of the state, whatever number of ranks and dist.shard saved it (optimizer_shards.h).
+  const ParamShards* shards = ranks_.shards();
+  std::map<std::string, torch::Tensor> opt_state = optimizer_state_for(
+      trained_.optimizer(), shards ? &shards->layout() : nullptr, ranks_.env().rank, ck.files, ck.path);
+  for (auto& [k, v] : opt_state) v = v.to(trained_.device());
   const std::string converted = trained_.optimizer().load_state(opt_state);
   if (!converted.empty())
     spdlog::warn("resume: {} holds the optimizer's moments in another dtype than optim.state_dtype: converted "

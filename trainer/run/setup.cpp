@@ -272,6 +272,7 @@ void TrainingRun::setup_step() {
   parts.metrics = &trackers_.metrics();
   parts.dist = ranks_.dist();
   parts.grad_sync = ranks_.grad_sync();
+  parts.shards = ranks_.shards();
   StepOptions step_opts = step_options(cfg_, trained_.device());
   step_opts.forward = trained_.forward();  // with the input statistics setup_data() set for uint8 images
   try {

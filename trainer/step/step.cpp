@@ -64,6 +64,8 @@ Step::Step(StepParts parts, StepOptions options, MicroBatchController controller
   if (!p_.model || !p_.optimizer || !p_.scaler || !p_.memory || !p_.reporter)
     throw std::invalid_argument("Step: model, optimizer, scaler, memory backend and reporter are required");
   if (p_.dist && !p_.grad_sync) throw std::invalid_argument("Step: a distributed step needs its GradientSync");
+  if (p_.shards && (!p_.dist || !p_.optimizer->sharded()))
+    throw std::invalid_argument("Step: sharded parameters need the process group and an optimizer over the pieces");
 }
 
 torch::Tensor Step::forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
@@ -87,11 +89,34 @@ torch::Tensor Step::prepare_update(PhasePeakRecorder& phases, StepResult& r) {
   // Everything the update needs is allocated before the ranks agree that the step succeeded: after
   // that, nothing can run out of memory on one rank only (Optimizer::step allocates nothing then).
   p_.optimizer->allocate_state();
-  const auto& params = p_.optimizer->params();
+  const bool slices = p_.shards && p_.grad_sync && p_.grad_sync->scatters();
+  if (slices) p_.shards->take_slice_gradients(p_.grad_sync->slices());
+  // Sharded gradients: this rank holds its slices' gradients only; their squares are summed over the
+  // ranks once every rank got here (agree_on_slices).
+  const auto& params = slices ? p_.optimizer->updated() : p_.optimizer->params();
   std::vector<torch::Tensor> tensors;
   for (const auto& s : params) tensors.push_back(s.param);
   p_.scaler->unscale_(tensors);
-  return clip_grad_norm(params, o_.grad_clip);
+  if (slices) return clip_grad_norm(params, 0.0).square();
+  torch::Tensor norm = clip_grad_norm(params, o_.grad_clip);
+  if (p_.shards) p_.shards->take_parameter_gradients();  // the pieces of the (clipped) all-reduced gradients
+  return norm;
+}
+
+void Step::agree_on_slices(torch::Tensor& norm) {
+  std::vector<double> v{norm.item<double>(), 0.0};
+  if (p_.scaler->is_enabled()) v[1] = p_.scaler->found_inf_tensor().item<double>();
+  const auto sum = p_.dist->all_sum(v, "the gradient norm over the ranks' slices");
+  const double total = std::sqrt(sum[0]);
+  norm.fill_(total);
+  if (p_.scaler->is_enabled()) p_.scaler->found_inf_tensor().fill_(sum[1] > 0 ? 1.0 : 0.0);
+  // As clip_grad_norm: multiplied by min(1, max_norm / (norm + 1e-6)), a host scalar (nothing allocated).
+  if (o_.grad_clip > 0 && std::isfinite(total) && o_.grad_clip / (total + 1e-6) < 1.0) {
+    const double coef = o_.grad_clip / (total + 1e-6);
+    torch::NoGradGuard no_grad;
+    for (const auto& s : p_.optimizer->updated())
+      if (s.param.grad().defined()) s.param.grad().mul_(coef);
+  }
 }
 
 double Step::agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum) {
@@ -195,7 +220,8 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
     mix_ = draw_mix(o_.mix, batch.size(), batch.images.size(-2), batch.images.size(-1), o_.mix_seed, step,
                     p_.dist ? p_.dist->rank() : 0);
   apply_step_cudnn(sizes, step, r);
-  const Passes passes = run_micro_batches(batch, sizes, phases, r);
+  Passes passes = run_micro_batches(batch, sizes, phases, r);
+  if (p_.shards && p_.grad_sync->scatters()) agree_on_slices(passes.norm);
   // The one host sync per step: the metrics line wants the loss, the norm and the loss scale, and the
   // step is skipped on non-finite values. With the fused kernels (one process) the skip is decided on
   // the device and the values are read while the update runs; otherwise they are read first, in one
@@ -209,6 +235,7 @@ void Step::attempt(const data::Batch& batch, int64_t step, double lr, StepResult
   r.loss_scale = host.loss_scale;
   r.updated = std::isfinite(r.loss) && std::isfinite(r.grad_norm) && !host.found_inf;
   if (r.updated) p_.optimizer->step(lr);
+  if (r.updated && p_.shards) p_.shards->gather();  // every rank's updated pieces into every rank's weights
   p_.scaler->update();
 }
 

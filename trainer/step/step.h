@@ -25,6 +25,7 @@
 #include "data/samples/batch.h"
 #include "models/model.h"
 #include "trainer/dist/dist.h"
+#include "trainer/dist/shard.h"
 #include "trainer/memory/backend.h"
 #include "trainer/memory/oom.h"
 #include "trainer/memory/report.h"
@@ -118,6 +119,10 @@ struct StepParts {
   MetricsLog* metrics = nullptr;      ///< oom and ladder events (optional)
   Distributed* dist = nullptr;        ///< data parallel (null in a single process)
   GradientSync* grad_sync = nullptr;  ///< with dist
+  /// dist.shard optimizer or gradients (trainer/dist/shard.h): the optimizer updates this rank's pieces
+  /// (Optimizer::shard), which are all-gathered after the update. With gradients the GradientSync
+  /// scatters, and the norm and the scaler's inf check are agreed over the ranks' slices.
+  ParamShards* shards = nullptr;
 };
 
 class Step {
@@ -198,8 +203,14 @@ class Step {
   /// Forward and backward of samples [offset, offset + n); the micro-batch's share of the step's loss.
   torch::Tensor forward_backward(const data::Batch& batch, int64_t offset, int64_t n, double normalizer,
                                  PhasePeakRecorder& phases);
-  /// After the last backward: the gradient exchange, the optimizer state, unscale; the gradient norm.
+  /// After the last backward: the gradient exchange, the optimizer state, unscale; the gradient norm
+  /// (with sharded gradients: the sum of this rank's squares, finished by agree_on_slices).
   torch::Tensor prepare_update(PhasePeakRecorder& phases, StepResult& r);
+  /// Sharded gradients, once every rank's backward succeeded: the global norm from every rank's sum of
+  /// squares, written into `norm`; the scaler's inf/NaN check agreed (any rank's is every rank's); the
+  /// slices clipped. Collectives: after the out-of-memory agreement, never inside an attempt that may fail
+  /// on one rank only.
+  void agree_on_slices(torch::Tensor& norm);
   /// Data parallel, after micro-batch i of `count`: rethrows this rank's OOM, or PeerOutOfMemory when
   /// another rank had one; returns the global loss after the last micro-batch.
   double agree_on_oom(const std::exception_ptr& oom, size_t i, size_t count, const torch::Tensor& loss_sum);
