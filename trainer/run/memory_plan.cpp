@@ -77,7 +77,14 @@ PlanJob plan_job(const Config& cfg, int64_t cap) {
                        count(params) + " parameters" + (f.buffers ? " and " + count(f.buffers) + " buffer values" : "") +
                            ", " + mode_name(cfg.model.param_dtype) + (lora ? " (frozen)" : "")});
   if (lora) job.fixed.push_back({"LoRA adapters", trained_count * 4, count(trained_count) + " parameters, float32"});
-  job.fixed.push_back(optimizer_line(cfg, trained));
+  PlanLine state = optimizer_line(cfg, trained);
+  const int64_t world = dist_env_from().world_size;
+  if (cfg.dist.shard != ShardMode::kNone && world > 1 && state.bytes > 0) {
+    // This rank's slice of every bucket: 1/world of the values, rounded up (ShardLayout pads each bucket).
+    state.bytes = (state.bytes + world - 1) / world;
+    state.how += "; this rank's 1/" + std::to_string(world) + " (dist.shard " + mode_name(cfg.dist.shard) + ")";
+  }
+  job.fixed.push_back(state);
   if (cfg.train.ema_decay > 0)
     job.fixed.push_back({"EMA", ((lora ? trained_count : params) + f.buffers) * 4,
                          "the averaged weights (train.ema_decay), float32"});

@@ -2,6 +2,7 @@
 #include "trainer/run/optimizer_shards.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "trainer/checkpoint/state_dict.h"
@@ -126,15 +127,22 @@ std::string optimizer_slice_file(int64_t rank, int64_t n) {
   return "optimizer.slice-" + std::to_string(rank) + "-of-" + std::to_string(n) + ".pt";
 }
 
-CheckpointFiles sharded_optimizer_files(const Optimizer& opt, const ShardLayout& layout, Distributed& dist) {
-  // This rank's file, serialized here; rank 0 gathers the bytes (their lengths first: they differ by rank).
+std::string optimizer_slice_bytes(const Optimizer& opt, const ShardLayout& layout, int64_t rank) {
   NamedTensors mine = opt.state();
-  const auto pieces = layout.pieces(dist.rank());
-  for (const ShardPiece& p : pieces)
+  for (const ShardPiece& p : layout.pieces(rank))
     mine.emplace_back("range." + opt.params()[p.param].name,
                       torch::tensor({p.begin, p.end, opt.params()[p.param].param.numel()}, torch::kLong));
-  mine.emplace_back("slice", torch::tensor({dist.rank(), dist.world_size()}, torch::kLong));
-  const std::string bytes = tensors_to_bytes(mine);
+  mine.emplace_back("slice", torch::tensor({rank, layout.world()}, torch::kLong));
+  return tensors_to_bytes(mine);
+}
+
+std::string optimizer_head_bytes(int64_t steps, int64_t slices) {
+  return tensors_to_bytes({{"step", torch::tensor(steps, torch::kLong)}, {"slices", torch::tensor(slices, torch::kLong)}});
+}
+
+CheckpointFiles sharded_optimizer_files(const Optimizer& opt, const ShardLayout& layout, Distributed& dist) {
+  // This rank's file, serialized here; rank 0 gathers the bytes (their lengths first: they differ by rank).
+  const std::string bytes = optimizer_slice_bytes(opt, layout, dist.rank());
   const auto lengths = dist.all_gather(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong),
                                        "the optimizer slices' sizes for a checkpoint");
   int64_t longest = 0;
@@ -144,8 +152,7 @@ CheckpointFiles sharded_optimizer_files(const Optimizer& opt, const ShardLayout&
   const auto all = dist.all_gather(padded, "the optimizer slices for a checkpoint");
   CheckpointFiles files;
   if (dist.rank() != 0) return files;
-  files["optimizer.pt"] = tensors_to_bytes({{"step", torch::tensor(opt.steps(), torch::kLong)},
-                                            {"slices", torch::tensor(dist.world_size(), torch::kLong)}});
+  files["optimizer.pt"] = optimizer_head_bytes(opt.steps(), dist.world_size());
   for (int64_t r = 0; r < dist.world_size(); ++r)
     files[optimizer_slice_file(r, dist.world_size())] =
         std::string(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lengths[r].item<int64_t>()));

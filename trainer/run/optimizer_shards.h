@@ -29,6 +29,11 @@ namespace trainer {
 /// The slice file of rank r of n.
 std::string optimizer_slice_file(int64_t rank, int64_t n);
 
+/// Rank `rank`'s slice file: opt.state() (its pieces, laid out by `layout`) with their ranges.
+std::string optimizer_slice_bytes(const Optimizer& opt, const ShardLayout& layout, int64_t rank);
+/// optimizer.pt of a sharded checkpoint: the step count and the number of slice files.
+std::string optimizer_head_bytes(int64_t steps, int64_t slices);
+
 /// The optimizer's files for a checkpoint of a sharded run: every rank calls it (the gather is a
 /// collective); rank 0 gets optimizer.pt and every slice file, the others nothing.
 CheckpointFiles sharded_optimizer_files(const Optimizer& opt, const ShardLayout& layout, Distributed& dist);

@@ -71,6 +71,8 @@ nlohmann::json TrainingRun::step_metrics(const StepResult& r, double step_time, 
     j["new_sizes"] = r.new_sizes;
     j["tuned_sizes"] = r.tuned_sizes;
   }
+  // This rank's optimizer state: the whole of it, or with dist.shard its slices' (about 1/world).
+  j["optimizer_state_bytes"] = trained_.optimizer().state_bytes();
   if (ranks_.grad_sync()) {
     j["grad_buckets"] = ranks_.grad_sync()->num_buckets();
     j["grad_buckets_in_backward"] = r.grad_buckets_in_backward;

@@ -53,6 +53,7 @@ class TrainedModel {
   models::Model& model() { return model_; }
   const models::Model& model() const { return model_; }
   Optimizer& optimizer() { return *optimizer_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
   ModelEma* ema() const { return ema_.get(); }  ///< null unless train.ema_decay > 0
   GradScaler& scaler() const { return *scaler_; }
   /// model.lora: the frozen base's fingerprint (trainer/run/lora.h); null json without LoRA.
