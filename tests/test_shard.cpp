@@ -48,12 +48,32 @@ TEST(ShardLayout, HandComputedPieces) {
   EXPECT_EQ(layout.owned(2), 4);
 }
 
+// Aligned (kShardAlign): a parameter of 300 values after one of 10 starts at 256; 2 ranks own 512 values
+// each, so the large parameter's cut falls on a block boundary (its values [0, 256) and [256, 300)).
+TEST(ShardLayout, AlignedPiecesAreWholeBlocks) {
+  const ShardLayout layout({{300, 4, "f"}, {10, 4, "f"}}, 1 << 20, 2, 256);
+  ASSERT_EQ(layout.buckets().size(), 1u);
+  EXPECT_EQ(layout.buckets()[0].offsets, (std::vector<int64_t>{0, 256}));  // p1 (10), then p0 (300) at 256
+  EXPECT_EQ(layout.buckets()[0].slice, 512);
+  const auto r0 = layout.pieces(0), r1 = layout.pieces(1);
+  ASSERT_EQ(r0.size(), 2u);
+  EXPECT_EQ(r0[0].param, 1u);
+  EXPECT_EQ(r0[1].param, 0u);
+  EXPECT_EQ(r0[1].begin, 0);
+  EXPECT_EQ(r0[1].end, 256);
+  EXPECT_EQ(r0[1].offset, 256);
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].begin, 256);
+  EXPECT_EQ(r1[0].end, 300);
+}
+
 // Every value of every parameter has exactly one owner, for any world size, bucket size and mix of kinds.
 TEST(ShardLayout, EveryValueHasOneOwner) {
   const std::vector<TensorShape> params = {{1000, 4, "f"}, {7, 4, "f"}, {4096, 4, "f"}, {3, 2, "h"}, {50, 2, "h"}, {1, 4, "f"}};
+  for (int64_t align : {int64_t{1}, trainer::kShardAlign})
   for (int64_t bucket_bytes : {1, 64, 4096, 1 << 20})
     for (int64_t world = 1; world <= 4; ++world) {
-      const ShardLayout layout(params, bucket_bytes, world);
+      const ShardLayout layout(params, bucket_bytes, world, align);
       std::vector<std::vector<int>> seen(params.size());
       for (size_t k = 0; k < params.size(); ++k) seen[k].assign(params[k].numel, 0);
       int64_t owned = 0;
@@ -70,9 +90,11 @@ TEST(ShardLayout, EveryValueHasOneOwner) {
       int64_t total = 0;
       for (const auto& p : params) total += p.numel;
       EXPECT_EQ(owned, total);
-      for (const auto& b : layout.buckets()) {  // a bucket holds one kind, and pads to world * slice at most world - 1
+      for (const auto& b : layout.buckets()) {  // one kind a bucket; aligned pieces; padding below world * align
         for (size_t j : b.params) EXPECT_EQ(params[j].kind, params[b.params.front()].kind);
-        EXPECT_LT(b.slice * world - b.numel, world);
+        for (int64_t o : b.offsets) EXPECT_EQ(o % align, 0);
+        EXPECT_EQ(b.slice % align, 0);
+        EXPECT_LT(b.slice * world - b.numel, world * align);
       }
     }
 }
@@ -131,7 +153,9 @@ trainer::Optimizer rank_optimizer(const std::vector<trainer::ParamSlot>& slots, 
   for (const ShardPiece& p : layout.pieces(rank))
     pieces.push_back({slots[p.param].name, trainer::flat_values(slots[p.param].param.detach()).narrow(0, p.begin, p.numel()),
                       slots[p.param].decay});
-  opt.shard(pieces);
+  std::vector<size_t> owner;
+  for (const ShardPiece& p : layout.pieces(rank)) owner.push_back(p.param);
+  opt.shard(pieces, owner, [](std::vector<double>&) {});
   return opt;
 }
 
@@ -155,7 +179,7 @@ TEST(OptimizerSlices, ReadBackOnAnyNumberOfRanks) {
   const std::string step_bytes = trainer::tensors_to_bytes(whole.state());
 
   for (int64_t saved_world = 1; saved_world <= 3; ++saved_world) {
-    const ShardLayout saved_layout(shapes(slots), 256, saved_world);
+    const ShardLayout saved_layout(shapes(slots), 256, saved_world, trainer::kShardAlign);
     trainer::CheckpointFiles files;
     if (saved_world == 1) {
       files["optimizer.pt"] = step_bytes;  // a run without dist.shard
@@ -177,7 +201,7 @@ TEST(OptimizerSlices, ReadBackOnAnyNumberOfRanks) {
       if (k != "step") EXPECT_TRUE(torch::equal(v, reference.at(k))) << k << " saved by " << saved_world;
     // Read back by 2 and 3 ranks: each piece holds its values of the original.
     for (int64_t world = 2; world <= 3; ++world) {
-      const ShardLayout layout(shapes(slots), 256, world);
+      const ShardLayout layout(shapes(slots), 256, world, trainer::kShardAlign);
       for (int64_t r = 0; r < world; ++r) {
         trainer::Optimizer opt = rank_optimizer(slots, layout, r);
         opt.load_state(trainer::optimizer_state_for(opt, &layout, r, files, "ck"));
@@ -201,7 +225,7 @@ TEST(OptimizerSlices, ReadBackOnAnyNumberOfRanks) {
 TEST(OptimizerSlices, ForeignOrMissingSliceIsNamed) {
   Net net;
   const auto slots = net.slots();
-  const ShardLayout layout(shapes(slots), 256, 2);
+  const ShardLayout layout(shapes(slots), 256, 2, trainer::kShardAlign);
   trainer::Optimizer opt = rank_optimizer(slots, layout, 0);
   opt.allocate_state();
   trainer::CheckpointFiles files{{"optimizer.pt", trainer::optimizer_head_bytes(0, 2)},

@@ -300,7 +300,8 @@ GradientSync::GradientSync(Distributed& dist, std::vector<torch::Tensor> params,
   for (const auto& p : params_)
     shapes.push_back({p.numel(), static_cast<int64_t>(p.element_size()),
                       std::string(c10::toString(p.scalar_type())) + "@" + p.device().str()});
-  const ShardLayout layout(shapes, bucket_bytes, scatter ? dist.world_size() : 1);
+  // Scattered, the slices are the shards' (ParamShards: aligned); all-reduced, the buckets are packed.
+  const ShardLayout layout(shapes, bucket_bytes, scatter ? dist.world_size() : 1, scatter ? kShardAlign : 1);
   for (size_t g = 0; g < layout.buckets().size(); ++g) {
     const ShardBucket& sb = layout.buckets()[g];
     auto bucket = std::make_unique<Bucket>();
@@ -310,7 +311,7 @@ GradientSync::GradientSync(Distributed& dist, std::vector<torch::Tensor> params,
     }
     const auto opts = params_[sb.params.front()].options().requires_grad(false);
     // Scattered, the bucket is padded to world * slice values; the padding stays zero.
-    bucket->buffer = torch::zeros({scatter ? sb.slice * dist.world_size() : sb.numel}, opts);
+    bucket->buffer = torch::zeros({sb.slice * layout.world()}, opts);
     if (scatter) slices_.push_back(torch::zeros({sb.slice}, opts));
     bucket->params = sb.params;
     buckets_.push_back(std::move(bucket));

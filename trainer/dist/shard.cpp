@@ -37,16 +37,19 @@ std::vector<std::vector<size_t>> bucket_groups(const std::vector<TensorShape>& p
   return groups;
 }
 
-ShardLayout::ShardLayout(const std::vector<TensorShape>& params, int64_t bucket_bytes, int64_t world) : world_(world) {
-  if (world < 1) throw std::invalid_argument("ShardLayout: world must be at least 1");
+ShardLayout::ShardLayout(const std::vector<TensorShape>& params, int64_t bucket_bytes, int64_t world, int64_t align)
+    : world_(world) {
+  if (world < 1 || align < 1) throw std::invalid_argument("ShardLayout: world and align must be at least 1");
+  const auto up = [align](int64_t n) { return (n + align - 1) / align * align; };
   for (auto& group : bucket_groups(params, bucket_bytes)) {
     ShardBucket b;
     for (size_t k : group) {
       b.params.push_back(k);
-      b.offsets.push_back(b.numel);
-      b.numel += params[k].numel;
+      b.offsets.push_back(up(b.numel));
+      b.numels.push_back(params[k].numel);
+      b.numel = b.offsets.back() + params[k].numel;
     }
-    b.slice = (b.numel + world - 1) / world;
+    b.slice = up((b.numel + world - 1) / world);
     buckets_.push_back(std::move(b));
   }
 }
@@ -57,8 +60,7 @@ std::vector<ShardPiece> ShardLayout::pieces(int64_t rank) const {
     const ShardBucket& b = buckets_[i];
     const int64_t lo = rank * b.slice, hi = std::min(b.numel, lo + b.slice);
     for (size_t j = 0; j < b.params.size(); ++j) {
-      const int64_t start = b.offsets[j];
-      const int64_t stop = j + 1 < b.params.size() ? b.offsets[j + 1] : b.numel;
+      const int64_t start = b.offsets[j], stop = start + b.numels[j];
       const int64_t from = std::max(lo, start), to = std::min(hi, stop);
       if (from >= to) continue;
       out.push_back({b.params[j], i, from - start, to - start, from - lo});
@@ -86,7 +88,7 @@ std::vector<TensorShape> shapes_of(const std::vector<torch::Tensor>& params) {
 ParamShards::ParamShards(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes)
     : dist_(dist),
       params_(std::move(params)),
-      layout_(shapes_of(params_), bucket_bytes, dist.world_size()),
+      layout_(shapes_of(params_), bucket_bytes, dist.world_size(), kShardAlign),
       pieces_(layout_.pieces(dist.rank())) {
   for (size_t k = 0; k < params_.size(); ++k)
     if (!params_[k].is_non_overlapping_and_dense())

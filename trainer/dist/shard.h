@@ -3,7 +3,8 @@
 //
 // The trainable parameters are laid out in the flat buckets of the gradient exchange (GradientSync:
 // reverse registration order, up to dist.bucket_mb each). A bucket of `numel` values is padded to
-// world * slice values, slice = ceil(numel / world), and rank r owns values [r * slice, (r + 1) * slice):
+// world * slice values, slice = ceil(numel / world) (rounded up to 256 values, with each parameter starting
+// at a multiple of 256: kShardAlign), and rank r owns values [r * slice, (r + 1) * slice):
 //
 //   bucket 0:  | conv3.weight          | conv2.bias | conv2.weight | pad |
 //   ranks:     | rank 0's slice   | rank 1's slice   | rank 2's slice   |
@@ -50,12 +51,17 @@ struct TensorShape {
 /// one where the kind changes. Throws std::invalid_argument when bucket_bytes <= 0.
 std::vector<std::vector<size_t>> bucket_groups(const std::vector<TensorShape>& params, int64_t bucket_bytes);
 
+/// The alignment of the shards' layout, in values: the block of int8 optimizer state (quant8::kBlock), so that
+/// a piece of a large parameter is whole blocks and its moments are quantized as the whole tensor's are.
+constexpr int64_t kShardAlign = 256;
+
 /// One bucket of the layout.
 struct ShardBucket {
   std::vector<size_t> params;    ///< parameter indices, in the bucket's order
   std::vector<int64_t> offsets;  ///< each one's first value in the bucket
-  int64_t numel = 0;             ///< values the parameters fill
-  int64_t slice = 0;             ///< values each rank owns: ceil(numel / world); the bucket holds world * slice
+  std::vector<int64_t> numels;   ///< each one's values
+  int64_t numel = 0;             ///< values up to the last parameter's end (alignment gaps included)
+  int64_t slice = 0;             ///< values each rank owns: ceil(numel / world), aligned; the bucket holds world * slice
 };
 
 /// One rank's part of one parameter.
@@ -70,8 +76,10 @@ struct ShardPiece {
 
 class ShardLayout {
  public:
-  /// Throws std::invalid_argument when world < 1 or bucket_bytes <= 0.
-  ShardLayout(const std::vector<TensorShape>& params, int64_t bucket_bytes, int64_t world);
+  /// `align`: each parameter starts at a multiple of it in its bucket, and slices are multiples of it, so
+  /// that pieces of large parameters are whole blocks of that many values (kShardAlign: the int8 moments'
+  /// blocks). Throws std::invalid_argument when world < 1, align < 1 or bucket_bytes <= 0.
+  ShardLayout(const std::vector<TensorShape>& params, int64_t bucket_bytes, int64_t world, int64_t align = 1);
 
   int64_t world() const { return world_; }
   const std::vector<ShardBucket>& buckets() const { return buckets_; }

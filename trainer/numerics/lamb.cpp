@@ -39,7 +39,7 @@ class Lamb : public MomentsRule {
   // denominator, then the update; the norms and trust ratios go to the workspace. Nothing is allocated.
   void step_plain(const std::vector<ParamSlot>& params, double lr, int64_t t) override {
     const std::vector<size_t> live = with_gradient(params);
-    if (live.empty()) return;
+    if (live.empty() && !sharded()) return;  // sharded: the norms' sums are collectives, also without pieces
     const int64_t n = static_cast<int64_t>(params.size()), k = static_cast<int64_t>(live.size());
     const torch::Tensor divisor = cfg_.lamb_max_grad_norm > 0 ? clip_divisor(params, live) : torch::Tensor();
     const double b1 = cfg_.beta1, b2 = cfg_.beta2, wd = cfg_.weight_decay;
@@ -70,6 +70,8 @@ class Lamb : public MomentsRule {
         norm_into(u_norm[j], g);
       }
     }
+    if (sharded()) whole_tensor_norms(live, adapt, w_norm, u_norm);
+    if (live.empty()) return;
     apply(params, live, adapt, lr, scale);
   }
 
@@ -100,6 +102,27 @@ class Lamb : public MomentsRule {
     });
   }
 
+  // Sharded (dist.shard): each piece's weight and update norms become its whole tensor's, the square root of
+  // the sum over the ranks of its pieces' squares (one collective for all; the order of the sums differs
+  // from a whole tensor's norm, in the last bits).
+  void whole_tensor_norms(const std::vector<size_t>& live, const std::vector<bool>& adapt, torch::Tensor& w_norm,
+                          torch::Tensor& u_norm) {
+    const size_t n = owner_count_;
+    std::vector<double> squares(2 * n, 0.0);
+    for (size_t j = 0; j < live.size(); ++j) {
+      if (!adapt[j]) continue;
+      const double w = w_norm[j].item<double>(), u = u_norm[j].item<double>();
+      squares[owner_[live[j]]] += w * w;
+      squares[n + owner_[live[j]]] += u * u;
+    }
+    rank_sum_(squares);
+    for (size_t j = 0; j < live.size(); ++j) {
+      if (!adapt[j]) continue;
+      w_norm[j].fill_(std::sqrt(squares[owner_[live[j]]]));
+      u_norm[j].fill_(std::sqrt(squares[n + owner_[live[j]]]));
+    }
+  }
+
   // LAMB's gradient clip: writes max(1, global gradient norm / lamb_max_grad_norm) into the workspace.
   torch::Tensor clip_divisor(const std::vector<ParamSlot>& params, const std::vector<size_t>& live) {
     // timm: global = vector_norm(stack(per-tensor norms)); divisor = (global / max_grad_norm).clamp_(min=1).
@@ -113,7 +136,14 @@ class Lamb : public MomentsRule {
         if (cfg_.weight_decay == 0 ? pass == 0 : params[i].decay == (pass == 1)) order.push_back(i);
     for (int64_t j = 0; j < k; ++j) norm_into(norms[j], params[order[j]].param.grad());
     const torch::Tensor global = work_[4 * n], divisor = work_[4 * n + 1];
-    norm_into(global, norms.narrow(0, 0, k));
+    if (sharded()) {  // the global norm from every rank's pieces: the square root of the summed squares
+      std::vector<double> squares{0.0};
+      for (int64_t j = 0; j < k; ++j) squares[0] += std::pow(norms[j].item<double>(), 2);
+      rank_sum_(squares);
+      global.fill_(std::sqrt(squares[0]));
+    } else {
+      norm_into(global, norms.narrow(0, 0, k));
+    }
     divisor.copy_(global).div_(cfg_.lamb_max_grad_norm).clamp_min_(1.0);
     return divisor;
   }

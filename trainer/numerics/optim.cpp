@@ -80,11 +80,13 @@ void Optimizer::zero_grad() {
     for (auto& s : update_) s.param.mutable_grad() = torch::Tensor();
 }
 
-void Optimizer::shard(std::vector<ParamSlot> pieces) {
+void Optimizer::shard(std::vector<ParamSlot> pieces, std::vector<size_t> owner, RankSum sum) {
   if (steps_ > 0 || state_bytes() > 0)
     throw std::logic_error("Optimizer::shard: the update is restricted before any state exists");
+  if (owner.size() != pieces.size() || !sum) throw std::invalid_argument("Optimizer::shard: an owner per piece and a sum");
   update_ = std::move(pieces);
   sharded_ = true;
+  rule_->set_sharding(std::move(owner), params_.size(), std::move(sum));
 }
 
 void Optimizer::allocate_state() { rule_->allocate_state(update_); }

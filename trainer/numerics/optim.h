@@ -121,7 +121,9 @@ class Optimizer {
   /// the state covers them only. Each piece is a flat tensor on its parameter's values (this rank's part
   /// of it), named as its parameter and decaying as it does; the caller sets their gradients before each
   /// step and gathers the updated parameters after it. Before the first step (std::logic_error after).
-  void shard(std::vector<ParamSlot> pieces);
+  /// `owner[i]` is piece i's index in params(); `sum` adds a host vector over the ranks (LAMB's norms of
+  /// whole tensors from their pieces': every rank calls it in every step, with or without pieces).
+  void shard(std::vector<ParamSlot> pieces, std::vector<size_t> owner, RankSum sum);
   bool sharded() const { return sharded_; }
   /// What step() updates: params(), or the pieces of shard().
   const std::vector<ParamSlot>& updated() const { return update_; }

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +37,9 @@ struct StateBuffers {
   const char* prefix;
   std::vector<torch::Tensor>* tensors;  ///< empty until allocated; else one per parameter
 };
+
+/// A sum over the data-parallel ranks, in place, of a vector of host values.
+using RankSum = std::function<void(std::vector<double>&)>;
 
 class OptimizerRule {
  public:
@@ -71,6 +75,15 @@ class OptimizerRule {
   virtual std::string convert_state(StateDtype dtype, const std::vector<ParamSlot>& params);
   /// Whether the rule updates bfloat16 weights in float32 and rounds them back (AdamW).
   virtual bool updates_bfloat16_weights() const { return false; }
+  /// Data parallel with dist.shard: the rule updates pieces of the parameters (Optimizer::shard); owner[i]
+  /// is piece i's parameter among `count`, and `sum` adds a host vector over the ranks in place (every rank
+  /// calls it at the same point of every step). LAMB sums its per-tensor norms with it.
+  void set_sharding(std::vector<size_t> owner, size_t count, RankSum sum) {
+    owner_ = std::move(owner);
+    owner_count_ = count;
+    rank_sum_ = std::move(sum);
+  }
+  bool sharded() const { return static_cast<bool>(rank_sum_); }
   /// The run's seed, which the stochastic rounding of bfloat16 weights draws its bits from.
   void set_rounding_seed(uint64_t seed) { rounding_seed_ = seed; }
   void set_stochastic_rounding(bool on) { cfg_.stochastic_rounding = on; }
@@ -78,6 +91,9 @@ class OptimizerRule {
  protected:
   OptimConfig cfg_;
   uint64_t rounding_seed_ = 0;
+  std::vector<size_t> owner_;  // sharded: each updated piece's parameter
+  size_t owner_count_ = 0;
+  RankSum rank_sum_;           // sharded: the sum over the ranks (empty: one process or whole tensors)
 };
 
 /// The rule of optim.name.

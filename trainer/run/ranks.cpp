@@ -51,20 +51,22 @@ void Ranks::replicate(models::Model& model, Optimizer& optimizer) {
   const bool scatter = cfg_.dist.shard == ShardMode::kGradients;
   grad_sync_ = std::make_unique<GradientSync>(*dist_, params, bucket_bytes, scatter);
   if (cfg_.dist.shard != ShardMode::kNone) {
-    if (cfg_.optim.name == OptimKind::kLamb)
-      throw ConfigError("dist.shard: " + mode_name(cfg_.dist.shard) + " with optim.name lamb is not supported: LAMB's "
-                        "trust ratios need each tensor's whole norm (use dist.shard none, or optim.name adamw or sgd)");
     try {
       shards_ = std::make_unique<ParamShards>(*dist_, params, bucket_bytes);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(e.what());
     }
     std::vector<ParamSlot> pieces;
+    std::vector<size_t> owner;
     for (size_t i = 0; i < shards_->pieces().size(); ++i) {
       const ParamSlot& whole = optimizer.params()[shards_->pieces()[i].param];
       pieces.push_back({whole.name, shards_->views()[i], whole.decay});
+      owner.push_back(shards_->pieces()[i].param);
     }
-    optimizer.shard(std::move(pieces));
+    Distributed* dist = dist_.get();
+    optimizer.shard(std::move(pieces), std::move(owner), [dist](std::vector<double>& v) {
+      v = dist->all_sum(v, "the optimizer's norms over the ranks' slices");
+    });
     spdlog::info("distributed: dist.shard {}: this rank updates {} of {} parameter values ({} pieces)",
                  mode_name(cfg_.dist.shard), shards_->layout().owned(env_.rank), total_numel(params),
                  shards_->pieces().size());
