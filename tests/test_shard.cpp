@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "common/compat.h"
 #include "http_client.h"
 #include "train_util.h"
 #include "trainer/checkpoint/state_dict.h"
@@ -358,7 +359,13 @@ TEST(DistShard, ResumesOnOtherRanksAndModes) {
   const auto a = testutil::step_lines(chain), b = testutil::step_lines(plain);
   ASSERT_EQ(a.size(), 9u);
   for (size_t i = 0; i < 9; ++i) EXPECT_EQ(a[i]["samples_seen"], b[i]["samples_seen"]);
-  EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(chain), testutil::final_weights(plain)));
+  // Bit for bit where the sums run in the same order: Gloo without a reduce-scatter sums the gradients with
+  // the all-reduce plain DDP runs (compat::kHasGlooReduceScatter); its reduce-scatter over 3 ranks adds the
+  // same three terms in another order.
+  if (trainer::compat::kHasGlooReduceScatter)
+    EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(chain), testutil::final_weights(plain)), 1e-6);
+  else
+    EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(chain), testutil::final_weights(plain)));
 
   // A slice file missing from the checkpoint it is asked to resume from: one line naming it, exit 2, and
   // nothing in the run folder changes.

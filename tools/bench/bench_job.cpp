@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "tools/bench/host_info.h"
 #include "tools/metrics_watch.h"
+#include "trainer/dist/dist.h"
 #include "trainer/run/from_config.h"
 #include "trainer/run/train.h"
 
@@ -88,6 +89,11 @@ int64_t Job::step_line(int64_t step) const {
   return -1;
 }
 
+fs::path rank_metrics_dir(const fs::path& dir) {
+  const int64_t rank = dist_env_from().rank;
+  return rank > 0 ? dir / ("rank" + std::to_string(rank)) : dir;
+}
+
 Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::path& dir, const LineHook& hook,
             StepObserver* observer) {
   Config cfg = base;
@@ -102,7 +108,8 @@ Job run_job(const Config& base, const std::vector<std::string>& sets, const fs::
   ro.observer = observer;
   {
     // `job` is written on the watcher's thread only until stop() joins it.
-    MetricsWatcher watcher(dir, "metrics.jsonl", [&](const json& line, double unix_s, double elapsed_s) {
+    fs::create_directories(rank_metrics_dir(dir));
+    MetricsWatcher watcher(rank_metrics_dir(dir), "metrics.jsonl", [&](const json& line, double unix_s, double elapsed_s) {
       job.lines.push_back(line);
       job.seen.push_back(unix_s);
       job.elapsed.push_back(elapsed_s);

@@ -75,6 +75,10 @@ using LineHook = std::function<void(const nlohmann::json& line)>;
 /// (the real loop, no resume), calling `hook` with every metrics line as it appears and telling
 /// `observer` (optional) of every step on the training thread. Logging goes back to the console at
 /// `base`'s level afterwards.
+/// Where this process's metrics.jsonl goes in run folder `dir`: `dir` itself, or under torchrun for a rank
+/// past 0, dir/rank<r> (each rank of `trainer bench` under torchrun reads its own step lines).
+std::filesystem::path rank_metrics_dir(const std::filesystem::path& dir);
+
 Job run_job(const Config& base, const std::vector<std::string>& sets, const std::filesystem::path& dir,
             const LineHook& hook = nullptr, StepObserver* observer = nullptr);
 

@@ -9,6 +9,7 @@
 #include "common/signals.h"
 #include "tools/bench/bench_decode.h"
 #include "tools/bench/bench_job.h"
+#include "trainer/dist/dist.h"
 #include "trainer/memory/backend.h"
 
 using nlohmann::json;
@@ -203,6 +204,10 @@ int bench_main(int argc, char** argv) {
   opts.overrides = sets;
   opts.command_line = command_line;
   opts.profile_path = a["profile"].as<std::string>();
+  // Under torchrun every rank benches its own part: a rank past 0 writes its files beside rank 0's.
+  const int64_t rank = dist_env_from().rank;
+  const std::string rank_suffix = rank > 0 ? ".rank" + std::to_string(rank) : "";
+  if (!opts.profile_path.empty()) opts.profile_path += rank_suffix;
   check_counts(opts);
   if (!opts.profile_path.empty() && (a.count("loader-only") || a.count("optimizer") || a.count("oom") || a.count("memory-curve")))
     throw std::runtime_error("command line: --profile profiles training steps; it does not go with --loader-only, "
@@ -215,7 +220,7 @@ int bench_main(int argc, char** argv) {
   if (a.count("oom")) return run_oom(a, opts, cfg);
   if (a.count("memory-curve")) return run_curve(a, opts, cfg);
   json j = a.count("loader-only") ? bench_loader(cfg, opts) : a.count("optimizer") ? bench_optimizer(cfg, opts) : bench_training(cfg, opts);
-  const std::string out = a["out"].as<std::string>();
+  const std::string out = a["out"].as<std::string>().empty() ? "" : a["out"].as<std::string>() + rank_suffix;
   write_result(j, out);
   print_summary(j, cfg, out);
   return kExitOk;

@@ -114,7 +114,7 @@ json bench_training(Config cfg, const BenchOptions& opts) {
   const double wall = timed_wall_s(job, opts);
   json j = describe_run(cfg, opts.config_path, opts.overrides, opts.command_line);
   j["mode"] = "train";
-  j.update(summarize_steps(read_step_records((folder.path / "metrics.jsonl").string()), opts.warmup, opts.steps,
+  j.update(summarize_steps(read_step_records((rank_metrics_dir(folder.path) / "metrics.jsonl").string()), opts.warmup, opts.steps,
                            cfg.train.global_batch, wall));
   if (wall > 0) j["wall_source"] = job.watch_source;
   j["warmup_steps"] = opts.warmup;
