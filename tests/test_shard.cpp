@@ -6,7 +6,6 @@
 
 #include <fstream>
 
-#include "common/compat.h"
 #include "http_client.h"
 #include "train_util.h"
 #include "trainer/checkpoint/state_dict.h"
@@ -341,7 +340,7 @@ TEST(DistShard, LlamaTinyGradientsEqualPlainDataParallel) {
 }
 
 // A sharded run resumed on another number of ranks and another dist.shard: 2 ranks (optimizer), then 3
-// (gradients), then 1 process, ends bit for bit where the same chain without sharding ends.
+// (gradients), then 1 process, ends where the same chain without sharding ends.
 TEST(DistShard, ResumesOnOtherRanksAndModes) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
@@ -359,13 +358,9 @@ TEST(DistShard, ResumesOnOtherRanksAndModes) {
   const auto a = testutil::step_lines(chain), b = testutil::step_lines(plain);
   ASSERT_EQ(a.size(), 9u);
   for (size_t i = 0; i < 9; ++i) EXPECT_EQ(a[i]["samples_seen"], b[i]["samples_seen"]);
-  // Bit for bit where the sums run in the same order: Gloo without a reduce-scatter sums the gradients with
-  // the all-reduce plain DDP runs (compat::kHasGlooReduceScatter); its reduce-scatter over 3 ranks adds the
-  // same three terms in another order.
-  if (trainer::compat::kHasGlooReduceScatter)
-    EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(chain), testutil::final_weights(plain)), 1e-6);
-  else
-    EXPECT_TRUE(testutil::bitwise_equal(testutil::final_weights(chain), testutil::final_weights(plain)));
+  // Within the spread of the sums' order: 3 ranks add three terms, in another order where the buckets are
+  // laid out for sharding (aligned, padded) than in plain DDP's packed buckets.
+  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(chain), testutil::final_weights(plain)), 1e-6);
 
   // A slice file missing from the checkpoint it is asked to resume from: one line naming it, exit 2, and
   // nothing in the run folder changes.

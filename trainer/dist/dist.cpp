@@ -266,13 +266,6 @@ std::function<void()> Distributed::all_gather_async(torch::Tensor slice, torch::
 
 // ---- gradient buckets ---------------------------------------------------------------------------------
 
-struct GradientSync::Bucket {
-  torch::Tensor buffer;           // flat, the parameters' dtype and device
-  std::vector<size_t> params;     // indices into params_
-  size_t pending = 0;             // parameters not yet copied in during this pass
-  std::function<void()> wait;     // set once sent
-};
-
 namespace {
 // Runs after a parameter's AccumulateGrad: its .grad now holds the whole step's gradient.
 struct ReadyHook : torch::autograd::FunctionPostHook {
@@ -310,11 +303,20 @@ GradientSync::GradientSync(Distributed& dist, std::vector<torch::Tensor> params,
       offset_in_bucket_[sb.params[j]] = sb.offsets[j];
     }
     const auto opts = params_[sb.params.front()].options().requires_grad(false);
-    // Scattered, the bucket is padded to world * slice values; the padding stays zero.
-    bucket->buffer = torch::zeros({sb.slice * layout.world()}, opts);
-    if (scatter) slices_.push_back(torch::zeros({sb.slice}, opts));
+    if (scatter) slices_.push_back(torch::zeros({sb.slice}, opts));  // the bucket's values: a staging buffer's
+    else bucket->buffer = torch::zeros({sb.numel}, opts);
+    largest_slice_ = std::max(largest_slice_, sb.slice);
     bucket->params = sb.params;
     buckets_.push_back(std::move(bucket));
+  }
+  world_ = layout.world();
+  if (scatter) {
+    staging_.assign(buckets_.size(), -1);
+    for (int i = 0; i < 2 && !params_.empty(); ++i) {
+      const auto opts = params_.front().options().requires_grad(false);
+      pool_.push_back({torch::zeros({world_ * largest_slice_}, opts), torch::zeros({largest_slice_}, opts)});
+      free_.push_back(pool_.size() - 1);
+    }
   }
   for (size_t k = 0; k < n; ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
@@ -334,8 +336,9 @@ GradientSync::~GradientSync() {
 
 int64_t GradientSync::num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 
-void GradientSync::arm() {
+void GradientSync::arm(bool accumulate) {
   std::lock_guard<std::mutex> lock(mu_);
+  accumulate_ = accumulate;
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& b : buckets_) {
     b->pending = b->params.size();
@@ -353,7 +356,9 @@ void GradientSync::on_grad_ready(size_t k) {
   if (b.wait) return;  // already sent (cannot happen for a parameter used once per backward)
   const auto& p = params_[k];
   torch::NoGradGuard ng;
-  auto slot = shaped_like(b.buffer.narrow(0, offset_in_bucket_[k], p.numel()), p);
+  if (scatter_) acquire(bucket_of_[k]);
+  const torch::Tensor buffer = scatter_ ? staging_of(bucket_of_[k]) : b.buffer;
+  auto slot = shaped_like(buffer.narrow(0, offset_in_bucket_[k], p.numel()), p);
   if (p.grad().defined()) slot.copy_(p.grad());
   else slot.zero_();
   // Sharded gradients: the bucket holds it now; the rank keeps only its slice of the sum.
@@ -371,11 +376,13 @@ void GradientSync::send_ready_buckets() {
 }
 
 void GradientSync::send(size_t i) {
-  if (scatter_)
-    buckets_[i]->wait = dist_.reduce_scatter_async(buckets_[i]->buffer, slices_[i],
-                                                   "gradient reduce-scatter (bucket " + std::to_string(i) + ")");
-  else
-    buckets_[i]->wait = dist_.all_sum_async(buckets_[i]->buffer, "gradient all-reduce (bucket " + std::to_string(i) + ")");
+  if (scatter_) {
+    const torch::Tensor out = pool_[static_cast<size_t>(staging_[i])].out.narrow(0, 0, slices_[i].numel());
+    buckets_[i]->wait = dist_.reduce_scatter_async(staging_of(i), out, "gradient reduce-scatter (bucket " + std::to_string(i) + ")");
+    in_flight_.push_back(i);
+    return;
+  }
+  buckets_[i]->wait = dist_.all_sum_async(buckets_[i]->buffer, "gradient all-reduce (bucket " + std::to_string(i) + ")");
 }
 
 void GradientSync::wait_all() {
@@ -393,6 +400,7 @@ void GradientSync::wait_all() {
 }
 
 void GradientSync::finish() {
+  if (scatter_) return finish_scatter();
   std::unique_lock<std::mutex> lock(mu_);
   if (!armed_) throw std::logic_error("GradientSync::finish without arm");
   torch::NoGradGuard ng;
@@ -410,10 +418,6 @@ void GradientSync::finish() {
   armed_ = false;
   lock.unlock();
   wait_all();
-  if (scatter_) {  // the rank's slices hold its sums; the parameters' gradients went into the buckets
-    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
-    return;
-  }
   for (size_t k = 0; k < params_.size(); ++k) {
     auto& p = params_[k];
     auto sum = shaped_like(buckets_[bucket_of_[k]]->buffer.narrow(0, offset_in_bucket_[k], p.numel()), p);
@@ -423,6 +427,7 @@ void GradientSync::finish() {
 }
 
 void GradientSync::abandon() {
+  if (scatter_) return abandon_scatter();
   std::unique_lock<std::mutex> lock(mu_);
   if (!armed_) return;
   // Every bucket not yet sent is sent as it is: the other ranks are sending theirs, and the agreement

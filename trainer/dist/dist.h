@@ -110,14 +110,18 @@ class GradientSync {
   /// `params`: the trainable tensors (leaves), the same list in the same order on every rank.
   /// `bucket_bytes` (> 0): the size a bucket fills up to before the next starts (a larger parameter gets a
   /// bucket of its own: bucket_groups, shard.h). The bucket buffers are allocated here, once.
-  /// `scatter` (dist.shard: gradients): each bucket is padded to world * slice values and reduce-scattered,
-  /// a parameter's gradient is dropped as soon as it is copied into its bucket, and after finish() the
-  /// rank holds its slices' sums only (slices()).
+  /// `scatter` (dist.shard: gradients, ZeRO stage 2): each bucket is padded to world * slice values and
+  /// reduce-scattered, and no bucket keeps a buffer of its own: a bucket takes a staging buffer from a small
+  /// pool when its first gradient arrives (waiting for the oldest bucket on the wire to come back, or
+  /// growing the pool when none is), a parameter's gradient is dropped as soon as it is copied in, and the
+  /// rank keeps its slices' sums only (slices()): the whole gradient is never held at once.
   GradientSync(Distributed& dist, std::vector<torch::Tensor> params, int64_t bucket_bytes, bool scatter = false);
   ~GradientSync();
 
-  /// The next backward is the step's last: its hooks fill and send the buckets.
-  void arm();
+  /// The next backward is the step's last: its hooks fill and send the buckets. Scatter: every backward of
+  /// the step is armed and finished, and `accumulate` (a micro-batch after the first) adds its sums to
+  /// slices() instead of overwriting them.
+  void arm(bool accumulate = false);
   /// After that backward: sends what is still pending (a parameter without a gradient counts as zeros),
   /// waits for every bucket and writes the sums into the gradients (scatter: into slices(), the
   /// parameters' gradients dropped). Disarms.
@@ -129,6 +133,9 @@ class GradientSync {
 
   int64_t num_buckets() const;
   bool scatters() const { return scatter_; }
+  /// Scatter: the staging buffers the pool holds (2 to start with; more when backward completes buckets out
+  /// of order), each world * (the largest slice) values.
+  int64_t staging_buffers() const { return static_cast<int64_t>(pool_.size()); }
   /// Scatter: this rank's slice of each bucket, summed over ranks by the last finish() (ShardLayout's
   /// slices: bucket i's values [rank * slice, (rank + 1) * slice)).
   const std::vector<torch::Tensor>& slices() const { return slices_; }
@@ -136,11 +143,25 @@ class GradientSync {
   int64_t sent_during_backward() const { return sent_during_backward_; }
 
  private:
-  struct Bucket;
+  struct Bucket {
+    torch::Tensor buffer;        // flat, the parameters' dtype and device (scatter: none, a staging buffer's)
+    std::vector<size_t> params;  // indices into params_
+    size_t pending = 0;          // parameters not yet copied in during this pass
+    std::function<void()> wait;  // set once sent
+  };
   void on_grad_ready(size_t param_index);
   void send_ready_buckets();
   void send(size_t bucket);
   void wait_all();
+  // ---- scatter (grad_scatter.cpp) ----
+  /// The bucket's staging buffer, taken from the pool (mu_ held): a free one, else the oldest bucket on
+  /// the wire's once it is back, else a new one (`may_allocate`; else one a later unsent bucket holds).
+  void acquire(size_t bucket, bool may_allocate = true);
+  /// Waits for the oldest bucket on the wire, adds (or copies) its part into slices_, frees its staging.
+  void complete_oldest();
+  torch::Tensor staging_of(size_t bucket) const;  // its world * slice values of its staging buffer
+  void finish_scatter();
+  void abandon_scatter();
 
   Distributed& dist_;
   std::vector<torch::Tensor> params_;
@@ -153,6 +174,17 @@ class GradientSync {
   bool armed_ = false;
   bool scatter_ = false;
   std::vector<torch::Tensor> slices_;   // scatter: this rank's summed slice of each bucket
+  struct Staging {
+    torch::Tensor buffer;  // world * largest slice: a bucket's values
+    torch::Tensor out;     // largest slice: its reduce-scatter's result, before it is added to the slice
+  };
+  std::vector<Staging> pool_;           // scatter: the staging buffers
+  std::vector<size_t> free_;            // scatter: pool_ indices not held by a bucket
+  std::vector<int64_t> staging_;        // scatter: bucket -> pool_ index, -1 for none
+  std::vector<size_t> in_flight_;       // scatter: buckets sent and not yet waited for, oldest first
+  bool accumulate_ = false;             // scatter: this pass adds to slices_
+  int64_t world_ = 1;
+  int64_t largest_slice_ = 0;
   int64_t sent_during_backward_ = 0;
   std::mutex mu_;  // hooks run on the autograd engine's thread (a device thread on CUDA)
 };

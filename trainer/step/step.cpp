@@ -252,8 +252,12 @@ Step::Passes Step::run_micro_batches(const data::Batch& batch, const std::vector
     std::exception_ptr oom;  // this rank's out-of-memory error in this micro-batch (data parallel)
     try {
       // Gradients cross ranks once per step: the last backward sends them, bucket by bucket, as it goes.
-      if (last && p_.grad_sync) p_.grad_sync->arm();
+      // Sharded gradients cross after every backward, into this rank's slices (the whole gradient is
+      // never held: GradientSync's scatter mode), each micro-batch's added to the ones before.
+      const bool scatter = p_.grad_sync && p_.grad_sync->scatters();
+      if (p_.grad_sync && (last || scatter)) p_.grad_sync->arm(/*accumulate=*/i > 0);
       loss_sum += forward_backward(batch, offset, sizes[i], normalizer, phases);
+      if (scatter && !last) p_.grad_sync->finish();
       if (last) out.norm = prepare_update(phases, r);
     } catch (const std::exception& e) {
       if (!is_oom_error(e)) throw;
