@@ -391,15 +391,16 @@ TEST(DistShard, ResumesOnOtherRanksAndModes) {
 }
 
 // Rank 1 alone runs out of memory (its cap lies between the peaks of micro-batch 12 and 24 with sharded
-// gradients: 4.73 MB and 6.81 MB measured on 1.13): it abandons its reduce-scatters part way, rank 0 backs
-// off with it, both train on at the same smaller micro-batch, and the weights are the uncapped run's.
+// gradients: 4.43 MB and 6.32 MB measured on 1.13, 5.49 MB for micro-batch 24 before the optimizer state
+// exists): it abandons its reduce-scatters part way, rank 0 backs off with it, both train on at the same
+// smaller micro-batch, and the weights are the uncapped run's.
 TEST(DistShard, OutOfMemoryOnOneRankBacksOffBoth) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
   const std::string plain = (dir / "plain").string(), capped = (dir / "capped").string();
   train(2, plain, "gradients", 4);
   const std::string wrapper = (dir / "rank.sh").string();
-  testutil::write_file(wrapper, "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then exec \"$@\" --set memory.limit=5800000; fi\nexec \"$@\"\n");
+  testutil::write_file(wrapper, "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then exec \"$@\" --set memory.limit=5000000; fi\nexec \"$@\"\n");
   ::chmod(wrapper.c_str(), 0755);
   const std::string cmd = torchrun(2, capped, shard_job("--set train.steps=4 --set dist.shard=gradients"));
   const std::string bin = testutil::trainer_bin();
@@ -418,7 +419,7 @@ TEST(DistShard, OutOfMemoryOnOneRankBacksOffBoth) {
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(steps0[i]["micro_batch"], steps1[i]["micro_batch"]);
     EXPECT_LT(steps0[i]["micro_batch"].get<int64_t>(), 24);
-    EXPECT_LE(steps1[i]["mem_peak_bytes"].get<int64_t>(), 5800000);
+    EXPECT_LE(steps1[i]["mem_peak_bytes"].get<int64_t>(), 5000000);
   }
   EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(plain), testutil::final_weights(capped)), 1e-6);
 }

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -305,16 +306,19 @@ GradientSync::GradientSync(Distributed& dist, std::vector<torch::Tensor> params,
     const auto opts = params_[sb.params.front()].options().requires_grad(false);
     if (scatter) slices_.push_back(torch::zeros({sb.slice}, opts));  // the bucket's values: a staging buffer's
     else bucket->buffer = torch::zeros({sb.numel}, opts);
-    largest_slice_ = std::max(largest_slice_, sb.slice);
     bucket->params = sb.params;
     buckets_.push_back(std::move(bucket));
   }
   world_ = layout.world();
   if (scatter) {
     staging_.assign(buckets_.size(), -1);
-    for (int i = 0; i < 2 && !params_.empty(); ++i) {
-      const auto opts = params_.front().options().requires_grad(false);
-      pool_.push_back({torch::zeros({world_ * largest_slice_}, opts), torch::zeros({largest_slice_}, opts)});
+    into_out_.assign(buckets_.size(), 0);
+    // The pool starts with a buffer for the largest bucket and one for the next largest.
+    std::vector<int64_t> sizes;
+    for (const auto& sl : slices_) sizes.push_back(sl.numel());
+    std::sort(sizes.rbegin(), sizes.rend());
+    for (size_t i = 0; i < std::min<size_t>(2, sizes.size()); ++i) {
+      pool_.push_back({sizes[i], torch::zeros({world_ * sizes[i]}, slices_.front().options()), torch::Tensor()});
       free_.push_back(pool_.size() - 1);
     }
   }
@@ -377,8 +381,13 @@ void GradientSync::send_ready_buckets() {
 
 void GradientSync::send(size_t i) {
   if (scatter_) {
-    const torch::Tensor out = pool_[static_cast<size_t>(staging_[i])].out.narrow(0, 0, slices_[i].numel());
-    buckets_[i]->wait = dist_.reduce_scatter_async(staging_of(i), out, "gradient reduce-scatter (bucket " + std::to_string(i) + ")");
+    // The first micro-batch's sums go straight into the slice; a later one's into `out`, added when back
+    // (made on first use; abandon() sends into the slice: the step is redone, its contents do not matter).
+    Staging& st = pool_[static_cast<size_t>(staging_[i])];
+    into_out_[i] = accumulate_ && armed_;
+    if (into_out_[i] && !st.out.defined()) st.out = torch::empty({st.slice}, slices_[i].options());
+    const torch::Tensor target = into_out_[i] ? st.out.narrow(0, 0, slices_[i].numel()) : slices_[i];
+    buckets_[i]->wait = dist_.reduce_scatter_async(staging_of(i), target, "gradient reduce-scatter (bucket " + std::to_string(i) + ")");
     in_flight_.push_back(i);
     return;
   }

@@ -133,8 +133,9 @@ class GradientSync {
 
   int64_t num_buckets() const;
   bool scatters() const { return scatter_; }
-  /// Scatter: the staging buffers the pool holds (2 to start with; more when backward completes buckets out
-  /// of order), each world * (the largest slice) values.
+  /// Scatter: the staging buffers the pool holds: one for the largest bucket and one for the next largest to
+  /// start with, more when backward completes buckets out of order (each the size of the bucket it was
+  /// made for).
   int64_t staging_buffers() const { return static_cast<int64_t>(pool_.size()); }
   /// Scatter: this rank's slice of each bucket, summed over ranks by the last finish() (ShardLayout's
   /// slices: bucket i's values [rank * slice, (rank + 1) * slice)).
@@ -154,8 +155,9 @@ class GradientSync {
   void send(size_t bucket);
   void wait_all();
   // ---- scatter (grad_scatter.cpp) ----
-  /// The bucket's staging buffer, taken from the pool (mu_ held): a free one, else the oldest bucket on
-  /// the wire's once it is back, else a new one (`may_allocate`; else one a later unsent bucket holds).
+  /// The bucket's staging buffer, taken from the pool (mu_ held): the smallest free one that fits, else one
+  /// freed by the buckets on the wire once they are back, else a new one (`may_allocate`), else one a later
+  /// unsent bucket holds (abandon(): the largest always exists, so nothing is allocated there).
   void acquire(size_t bucket, bool may_allocate = true);
   /// Waits for the oldest bucket on the wire, adds (or copies) its part into slices_, frees its staging.
   void complete_oldest();
@@ -175,16 +177,17 @@ class GradientSync {
   bool scatter_ = false;
   std::vector<torch::Tensor> slices_;   // scatter: this rank's summed slice of each bucket
   struct Staging {
-    torch::Tensor buffer;  // world * largest slice: a bucket's values
-    torch::Tensor out;     // largest slice: its reduce-scatter's result, before it is added to the slice
+    int64_t slice = 0;     // the largest slice it serves
+    torch::Tensor buffer;  // world * slice values: a bucket's values
+    torch::Tensor out;     // slice values, made for a micro-batch after the first: its sums before they are added
   };
   std::vector<Staging> pool_;           // scatter: the staging buffers
   std::vector<size_t> free_;            // scatter: pool_ indices not held by a bucket
   std::vector<int64_t> staging_;        // scatter: bucket -> pool_ index, -1 for none
   std::vector<size_t> in_flight_;       // scatter: buckets sent and not yet waited for, oldest first
+  std::vector<char> into_out_;          // scatter: bucket -> its sums land in its staging's `out` (to be added)
   bool accumulate_ = false;             // scatter: this pass adds to slices_
   int64_t world_ = 1;
-  int64_t largest_slice_ = 0;
   int64_t sent_during_backward_ = 0;
   std::mutex mu_;  // hooks run on the autograd engine's thread (a device thread on CUDA)
 };

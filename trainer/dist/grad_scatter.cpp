@@ -26,33 +26,42 @@ void GradientSync::complete_oldest() {
   staging_[i] = -1;
   free_.push_back(s);  // back in the pool whatever the wait says: the collective is over either way
   wait();
+  if (!into_out_[i]) return;  // the sums went straight into the slice
   torch::NoGradGuard ng;
-  const torch::Tensor sum = pool_[s].out.narrow(0, 0, slices_[i].numel());
-  if (accumulate_) slices_[i].add_(sum);
-  else slices_[i].copy_(sum);
+  slices_[i].add_(pool_[s].out.narrow(0, 0, slices_[i].numel()));
 }
 
 void GradientSync::acquire(size_t bucket, bool may_allocate) {
   if (staging_[bucket] >= 0) return;
-  if (free_.empty() && !in_flight_.empty()) complete_oldest();
-  if (free_.empty() && may_allocate) {
-    // Every buffer is held by a bucket still filling (backward completes them out of order): one more.
-    const auto opts = slices_.front().options();
-    pool_.push_back({torch::zeros({world_ * largest_slice_}, opts), torch::zeros({largest_slice_}, opts)});
-    free_.push_back(pool_.size() - 1);
+  const int64_t need = slices_[bucket].numel();
+  // The smallest free buffer that fits, waiting for the buckets on the wire while none does.
+  for (;;) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (pool_[*it].slice >= need && (best == free_.end() || pool_[*it].slice < pool_[*best].slice)) best = it;
+    if (best != free_.end()) {
+      staging_[bucket] = static_cast<int64_t>(*best);
+      free_.erase(best);
+      return;
+    }
+    if (in_flight_.empty()) break;
+    complete_oldest();
   }
-  if (free_.empty()) {
-    // abandon(): no allocation; a later unsent bucket's buffer will do (its contents no longer matter).
-    for (size_t j = buckets_.size(); j-- > bucket + 1;)
-      if (staging_[j] >= 0 && !buckets_[j]->wait) {
-        staging_[bucket] = staging_[j];
-        staging_[j] = -1;
-        return;
-      }
-    throw std::logic_error("GradientSync: no staging buffer to send bucket " + std::to_string(bucket) + " with");
+  if (may_allocate) {
+    // Every buffer that fits is held by a bucket still filling (backward completes them out of order).
+    pool_.push_back({need, torch::zeros({world_ * need}, slices_[bucket].options()), torch::Tensor()});
+    staging_[bucket] = static_cast<int64_t>(pool_.size() - 1);
+    return;
   }
-  staging_[bucket] = static_cast<int64_t>(free_.back());
-  free_.pop_back();
+  // abandon(): no allocation; a later unsent bucket's buffer will do (its contents no longer matter). The
+  // largest buffer exists from the start, and is free or held by such a bucket.
+  for (size_t j = buckets_.size(); j-- > bucket + 1;)
+    if (staging_[j] >= 0 && !buckets_[j]->wait && pool_[static_cast<size_t>(staging_[j])].slice >= need) {
+      staging_[bucket] = staging_[j];
+      staging_[j] = -1;
+      return;
+    }
+  throw std::logic_error("GradientSync: no staging buffer to send bucket " + std::to_string(bucket) + " with");
 }
 
 void GradientSync::finish_scatter() {
@@ -89,11 +98,11 @@ void GradientSync::abandon_scatter() {
   if (!armed_) return;
   // Every bucket not yet sent is sent as it is (the other ranks are sending theirs; the agreement after
   // this micro-batch discards the sums on every rank), through the buffers already held: nothing allocated.
+  armed_ = false;  // send() puts the sums into the slices: the step is redone, they are not read
   while (next_to_send_ < buckets_.size()) {
     acquire(next_to_send_, /*may_allocate=*/false);
     send(next_to_send_++);
   }
-  armed_ = false;
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   std::exception_ptr first;
   while (!in_flight_.empty()) {
