@@ -393,7 +393,7 @@ TEST(DistShard, ResumesOnOtherRanksAndModes) {
 // Rank 1 alone runs out of memory (its cap lies between the peaks of micro-batch 12 and 24 with sharded
 // gradients: 4.43 MB and 6.32 MB measured on 1.13, 5.49 MB for micro-batch 24 before the optimizer state
 // exists): it abandons its reduce-scatters part way, rank 0 backs off with it, both train on at the same
-// smaller micro-batch, and the weights are the uncapped run's.
+// smaller micro-batch, and the weights are the uncapped run's (within 1e-5: two micro-batches' sums added).
 TEST(DistShard, OutOfMemoryOnOneRankBacksOffBoth) {
   if (!torchrun_available()) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
   TempDir dir;
@@ -421,7 +421,7 @@ TEST(DistShard, OutOfMemoryOnOneRankBacksOffBoth) {
     EXPECT_LT(steps0[i]["micro_batch"].get<int64_t>(), 24);
     EXPECT_LE(steps1[i]["mem_peak_bytes"].get<int64_t>(), 5000000);
   }
-  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(plain), testutil::final_weights(capped)), 1e-6);
+  EXPECT_LT(testutil::max_abs_diff(testutil::final_weights(plain), testutil::final_weights(capped)), 1e-5);
 }
 
 // dist.shard in a single process: one warning, and the run is the unsharded run.
