@@ -5,8 +5,9 @@ Four parts, each a key of the one JSON file written (docs/DISTRIBUTED.md shows t
 
   parity   ResNet-20 and llama_tiny (synthetic data), 2 and 3 ranks, --steps steps each with none, optimizer
            and gradients: each mode's largest loss difference and final-weight difference from none (and
-           whether the weights are bit for bit none's), and per rank the optimizer state's bytes, the
-           tensors' peak and the process's peak resident memory.
+           whether the weights are bit for bit none's), beside the spread of summation order (none with 2
+           threads a rank instead of 1); per rank the optimizer state's bytes, the tensors' peak and the
+           process's peak resident memory.
   speed    2 ranks of configs/bench_gpt_tiny_cpu.yaml (synthetic tokens), alternating rounds of none,
            optimizer and gradients: the median step time of each, and the ratios to none.
   resume   llama_tiny on 2 ranks (gradients), one rank SIGKILLed mid-run, then resumed on 2 ranks
@@ -107,9 +108,12 @@ def parity(a, work):
             key = "%s_%d_ranks" % (job, ranks)
             res[key] = {}
             base = None
-            for mode in MODES:
+            # The spread to compare with: plain data parallel with 2 threads a rank instead of 1, the same
+            # arithmetic summed in other orders inside the kernels.
+            for mode in MODES + ["none_2_threads"]:
                 d = os.path.join(work, "parity", key, mode)
-                run(a, ranks, d, items + ["train.steps=%d" % a.steps, "dist.shard=" + mode])
+                extra = ["dist.shard=none", "train.threads=2"] if mode == "none_2_threads" else ["dist.shard=" + mode]
+                run(a, ranks, d, items + ["train.steps=%d" % a.steps] + extra)
                 s = steps(d)
                 entry = {"per_rank": per_rank(d, ranks), "final_loss": s[-1]["loss"],
                          "step_time_s_p50": statistics.median(l["step_time_s"] for l in s[5:])}

@@ -107,15 +107,17 @@ void Step::agree_on_slices(torch::Tensor& norm) {
   std::vector<double> v{norm.item<double>(), 0.0};
   if (p_.scaler->is_enabled()) v[1] = p_.scaler->found_inf_tensor().item<double>();
   const auto sum = p_.dist->all_sum(v, "the gradient norm over the ranks' slices");
-  const double total = std::sqrt(sum[0]);
+  const auto total = static_cast<float>(std::sqrt(sum[0]));  // float32, as clip_grad_norm's norm
   norm.fill_(total);
   if (p_.scaler->is_enabled()) p_.scaler->found_inf_tensor().fill_(sum[1] > 0 ? 1.0 : 0.0);
-  // As clip_grad_norm: multiplied by min(1, max_norm / (norm + 1e-6)), a host scalar (nothing allocated).
-  if (o_.grad_clip > 0 && std::isfinite(total) && o_.grad_clip / (total + 1e-6) < 1.0) {
-    const double coef = o_.grad_clip / (total + 1e-6);
+  // As clip_grad_norm: multiplied by min(1, max_norm / (norm + 1e-6)), each operation in float32 as its
+  // tensor ops round, on the host (nothing allocated after the agreement).
+  if (o_.grad_clip > 0 && std::isfinite(total)) {
+    const float coef = static_cast<float>(o_.grad_clip) / (total + static_cast<float>(1e-6));
+    if (coef >= 1.0f) return;
     torch::NoGradGuard no_grad;
     for (const auto& s : p_.optimizer->updated())
-      if (s.param.grad().defined()) s.param.grad().mul_(coef);
+      if (s.param.grad().defined()) s.param.grad().mul_(static_cast<double>(coef));
   }
 }
 
