@@ -6,7 +6,7 @@ Four parts, each a key of the one JSON file written (docs/DISTRIBUTED.md shows t
   parity   ResNet-20 and llama_tiny (synthetic data), 2 and 3 ranks, --steps steps each with none, optimizer
            and gradients: each mode's largest loss difference and final-weight difference from none (and
            whether the weights are bit for bit none's), beside the spread of summation order (none with 2
-           threads a rank instead of 1); per rank the optimizer state's bytes, the tensors' peak and the
+           threads a rank instead of 1; for llama_tiny also one process); per rank the optimizer state's bytes, the tensors' peak and the
            process's peak resident memory.
   speed    2 ranks of configs/bench_gpt_tiny_cpu.yaml (synthetic tokens), alternating rounds of none,
            optimizer and gradients: the median step time of each, and the ratios to none.
@@ -17,6 +17,8 @@ Four parts, each a key of the one JSON file written (docs/DISTRIBUTED.md shows t
            weights, gradients and AdamW state do not fit), 2 ranks with dist.shard gradients train.
 
     /usr/bin/python3 bench/dist_shard.py --trainer build/trainer --out shard.json [--parts parity,speed,resume,cap]
+
+An existing --out file keeps the parts not run again.
 
 The interpreter must have torch (torchrun, and reading the weights back): Debian's python3-torch, or the 2.11
 environment's (scripts/install-torch.sh --python) with --trainer build-cuda/trainer.
@@ -110,12 +112,18 @@ def parity(a, work):
             base = None
             # The spread to compare with: plain data parallel with 2 threads a rank instead of 1, the same
             # arithmetic summed in other orders inside the kernels.
-            for mode in MODES + ["none_2_threads"]:
+            # And one process at the same global batch (for llama_tiny; ResNet-20's BatchNorm statistics
+            # are per rank, so one process is another computation).
+            for mode in MODES + ["none_2_threads", "one_process"]:
                 d = os.path.join(work, "parity", key, mode)
                 extra = ["dist.shard=none", "train.threads=2"] if mode == "none_2_threads" else ["dist.shard=" + mode]
-                run(a, ranks, d, items + ["train.steps=%d" % a.steps] + extra)
+                if mode == "one_process":
+                    extra = []
+                    if job == "resnet20":
+                        continue
+                run(a, 1 if mode == "one_process" else ranks, d, items + ["train.steps=%d" % a.steps] + extra)
                 s = steps(d)
-                entry = {"per_rank": per_rank(d, ranks), "final_loss": s[-1]["loss"],
+                entry = {"per_rank": per_rank(d, 1 if mode == "one_process" else ranks), "final_loss": s[-1]["loss"],
                          "step_time_s_p50": statistics.median(l["step_time_s"] for l in s[5:])}
                 if base is None:
                     base = (s, weights(d))
@@ -226,8 +234,11 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="dist_shard_")
-    out = {"schema": "trainer-dist-shard/1", "trainer": a.trainer, "torch": torch.__version__, "work_dir": work,
-           "date": time.strftime("%Y-%m-%d")}
+    out = {}
+    if os.path.exists(a.out):  # a part run again replaces its key; the others stay
+        out = json.load(open(a.out))
+    out.update({"schema": "trainer-dist-shard/1", "trainer": a.trainer, "torch": torch.__version__, "work_dir": work,
+                "date": time.strftime("%Y-%m-%d")})
     parts = {"parity": parity, "speed": speed, "resume": resume, "cap": cap}
     for name in a.parts.split(","):
         if name not in parts:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #if TRAINER_HAS_GLOO
@@ -222,6 +223,36 @@ std::vector<torch::Tensor> Distributed::all_gather(const torch::Tensor& t, const
   std::vector<torch::Tensor> res;
   for (auto& x : out[0]) res.push_back(x.cpu());
   return res;
+}
+
+std::vector<std::string> Distributed::gather_bytes(const std::string& bytes, const std::string& what) {
+  const auto lengths = all_gather(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong), what + " (sizes)");
+  const bool nccl = backend_ == CommBackend::kNccl;
+  // A tensor over a string's bytes; on NCCL a device copy (`back` copies a received one into the string).
+  auto over = [&](std::string& s) {
+    torch::Tensor t = torch::from_blob(s.data(), {static_cast<int64_t>(s.size())}, torch::kByte);
+    return nccl ? t.to(device_) : t;
+  };
+  std::vector<std::string> out;
+  if (env_.rank != 0) {
+    std::string& unchanged = const_cast<std::string&>(bytes);  // send reads it only
+    std::vector<at::Tensor> t{over(unchanged)};
+    wait_for(impl_->pg->send(t, 0, 0), what, impl_->where, impl_->timeout_s);
+    return out;
+  }
+  out.push_back(bytes);
+  for (int64_t r = 1; r < env_.world_size; ++r) {
+    std::string s(static_cast<size_t>(lengths[static_cast<size_t>(r)].item<int64_t>()), '\0');
+    std::vector<at::Tensor> t{over(s)};
+    wait_for(impl_->pg->recv(t, static_cast<int>(r), 0), what + " from rank " + std::to_string(r), impl_->where,
+             impl_->timeout_s);
+    if (nccl) {
+      const torch::Tensor host = t[0].cpu();
+      std::memcpy(s.data(), host.data_ptr(), s.size());
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 std::function<void()> Distributed::all_sum_async(torch::Tensor t, const std::string& what) {

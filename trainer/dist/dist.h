@@ -78,6 +78,11 @@ class Distributed {
   /// Every rank's `t` (same shape and dtype on every rank), indexed by rank. `t` lives on the CPU; it is
   /// moved to the group's device and back.
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const std::string& what);
+  /// Rank 0 gets every rank's `bytes` (its own first), in rank order; the others get nothing. Through c10d's
+  /// send and recv on the CPU, from and into the strings' own memory: nothing is allocated by LibTorch's
+  /// allocator (whose cap may be lifted only while the caller runs), so nothing large is left for a
+  /// backend's thread to release after the call. NCCL: through device copies.
+  std::vector<std::string> gather_bytes(const std::string& bytes, const std::string& what);
   /// Sum over ranks, in place, started now; the returned function waits for it (and throws on a timeout).
   std::function<void()> all_sum_async(torch::Tensor t, const std::string& what);
   /// The sum over ranks of `bucket` (world_size * slice.numel() values, on the group's device), of which

@@ -126,20 +126,24 @@ void ParamShards::drop_gradients() {
   for (auto& v : views_) v.mutable_grad() = torch::Tensor();
 }
 
+void ParamShards::allocate_staging() {
+  if (staging_.defined()) return;
+  int64_t most = 0;
+  for (const auto& b : layout_.buckets()) most = std::max(most, b.slice);
+  const auto opts = params_.empty() ? torch::TensorOptions() : params_.front().options().requires_grad(false);
+  staging_ = torch::zeros({most * layout_.world()}, opts);
+}
+
 void ParamShards::gather() {
   torch::NoGradGuard no_grad;
   const auto& buckets = layout_.buckets();
-  if (!staging_.defined()) {
-    int64_t most = 0;
-    for (const auto& b : buckets) most = std::max(most, b.slice);
-    const auto opts = params_.empty() ? torch::TensorOptions() : params_.front().options().requires_grad(false);
-    staging_ = torch::zeros({most * (layout_.world() + 1)}, opts);
-  }
+  allocate_staging();
   const int64_t world = layout_.world();
   size_t next_piece = 0;
   for (size_t i = 0; i < buckets.size(); ++i) {
     const ShardBucket& b = buckets[i];
-    torch::Tensor send = staging_.narrow(0, 0, b.slice), all = staging_.narrow(0, b.slice, world * b.slice);
+    // In place: this rank's slice is written where the gathered bucket holds it, and sent from there.
+    torch::Tensor all = staging_.narrow(0, 0, world * b.slice), send = all.narrow(0, dist_.rank() * b.slice, b.slice);
     for (; next_piece < pieces_.size() && pieces_[next_piece].bucket == i; ++next_piece) {
       const ShardPiece& p = pieces_[next_piece];
       send.narrow(0, p.offset, p.numel()).copy_(views_[next_piece]);

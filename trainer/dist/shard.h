@@ -117,8 +117,12 @@ class ParamShards {
   /// Drops the pieces' gradients.
   void drop_gradients();
   /// After the update: every bucket's slices all-gathered into every rank's parameters, one bucket at a
-  /// time through one staging buffer (the size of the largest bucket, allocated at the first call).
+  /// time, in place through one staging buffer the size of the largest bucket (allocated by the first
+  /// call, or by allocate_staging() before the step's agreement).
   void gather();
+  /// The gather's staging buffer, allocated now if it is not yet: before the ranks agree that a step
+  /// succeeded, so that nothing is allocated on one rank only after that (Step::prepare_update).
+  void allocate_staging();
 
  private:
   Distributed& dist_;
@@ -126,7 +130,7 @@ class ParamShards {
   ShardLayout layout_;
   std::vector<ShardPiece> pieces_;
   std::vector<torch::Tensor> views_;
-  torch::Tensor staging_;  // world * slice values of the largest bucket; its first `slice` the send buffer
+  torch::Tensor staging_;  // world * slice values of the largest bucket; this rank's slice is sent from its place
 };
 
 }  // namespace trainer

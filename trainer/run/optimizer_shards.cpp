@@ -141,21 +141,13 @@ std::string optimizer_head_bytes(int64_t steps, int64_t slices) {
 }
 
 CheckpointFiles sharded_optimizer_files(const Optimizer& opt, const ShardLayout& layout, Distributed& dist) {
-  // This rank's file, serialized here; rank 0 gathers the bytes (their lengths first: they differ by rank).
+  // This rank's file, serialized here; rank 0 receives every rank's bytes (Distributed::gather_bytes).
   const std::string bytes = optimizer_slice_bytes(opt, layout, dist.rank());
-  const auto lengths = dist.all_gather(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong),
-                                       "the optimizer slices' sizes for a checkpoint");
-  int64_t longest = 0;
-  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
-  torch::Tensor padded = torch::zeros({longest}, torch::kByte);
-  std::memcpy(padded.data_ptr(), bytes.data(), bytes.size());
-  const auto all = dist.all_gather(padded, "the optimizer slices for a checkpoint");
+  std::vector<std::string> all = dist.gather_bytes(bytes, "the optimizer slices for a checkpoint");
   CheckpointFiles files;
   if (dist.rank() != 0) return files;
   files["optimizer.pt"] = optimizer_head_bytes(opt.steps(), dist.world_size());
-  for (int64_t r = 0; r < dist.world_size(); ++r)
-    files[optimizer_slice_file(r, dist.world_size())] =
-        std::string(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lengths[r].item<int64_t>()));
+  for (int64_t r = 0; r < dist.world_size(); ++r) files[optimizer_slice_file(r, dist.world_size())] = std::move(all[r]);
   return files;
 }
 

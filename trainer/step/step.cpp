@@ -89,6 +89,7 @@ torch::Tensor Step::prepare_update(PhasePeakRecorder& phases, StepResult& r) {
   // Everything the update needs is allocated before the ranks agree that the step succeeded: after
   // that, nothing can run out of memory on one rank only (Optimizer::step allocates nothing then).
   p_.optimizer->allocate_state();
+  if (p_.shards) p_.shards->allocate_staging();  // the all-gather's buffer
   const bool slices = p_.shards && p_.grad_sync && p_.grad_sync->scatters();
   if (slices) p_.shards->take_slice_gradients(p_.grad_sync->slices());
   // Sharded gradients: this rank holds its slices' gradients only; their squares are summed over the
