@@ -114,7 +114,8 @@ using C10dBackend = c10d::ProcessGroup;
 
 /// True where Gloo has a reduce-scatter (checked in 2.11; 1.13's Gloo throws "does not support
 /// reduce_scatter"). Without it, dist.shard: gradients sums the bucket with an all-reduce and keeps the
-/// rank's slice: the same values, twice the traffic. NCCL has it in every version.
+/// rank's slice: the same values. 2.11's Gloo carries its reduce-scatter out as an all-reduce too (its
+/// profile shows gloo:all_reduce inside c10d::reduce_scatter_); NCCL's moves half the bytes.
 constexpr bool kHasGlooReduceScatter = TRAINER_TORCH_AT_LEAST(2, 11);
 
 // ---- attention ------------------------------------------------------------------------------------
