@@ -123,7 +123,7 @@ DEFAULTS = {
                "state": "fixed"},
     "checkpoint": {"every_steps": 0, "every_seconds": 0.0, "keep_last": 3, "async": True,
                    "max_failures": 3, "final": True},
-    "dist": {"backend": "auto", "timeout_s": 600.0, "bucket_mb": 25.0},
+    "dist": {"backend": "auto", "timeout_s": 600.0, "bucket_mb": 25.0, "shard": "none"},
     "log": {"every": 20, "level": "info", "http_port": 0, "http_host": "127.0.0.1", "tensorboard": False,
             "mlflow": "", "mlflow_experiment": ""},
     "seed": 0,

@@ -192,6 +192,7 @@ TEST(ConfigModes, EveryEnumsNamesRoundTrip) {
   expect_names_round_trip<trainer::CudnnMode>("CudnnMode");
   expect_names_round_trip<trainer::LogLevel>("LogLevel");
   expect_names_round_trip<trainer::DistBackend>("DistBackend");
+  expect_names_round_trip<trainer::ShardMode>("ShardMode");
   // The names that are YAML's booleans stay strings: amp.scaler's true and false.
   EXPECT_EQ(trainer::mode_name(trainer::ScalerMode::kOn), "true");
   EXPECT_EQ(trainer::mode_name(trainer::ScalerMode::kOff), "false");
@@ -219,7 +220,7 @@ TEST(ConfigModes, EveryKeyTakesItsNamesAndDumpsThem) {
       EXPECT_EQ(trainer::to_yaml(back), y) << key << "=" << name;
     }
   }
-  EXPECT_EQ(mode_keys, 22u);
+  EXPECT_EQ(mode_keys, 23u);
   EXPECT_TRUE(trainer::config_key_modes("train.device").empty()) << "cuda:N: an open set, a string";
   EXPECT_EQ(trainer::config_key_modes("memory.cudnn_policy"),
             (std::vector<std::string>{"always", "off", "start", "pretune", "settle"}));
