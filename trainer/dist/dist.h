@@ -166,6 +166,8 @@ class GradientSync {
   void acquire(size_t bucket, bool may_allocate = true);
   /// Waits for the oldest bucket on the wire, adds (or copies) its part into slices_, frees its staging.
   void complete_oldest();
+  /// Completes every bucket on the wire, then rethrows the first failure (all are back either way).
+  void drain_in_flight();
   torch::Tensor staging_of(size_t bucket) const;  // its world * slice values of its staging buffer
   void finish_scatter();
   void abandon_scatter();

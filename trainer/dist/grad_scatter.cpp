@@ -31,6 +31,18 @@ void GradientSync::complete_oldest() {
   slices_[i].add_(pool_[s].out.narrow(0, 0, slices_[i].numel()));
 }
 
+void GradientSync::drain_in_flight() {
+  std::exception_ptr first;
+  while (!in_flight_.empty()) {
+    try {
+      complete_oldest();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 void GradientSync::acquire(size_t bucket, bool may_allocate) {
   if (staging_[bucket] >= 0) return;
   const int64_t need = slices_[bucket].numel();
@@ -82,15 +94,7 @@ void GradientSync::finish_scatter() {
   }
   send_ready_buckets();
   armed_ = false;
-  std::exception_ptr first;
-  while (!in_flight_.empty()) {
-    try {
-      complete_oldest();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  drain_in_flight();
 }
 
 void GradientSync::abandon_scatter() {
@@ -104,15 +108,7 @@ void GradientSync::abandon_scatter() {
     send(next_to_send_++);
   }
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
-  std::exception_ptr first;
-  while (!in_flight_.empty()) {
-    try {
-      complete_oldest();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  drain_in_flight();
 }
 
 }  // namespace trainer
