@@ -10,8 +10,22 @@
 #                                    bin/<first argument>
 #   src/                             what the tests and jobs read at run time: configs/, tests/ref/,
 #                                    tests/fixtures/, bench/
+#   py/                              transformers (the version the tests compare against) and what its
+#                                    import needs, as wheels for the host's Python 3.12: the window's
+#                                    Llama-family row trains transformers' model, and the host has no
+#                                    transformers and no registry. Left out: numpy (the host has it) and
+#                                    what only the Hub's downloads, its command line or the tokenizers
+#                                    use (hf_xet, tokenizers, pydantic, rich): 18 of 30 MB. The host
+#                                    unpacks only those it lacks (scripts/py-wheels.py).
+#                                    TRAINER_BUNDLE_WHEELS=0 leaves them out (the row then says why it is
+#                                    missing); TRAINER_BUNDLE_PYTHON_VERSION=3.11 makes them for this
+#                                    machine's Python, to rehearse the window here
 #   STAMP                            the commit the bundle was made from (git describe --always --dirty),
 #                                    what `trainer --version` says, and when: a stale bundle shows at once
+#
+# and OUT.tar.xz, the same in one archive: what travels to the host (a GPU host takes at most 64 MiB of
+# working tree and carried paths a call; the folder is over 100 MB, ICU's data alone 30 MB, the archive
+# about 40 MB). scripts/gpu-check.sh unpacks it there beside itself when the folder is missing or older.
 #
 # Usage: scripts/bundle-gpu.sh [BUILD_DIR (build-cuda)] [OUT (.gpu-run/bundle)]
 # On the host:  OUT/run trainer --config OUT/src/configs/...   or   OUT/run trainer_tests --gtest_filter=...
@@ -61,6 +75,19 @@ cp -r configs bench "$out/src/"
 mkdir -p "$out/src/tests" && cp -r tests/ref tests/fixtures "$out/src/tests/"
 rm -rf "$out/src/bench/results"
 
+if [[ ${TRAINER_BUNDLE_WHEELS:-1} != 0 ]]; then
+  py=$(scripts/install-torch.sh --python)
+  version=$("$py" -c 'import transformers; print(transformers.__version__)') ||
+    { echo "error: the 2.11 environment has no transformers (scripts/install-torch.sh installs it)"; exit 2; }
+  mkdir -p "$out/py"
+  "$py" -m pip download -q -d "$out/py" --only-binary=:all: --python-version "${TRAINER_BUNDLE_PYTHON_VERSION:-3.12}" --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 "transformers==$version" ||
+    { echo "error: could not download transformers $version's wheels (PyPI unreachable?); TRAINER_BUNDLE_WHEELS=0 bundles without them"; exit 2; }
+  # Not imported by `transformers.LlamaForCausalLM(config)` (checked beside torch 2.11 without them).
+  for w in numpy hf_xet tokenizers pydantic pydantic_core annotated_types typing_inspection rich pygments \
+    markdown_it_py mdurl; do rm -f "$out/py/$w"-[0-9]*.whl; done
+fi
+
 cat >"$out/run" <<'RUN'
 #!/usr/bin/env bash
 # Runs bin/<program> with this bundle's libraries and the host's LibTorch (scripts/bundle-gpu.sh).
@@ -91,5 +118,13 @@ chmod +x "$out/run"
   echo "bundled: $(date -u +%Y-%m-%dT%H:%M:%SZ) from $build"
 } >"$out/STAMP"
 cat "$out/STAMP"
+tar -C "$out" -cf - . | xz -T0 -6 >"$out.tar.xz"
 du -sh "$out" | awk '{print "bundle: " $2 ", " $1}'
 ls -1 "$out/lib" | tr '\n' ' '; echo
+# What a call to a GPU host carries: the archive and the working tree (tracked and untracked files git
+# does not ignore).
+tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{n += $1} END {print n + 0}')
+archive=$(stat -c %s "$out.tar.xz")
+awk -v a="$archive" -v t="$tree" -v f="$out.tar.xz" 'BEGIN {
+  printf "carry: %s, %.1f MiB; with the working tree %.1f MiB (a GPU host takes 64 MiB)\n", f, a / 2^20, (a + t) / 2^20
+  if (a + t > 64 * 2^20) { print "warning: over 64 MiB: the call would be refused"; exit 1 } }'
