@@ -30,6 +30,10 @@
 #            ratio, samples or tokens/s, MFU; the trainer again with
 #            train.cuda_graph=off (the graph's gain, the losses of both
 #            runs compared); the first step's start after the model built
+#   llama    bench/compare.py, the trainer against transformers'            SmolLM2-135M's       llama_tiny,
+#            LlamaForCausalLM of the same shape (sdpa), by wall time, one    shape bf16, 16 x     4 x 64
+#            round (TRAINER_LLAMA_ROUNDS) after the calibration; a Python    2048 tokens          tokens
+#            without transformers gets the bundle's wheels (py-wheels.py)
 #   compile  bench/reference.py --compile: torch.compile as a second         as speed             skipped (the
 #            reference, its compile time and steady speed, at the speed                          JSON says why)
 #            phase's steps (run after it; skipped past the deadline)
@@ -44,13 +48,14 @@
 #            trainer/eager >= 1.05x, goal 1.15x; GPT-2 MFU by wall time >= 40%, goal 45%; GPT-2
 #            trainer/eager >= 1.1x; OOM to the completed step, graphs on, <= 1 s, goal 0.3 s; micro_batch
 #            auto under the cut cap <= 8 s and the largest that fits or a faster one; the first step <= 2 s
-#            after the model is built), each marked met or missed (null in CPU mode)
+#            after the model is built), each marked met or missed (null in CPU mode); the Llama row
+#            (speed_llama) beside them, a figure without a floor
 #
 # TRAINER_GPU_PACK and TRAINER_GPU_DEADLINE_S (below): the packing and the deadline of one window
 # (scripts/gpu-window.sh).
 #
 # Usage: scripts/gpu-check.sh OUTDIR [PHASE ...]   (default: env tests profile cap speed jpeg summary; fixes,
-# share and compile run when named)
+# share, llama and compile run when named)
 # Wall times on an H200 (docs/BENCHMARKS.md; 2026-11-27 unless said): env 4-6 s, tests 48-50 s (67 tests, H100 and H200), share
 # 211 s (A's 150 steps), speed 103-120 s with TRAINER_SPEED_ROUNDS=2 before the calibrated steps and the
 # cuda_graph=off arm (now about 220 s: not yet measured on a GPU), compile not yet measured on a GPU (about
@@ -59,8 +64,8 @@
 # budget, TRAINER_CAP_BUDGET_S (default 200 s on a GPU; stages that would not end in time are skipped and
 # listed).
 #
-# The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh) when it has a
-# `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
+# The binaries: TRAINER_BUNDLE (default .gpu-run/bundle, made by scripts/bundle-gpu.sh, unpacked from
+# its .tar.xz) when it has a `run`; else TRAINER_BUILD (default build-cuda, else build). The Python for the references:
 # TRAINER_PYTHON, else the bundle's rule (/opt/torch/.venv/bin/python3, python3), else the 2.11
 # environment (scripts/install-torch.sh --python) for build-cuda and /usr/bin/python3 for build.
 # TRAINER_GPU_CHECK_MODE=cuda|cpu overrides the detection. Exit 1 if a phase failed (the others still
@@ -69,15 +74,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|profile|cap|speed|compile|jpeg|fixes|share|summary ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: scripts/gpu-check.sh OUTDIR [env|tests|profile|cap|speed|llama|compile|jpeg|fixes|share|summary ...]" >&2; exit 2; }
 out=$1
 shift
 phases=("$@")
 ((${#phases[@]})) || phases=(env tests profile cap speed jpeg summary)
 for p in "${phases[@]}"; do
   case $p in
-    env | tests | profile | cap | speed | compile | jpeg | fixes | share | summary) ;;
-    *) echo "error: unknown phase '$p' (env, tests, profile, cap, speed, compile, jpeg, fixes, share, summary)" >&2; exit 2 ;;
+    env | tests | profile | cap | speed | llama | compile | jpeg | fixes | share | summary) ;;
+    *) echo "error: unknown phase '$p' (env, tests, profile, cap, speed, llama, compile, jpeg, fixes, share, summary)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out" || exit 2
@@ -87,6 +92,19 @@ mode=${TRAINER_GPU_CHECK_MODE:-}
 [[ -n $mode ]] || { nvidia-smi -L >/dev/null 2>&1 && mode=cuda || mode=cpu; }
 
 bundle=${TRAINER_BUNDLE:-.gpu-run/bundle}
+# The bundle travels to a host as <bundle>.tar.xz (scripts/bundle-gpu.sh): unpacked beside it, with the
+# host's Python (a host may have no xz), when the folder is missing or older than the archive.
+if [[ -f $bundle.tar.xz && (! -f $bundle/STAMP || $bundle.tar.xz -nt $bundle/STAMP) ]]; then
+  unpack=${TRAINER_PYTHON:-}
+  [[ -z $unpack && -x /opt/torch/.venv/bin/python3 ]] && unpack=/opt/torch/.venv/bin/python3
+  "${unpack:-python3}" - "$bundle.tar.xz" "$bundle" <<'PY' || { echo "error: could not unpack $bundle.tar.xz" >&2; exit 2; }
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+PY
+  touch "$bundle/STAMP"
+  echo "== gpu-check: unpacked $bundle.tar.xz: $(head -n 1 "$bundle/STAMP")"
+fi
 if [[ -x $bundle/run ]]; then
   bundle=$(cd "$bundle" && pwd)
   trainer=("$bundle/run" trainer)
@@ -128,7 +146,8 @@ deadline=${TRAINER_GPU_DEADLINE_S:-0}
 # torch.compile's first steps (about a minute a model) and the timed ones, each model under a timeout.
 declare -A usual_s=([env]=15 [tests]=60 [profile]=100 [cap]=$((${TRAINER_CAP_BUDGET_S:-200} + 15))
   [speed]=$((60 + 90 * ${TRAINER_SPEED_ROUNDS:-2})) [compile]=$((2 * ${TRAINER_COMPILE_TIMEOUT_S:-120} + 20))
-  [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=220 [summary]=5)
+  [jpeg]=70 [fixes]=$((120 * ${TRAINER_FIXES_ROUNDS:-1} + 10)) [share]=220 [summary]=5
+  [llama]=$((30 + 35 * (${TRAINER_LLAMA_ROUNDS:-1} + 1))))
 # A pair of runs takes about 25 s a round on a GPU (5 pairs: 241 s with 2 rounds).
 [[ -z ${TRAINER_FIXES_ONLY:-} ]] ||
   usual_s[fixes]=$((25 * $(tr ',' '\n' <<<"$TRAINER_FIXES_ONLY" | grep -c .) * ${TRAINER_FIXES_ROUNDS:-1} + 10))
@@ -313,6 +332,32 @@ speed_phase() {
   return $rc
 }
 
+# The Llama-family row: SmolLM2-135M's shape in bf16 against transformers' LlamaForCausalLM of the same
+# shape (sdpa attention), by wall time, TRAINER_LLAMA_ROUNDS rounds (1) after compare.py's calibration pair,
+# without the cuda_graph-off arm. A Python without transformers (the GPU host's) gets the bundle's wheels,
+# unpacked beside it for this phase only (scripts/py-wheels.py); with neither, the row says why it is missing.
+llama_phase() {
+  local warmup=10 min_wall=${TRAINER_SPEED_MIN_WALL_S:-3} pypath=${PYTHONPATH:-} wheels=()
+  local sets=(--config configs/bench_smollm2_135m_gpu.yaml)
+  [[ $mode == cuda ]] || { warmup=2 min_wall=${TRAINER_SPEED_MIN_WALL_S:-1}
+    sets+=(--set train.device=cpu --set model.name=llama_tiny --set model.context=64 --set train.global_batch=4
+           --set amp.enabled=false --set train.threads=1); }
+  [[ ${trainer[0]} != */run ]] || wheels=("$(dirname "${trainer[0]}")"/py/*.whl)
+  if ! "$py" -c 'import transformers' 2>/dev/null && [[ -f ${wheels[0]:-} ]]; then
+    "$py" scripts/py-wheels.py "$out/pylib" "${wheels[@]}" || return 1
+    pypath=$out/pylib${pypath:+:$pypath}
+  fi
+  if ! PYTHONPATH=$pypath "$py" -c 'import transformers'; then
+    echo "{\"skipped\": \"no transformers for $py, and no wheels in the bundle (scripts/bundle-gpu.sh carries them)\"}" \
+      >"$out/llama_speed.json"
+    return 0
+  fi
+  echo "-- llama: ${sets[*]}"
+  PYTHONPATH=$pypath "$py" bench/compare.py "${sets[@]}" --trainer "$out/bin/trainer" --python "$py" \
+    --rounds "${TRAINER_LLAMA_ROUNDS:-1}" --warmup $warmup --steps 20 --min-wall-s "$min_wall" --no-loader \
+    --workdir "$out/llama_speed" --out "$out/llama_speed.json"
+}
+
 # torch.compile as a second reference, once per speed job at the speed phase's timed steps: its compile
 # time (the first steps against the steady ones) and its steady speed, against the trainer's figure of the
 # speed phase. Each model under TRAINER_COMPILE_TIMEOUT_S. CPU mode writes why it skips.
@@ -435,9 +480,12 @@ if jp and js:
 # Every speed figure by wall time over the timed steps on both sides (bench/compare.py's basis): samples/s,
 # tokens/s, MFU and the ratio; the median step's figures beside them, named so.
 cuda = mode == "cuda"
-for f in ("speed_resnet50.json", "speed_gpt2.json"):
+for f in ("speed_resnet50.json", "speed_gpt2.json", "llama_speed.json"):
     r = load(f)
     if not r:
+        continue
+    if r.get("skipped"):
+        s["speed_llama"] = {"skipped": r["skipped"]}
         continue
     entry = {"model": r["model"], "precision": r["precision"], "global_batch": r["global_batch"],
              "device_name": r["device_name"], "driver": r.get("driver"), "versions": r["versions"],
@@ -463,7 +511,7 @@ for f in ("speed_resnet50.json", "speed_gpt2.json"):
         if not cuda:
             g["on_arm"] = "skipped: no CUDA device (auto is off on the CPU: both arms ran without a graph)"
         entry["cuda_graph_off"] = g
-    c = load(f.replace("speed_", "compile_"))
+    c = load(f.replace("speed_", "compile_")) if f.startswith("speed_") else None
     if c is not None:
         if c.get("skipped"):
             entry["compile"] = {"skipped": c["skipped"]}
@@ -475,7 +523,7 @@ for f in ("speed_resnet50.json", "speed_gpt2.json"):
                                 "timed_steps": c.get("timed_steps"), "wall_s": c.get("wall_s"),
                                 "trainer_over_compiled": entry["trainer_samples_per_s"] / cs
                                 if cs and entry["trainer_samples_per_s"] else None}
-    s[f.replace(".json", "")] = entry
+    s["speed_llama" if f.startswith("llama") else f.replace(".json", "")] = entry
 # The input path's gain (the fixes phase's `input` pairs): the trainer alone, uint8 batches fetched ahead and
 # copied on a side stream against float32 copied inside the step, by wall time.
 for job in ("resnet50", "gpt2"):

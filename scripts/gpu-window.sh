@@ -4,12 +4,14 @@
 #
 #   part  phases of scripts/gpu-check.sh          usual time on an H200 (not yet measured on a GPU in this
 #                                                 form: estimates from the phases' earlier times)
-#   1     env tests speed cap                     about 6.5 min: versions, the CUDA tests; both models
+#   1     env tests speed cap llama               about 8.5 min: versions, the CUDA tests; both models
 #                                                 against Python by wall time, at least 3 s of steps a
 #                                                 side, 2 rounds, the trainer also with cuda_graph off
 #                                                 (about 220 s); the cut, backoff and grow-back of the
 #                                                 default cuDNN policy with CUDA graphs on, the default
-#                                                 auto search and its check first (budget 120 s)
+#                                                 auto search and its check first (budget 120 s); the
+#                                                 Llama-family row against transformers, one round
+#                                                 (about 100 s, transformers from the bundle's wheels)
 #   2     profile jpeg fixes compile summary      about 6 min: the profile tables, ResNet-50 from packed
 #                                                 JPEGs against synthetic batches, the input path off and
 #                                                 on (the fixes phase's `input` pairs only, about 50 s),
@@ -17,8 +19,9 @@
 #                                                 leaves room (each model under TRAINER_COMPILE_TIMEOUT_S,
 #                                                 120 s); `share` and the other fixes run only when listed
 #
-# The two parts together stay near 12.5 min of device time, so that with the machine's start they fit
-# a 15-minute window.
+# Without torch.compile the two parts take about 11.5 min of device time, so that with the machine's start
+# they fit a 15-minute window; torch.compile comes last and runs only where the deadline leaves it room:
+# give part 2 the window's time that is left, TRAINER_GPU_DEADLINE_S=<seconds left less 30>.
 #
 # Everything is written to WORK (default /tmp/trainer-window), outside PACK, and kept there between the
 # two calls; after each phase PACK gets that phase's small files as <phase>.tgz (no checkpoints, no
@@ -38,10 +41,10 @@ cd "$(dirname "$0")/.."
 (($# >= 2)) || { echo "usage: scripts/gpu-window.sh PACK 1|2|all|PHASE,PHASE,... [WORK]" >&2; exit 2; }
 pack=$1 part=$2 work=${3:-/tmp/trainer-window}
 case $part in
-  1) phases=(env tests speed cap) ;;
+  1) phases=(env tests speed cap llama) ;;
   2) phases=(profile jpeg fixes compile summary)
      export TRAINER_FIXES_ONLY=${TRAINER_FIXES_ONLY:-resnet50_input,gpt2_input} ;;
-  all) phases=(env tests speed cap profile jpeg compile share fixes summary) ;;
+  all) phases=(env tests speed cap llama profile jpeg compile share fixes summary) ;;
   *[a-z]*) IFS=, read -ra phases <<<"$part" ;;  # gpu-check.sh refuses a phase it does not know
   *) echo "error: part '$part': 1, 2, all or a list of phases" >&2; exit 2 ;;
 esac

@@ -991,7 +991,7 @@ class GpuCheck : public ::testing::Test {
         "env TMPDIR=" + dir_->str() + " TRAINER_GPU_CHECK_MODE=cpu TRAINER_BUNDLE=" + (*dir_ / "no-bundle").string() +
         " TRAINER_BUILD=" + build + " TRAINER_PYTHON=" + testutil::python() + " TRAINER_GPU_PACK=" +
         (*dir_ / "pack").string() + " bash " + testutil::source_dir() + "/scripts/gpu-check.sh " + *out_ +
-        " env tests profile cap speed compile jpeg fixes share summary"));
+        " env tests profile cap speed llama compile jpeg fixes share summary"));
   }
   static void TearDownTestSuite() {
     delete run_;
@@ -1187,11 +1187,31 @@ TEST_F(GpuCheck, SharePhaseInCpuModeRunsTwoJobsAndLosesNoStep) {
   EXPECT_EQ(read_json(*out_ + "/summary.json")["share"]["passed"], true);
 }
 
+// The Llama-family row: the trainer against transformers' LlamaForCausalLM of the same shape (llama_tiny in
+// CPU mode), one round after the calibration, by wall time; the summary carries it beside the floors.
+TEST_F(GpuCheck, LlamaPhaseInCpuModeComparesWithTransformers) {
+  ASSERT_EQ(phase_rc("llama"), 0) << run_->output << testutil::read_file(*out_ + "/llama.log");
+  const json r = read_json(*out_ + "/llama_speed.json");
+  EXPECT_EQ(r["model"], "llama_tiny") << r.dump(1);
+  ASSERT_EQ(r["rounds"].size(), 1u) << r.dump(1);
+  EXPECT_GE(r["steps"].get<int64_t>(), 20);
+  const json x = read_json(*out_ + "/summary.json")["speed_llama"];
+  ASSERT_TRUE(x.is_object()) << x;
+  EXPECT_GT(x["speed_ratio"].get<double>(), 0.0) << x;
+  EXPECT_DOUBLE_EQ(x["speed_ratio"].get<double>(), r["speed_ratio"].get<double>());
+  EXPECT_GT(x["trainer_tokens_per_s"].get<double>(), 0.0) << x;
+  EXPECT_GT(x["python_tokens_per_s"].get<double>(), 0.0) << x;
+  EXPECT_EQ(x["basis"], "wall time over the timed steps") << x;
+  EXPECT_FALSE(x.contains("compile")) << "torch.compile is measured for the speed phase's jobs only: " << x;
+  EXPECT_NE(x["versions"]["python"].dump().find("transformers"), std::string::npos)
+      << "the reference is transformers' model: " << x["versions"];
+}
+
 // With TRAINER_GPU_PACK, every phase's small files are packed as soon as it ends, without checkpoints or
 // datasets, and the summary beside them is the last one written.
 TEST_F(GpuCheck, EachPhaseIsPackedWithItsRecordAndTheSummaryIsKeptCurrent) {
   const std::string pack = (*dir_ / "pack").string();
-  for (const char* phase : {"env", "tests", "profile", "cap", "speed", "compile", "jpeg", "fixes", "share"}) {
+  for (const char* phase : {"env", "tests", "profile", "cap", "speed", "llama", "compile", "jpeg", "fixes", "share"}) {
     const std::string tgz = pack + "/" + phase + ".tgz";
     ASSERT_TRUE(testutil::fs::exists(tgz)) << tgz;
     const auto list = testutil::run("tar -tzf " + tgz);
@@ -1206,6 +1226,44 @@ TEST_F(GpuCheck, EachPhaseIsPackedWithItsRecordAndTheSummaryIsKeptCurrent) {
     EXPECT_NE(list.output.find("profile_" + std::string(job) + ".python.trace.json.gz"), std::string::npos) << list.output;
   }
   EXPECT_EQ(testutil::read_file(pack + "/summary.json"), testutil::read_file(*out_ + "/summary.json"));
+}
+
+// scripts/py-wheels.py, how the GPU window gives the host's Python the transformers it lacks: a wheel whose
+// modules that Python lacks is unpacked (its version readable through importlib.metadata), one whose modules
+// it has is left out (here a wheel of `json`, which would break the interpreter if it were unpacked first).
+TEST(PyWheels, UnpacksOnlyWhatThePythonLacks) {
+  TempDir dir("py_wheels");
+  const std::string py = testutil::python();
+  const std::string make =
+      "import sys, zipfile\n"
+      "d = sys.argv[1]\n"
+      "with zipfile.ZipFile(d + '/trainer_wheel_probe-1.2.3-py3-none-any.whl', 'w') as z:\n"
+      "    z.writestr('trainer_wheel_probe/__init__.py', 'VALUE = 7\\n')\n"
+      "    z.writestr('trainer_wheel_probe-1.2.3.dist-info/METADATA',\n"
+      "               'Metadata-Version: 2.1\\nName: trainer-wheel-probe\\nVersion: 1.2.3\\n')\n"
+      "with zipfile.ZipFile(d + '/json-0.1-py3-none-any.whl', 'w') as z:\n"
+      "    z.writestr('json/__init__.py', 'raise ImportError(\"the wheel shadowed json\")\\n')\n";
+  testutil::write_file(dir / "make.py", make);
+  ASSERT_EQ(testutil::run(py + " " + (dir / "make.py").string() + " " + dir.str()).exit_code, 0);
+  const std::string dest = (dir / "lib").string();
+  const std::string script = testutil::source_dir() + "/scripts/py-wheels.py";
+  auto r = testutil::run(py + " " + script + " " + dest + " " + (dir / "trainer_wheel_probe-1.2.3-py3-none-any.whl").string() +
+                         " " + (dir / "json-0.1-py3-none-any.whl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("unpacked into " + dest + ": trainer_wheel_probe; already importable: json"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(testutil::fs::exists(dir / "lib" / "json"));
+  r = testutil::run("env PYTHONPATH=" + dest + " " + py +
+                    " -c 'import importlib.metadata as m, json, trainer_wheel_probe as p; "
+                    "print(p.VALUE, m.version(\"trainer-wheel-probe\"), json.dumps([1]))'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(last_line(r.output), "7 1.2.3 [1]");
+
+  testutil::write_file(dir / "broken-1.0-py3-none-any.whl", "not a zip");
+  r = testutil::run(py + " " + script + " " + dest + " " + (dir / "broken-1.0-py3-none-any.whl").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(last_line(r.output), "error: wheel " + (dir / "broken-1.0-py3-none-any.whl").string() +
+                                     ": File is not a zip file");
 }
 
 }  // namespace test_bench
