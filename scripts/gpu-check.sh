@@ -6,7 +6,8 @@
 # is exercised before device time is spent.
 #
 #   phase    what it runs                                                    CUDA job             CPU mode
-#   env      versions: nvidia-smi, the host's torch, the trainer             -                    -
+#   env      versions: nvidia-smi, the host's torch, the trainer, the        -                    -
+#            Python modules the later phases import (yaml, PIL, ...)
 #   tests    the CUDA-only tests (GradScaler with planted inf/nan, fused     on the device        they skip,
 #            unscale against the plain path, checkpointing with dropout,                          each with
 #            the retried step's CUDA RNG) and the in-process step tests                           its reason
@@ -196,6 +197,18 @@ env_phase() {
   nvidia-smi || echo "nvidia-smi: none (CPU mode)"
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
 "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+  # What the later phases import: a module missing on the host shows here, in seconds, not in their logs.
+  "$py" - <<'PY'
+import importlib
+for name, needed_by in (("yaml", "bench/reference.py: speed, profile, llama, compile"), ("PIL", "jpeg"),
+                        ("torchvision", "reference.py's ResNets; without it, its own copy"),
+                        ("transformers", "llama; without it, the bundle's wheels")):
+    try:
+        version = getattr(importlib.import_module(name), "__version__", "?")
+    except ImportError:
+        version = "missing"
+    print(f"python: {name} {version} ({needed_by})")
+PY
   "${trainer[@]}" --version
   [[ ${trainer[0]} != */run ]] || cat "$(dirname "${trainer[0]}")/STAMP"
 }

@@ -1019,6 +1019,13 @@ TEST_F(GpuCheck, CpuModeRunsEveryPhaseAndWritesTheSummary) {
   const json s = read_json(out + "/summary.json");
   EXPECT_EQ(s["mode"], "cpu");
   for (const char* phase : {"env", "tests", "cap", "speed", "jpeg", "share"}) EXPECT_EQ(s["phases"][phase]["rc"], 0) << phase;
+  // env names each Python module the later phases import, with its version: the reference Python has
+  // PyYAML (bench/reference.py) and Pillow (jpeg), as the GPU hosts do.
+  const std::string env_log = testutil::read_file(out + "/env.log");
+  for (const char* module : {"yaml", "PIL", "torchvision", "transformers"})
+    EXPECT_NE(env_log.find("python: " + std::string(module) + " "), std::string::npos) << module << ": " << env_log;
+  for (const char* needed : {"python: yaml missing", "python: PIL missing"})
+    EXPECT_EQ(env_log.find(needed), std::string::npos) << env_log;
   // The input path off and on (the fixes phase's `input` pairs): in CPU mode the same machinery with nothing
   // to overlap, so only that the figure is there.
   for (const char* job : {"resnet50", "gpt2"})
